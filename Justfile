@@ -1,0 +1,42 @@
+# agent-sandbox developer recipes.  `just setup test` is what CI runs.
+set shell := ["bash", "-euo", "pipefail", "-c"]
+
+# Debian packages the tools and tests use (bubblewrap for the sandbox; gpg, git,
+# curl, kubectl as real clients in the tests).
+debs := "bubblewrap gnupg git curl ca-certificates procps iproute2"
+
+default:
+    @just --list
+
+# Install system packages (as root) and the project with its test extras.
+setup:
+    if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {{debs}} >/dev/null; fi
+    command -v kubectl >/dev/null || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null; } || echo "setup: kubectl not installable here; its tests will be skipped" >&2
+    pip install -q --disable-pip-version-check -e '.[test]'
+    command -v pyenv >/dev/null && pyenv rehash || true
+
+# The whole test suite (real processes, sockets, sandboxes).
+test *ARGS:
+    python3 -m pytest -q {{ARGS}}
+
+# ruff and mypy --strict over the libraries and bin/.
+lint:
+    ruff check .
+    mypy
+
+# Extra tools the benchmarks compare against (tinyproxy, mitmproxy).
+bench-setup:
+    if [ "$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy hyperfine >/dev/null; fi
+    pip install -q --disable-pip-version-check mitmproxy || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
+
+# Every benchmark, each printing its figures side by side with its baseline.
+bench:
+    for b in broker hook sign egress launcher; do if [ -f bench/$b.py ]; then echo "== bench/$b.py"; python3 bench/$b.py; fi; done
+
+# Load, fault, fuzz and attack runs; report in bench/results/stress.md.
+stress:
+    python3 bench/stress.py
+
+# A sandboxed session with the built-in default policy.
+run *CMD="sh -c 'echo hello from the sandbox: AGENT_SANDBOX=$AGENT_SANDBOX; id -un; pwd'":
+    agent-sandbox run -- {{CMD}}
