@@ -1,0 +1,135 @@
+"""Every form a path a file tool names can take, so none of them talks around the policy.
+
+A path from the agent is hostile: ``~``, relative to the session's cwd, ``..``,
+repeated or trailing slashes, symlinks at any depth (dangling ones included),
+and ``/proc/<pid>/root`` or ``/proc/self/cwd`` detours.  :func:`forms` turns one
+into the set of absolute, clean paths it may mean: the literal (lexical) form
+and the resolved form (symlinks followed the way the kernel will, ``..`` after
+a symlink taken physically, the existing prefix of a not-yet-existing file
+resolved).  A decision allows a path only if it allows every form.
+
+A form that cannot be pinned down (a per-process file under /proc, a NUL byte)
+raises :class:`Unresolvable`, which the caller turns into a denial: when we
+cannot say where a path leads, the answer is no.
+
+Case-insensitive filesystems are out of scope.
+"""
+
+from __future__ import annotations
+
+import os
+
+# /proc/<pid>/<entry> entries that are links into another process's view of
+# the filesystem; only "root" and "cwd" are ever followed, and only where the
+# process shares our mount namespace.
+_FOLLOWABLE = ("root", "cwd")
+
+
+class Unresolvable(Exception):
+    """A path whose meaning cannot be pinned down; the message is the reason."""
+
+
+def clean(path: str) -> str:
+    """Lexically normalise an absolute path: no '.', '..', repeated or trailing '/'.
+
+    POSIX lets ``//x`` differ from ``/x`` and ``normpath`` keeps it; Linux does
+    not, so the leading pair is folded too (else ``//root/.ssh`` would not be
+    "under" ``/root``).
+    """
+    out = os.path.normpath(path)
+    if out.startswith("//"):
+        out = "/" + out.lstrip("/")
+    return out
+
+
+def under(path: str, base: str) -> bool:
+    """Whether clean absolute ``path`` is ``base`` or lies beneath it."""
+    if base == "/":
+        return True
+    return path == base or path.startswith(base + "/")
+
+
+def candidates(raw: str, cwd: str, home: str) -> list[str]:
+    """The absolute (not yet cleaned) paths ``raw`` may mean to the harness.
+
+    ``~`` is ambiguous (the harness may or may not expand it), so both readings
+    count; ``~user`` likewise.
+    """
+    if "\x00" in raw:
+        raise Unresolvable("the path contains a NUL byte")
+    if raw.startswith("/"):
+        return [raw]
+    relative = os.path.join(cwd, raw)
+    if raw == "~" or raw.startswith("~/"):
+        return [home + raw[1:], relative]
+    if raw.startswith("~"):
+        expanded = os.path.expanduser(raw)
+        return [expanded, relative] if expanded.startswith("/") else [relative]
+    return [relative]
+
+
+def _same_mount_namespace(pid: str) -> bool:
+    try:
+        theirs = os.stat(f"/proc/{pid}/ns/mnt")
+        ours = os.stat("/proc/self/ns/mnt")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
+def _is_process_dir(name: str) -> bool:
+    return name in ("self", "thread-self") or name.isdigit()
+
+
+def through_proc(path: str, cwd: str, _depth: int = 0) -> str:
+    """``path`` with a /proc/<pid>/root or /proc/<pid>/cwd detour replaced by its target.
+
+    ``self`` is the harness (the hook's parent shares its root; its cwd is the
+    hook input's ``cwd``).  Any other per-process file (environ, mem, fd/N,
+    exe, another namespace's root) is refused: it is no place for a file tool,
+    and what lies behind it cannot be checked.
+    """
+    if not under(path, "/proc"):
+        return path
+    if _depth > 8:
+        raise Unresolvable(f"{path}: too many /proc detours")
+    parts = path.split("/")  # ['', 'proc', pid, entry, ...]
+    if len(parts) < 3 or not _is_process_dir(parts[2]):
+        return path
+    pid, entry, rest = parts[2], (parts[3] if len(parts) > 3 else ""), parts[4:]
+    if entry not in _FOLLOWABLE:
+        raise Unresolvable(f"{path} is a per-process file under /proc, not readable by file tools")
+    if pid in ("self", "thread-self"):
+        target = "/" if entry == "root" else cwd
+    else:
+        if not _same_mount_namespace(pid):
+            raise Unresolvable(f"{path} leads into another process's view of the filesystem")
+        try:
+            target = os.readlink(f"/proc/{pid}/{entry}")
+        except OSError:
+            raise Unresolvable(f"{path}: cannot read where /proc/{pid}/{entry} leads") from None
+        if not target.startswith("/"):
+            raise Unresolvable(f"{path}: /proc/{pid}/{entry} does not lead to a path")
+    # The remainder may hold another detour (/proc/self/root/proc/1/cwd/...).
+    followed = clean(os.path.join(target, *rest)) if rest else clean(target)
+    return through_proc(followed, cwd, _depth + 1)
+
+
+def forms(raw: str, cwd: str, home: str) -> list[str]:
+    """Every clean absolute path ``raw`` may name: literal and resolved, for each reading.
+
+    Raises :class:`Unresolvable` when one of them cannot be pinned down.
+    """
+    out: list[str] = []
+    for candidate in candidates(raw, cwd, home):
+        literal = through_proc(clean(candidate), cwd)
+        try:
+            # realpath on the raw candidate, not the cleaned one: '..' after a
+            # symlink climbs from the link's target, as the kernel does.
+            resolved = os.path.realpath(candidate)
+        except (OSError, ValueError) as exc:
+            raise Unresolvable(f"{raw}: cannot resolve ({exc})") from None
+        for form in (literal, through_proc(clean(resolved), cwd)):
+            if form not in out:
+                out.append(form)
+    return out

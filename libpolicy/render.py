@@ -1,0 +1,154 @@
+"""Render a policy as Claude Code's managed-settings drop-in.
+
+The drop-in (``/etc/claude-code/managed-settings.d/agent-sandbox.json``) holds
+the policy where the harness enforces it: the ``sandbox`` block the sandbox
+runtime applies to every command, the PreToolUse hook that holds the file tools
+to the same lists, ``permissions.deny`` rules as a second line for the regions
+denied outright, and ``env``.  Keys follow the Claude Code settings reference
+(sandbox.*, hooks, permissions, env).
+
+Two deliberate choices:
+
+- Sandbox filesystem paths are written ``//abs``: current releases read both
+  ``/abs`` and ``//abs`` as absolute, but releases before the fix for
+  anthropics/claude-code#30067 read ``/abs`` relative to the settings file, which
+  would silently point a denyRead at a path that does not exist.
+- Commands never write the harness directory or the tool_write paths: the
+  harness goes into denyWrite and tool_write into nothing (only the hook lets the
+  file tools write there), so no command can plant a file the harness reads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+
+from libpolicy.model import Policy
+from libpolicy.paths import under
+from libpolicy.tools import FILE_TOOLS
+
+MANAGED_DIR = "/etc/claude-code/managed-settings.d"
+DROP_IN = "agent-sandbox.json"
+# Anchored, so it is exact under both the old (regex) and new (exact list)
+# matcher rules; an unanchored "Write" would also match "TodoWrite".
+MATCHER = "^(" + "|".join(FILE_TOOLS) + ")$"
+HOOK_TIMEOUT = 30
+
+
+def _fs(path: str) -> str:
+    return "/" + path
+
+
+def default_hook() -> str:
+    """The policy-hook console script next to this interpreter (PATH's otherwise)."""
+    candidate = os.path.join(os.path.dirname(sys.executable), "policy-hook")
+    return candidate if os.access(candidate, os.X_OK) else "policy-hook"
+
+
+def hook_command(policy: Policy, policy_file: str | None) -> str:
+    """The shell command Claude Code runs for every file-tool call."""
+    command = policy.hook or shlex.quote(default_hook())
+    if policy_file:
+        command += " --policy=" + shlex.quote(policy_file)
+    return command
+
+
+def ca_env(egress: str) -> dict[str, str]:
+    """The variables that make clients trust the egress proxy's CA (files in ``egress``)."""
+    bundle = os.path.join(egress, "bundle.pem")
+    return {
+        "SSL_CERT_FILE": bundle,
+        "GIT_SSL_CAINFO": bundle,
+        "REQUESTS_CA_BUNDLE": bundle,
+        "CURL_CA_BUNDLE": bundle,
+        "NODE_EXTRA_CA_CERTS": os.path.join(egress, "ca.pem"),
+        "GH_CONFIG_DIR": os.path.join(egress, "gh"),
+    }
+
+
+def denied_regions(policy: Policy) -> tuple[list[str], list[str]]:
+    """``(read, edit)``: the regions denied outright, for ``permissions.deny``.
+
+    Home and runtime are listed only when nothing beneath them is allowed: a
+    permission deny rule cannot be re-allowed, so listing a home with a read
+    path inside would deny that path too.  The hook covers the rest.
+    """
+    allowed = (*policy.read, *policy.write, *policy.tool_write)
+    read = list(policy.deny)
+    for region in (policy.home, policy.runtime):
+        if region and not any(under(a, region) or under(region, a) for a in allowed):
+            read.append(region)
+    edit = list(read)
+    if policy.harness and not any(under(t, policy.harness) for t in policy.tool_write):
+        edit.append(policy.harness)
+    return read, edit
+
+
+def _rules(tool: str, regions: list[str]) -> list[str]:
+    out = []
+    for region in regions:
+        if region == "/":
+            out.append(f"{tool}(//**)")
+        else:
+            # The region itself (a denied file) and everything beneath it.
+            out += [f"{tool}({_fs(region)})", f"{tool}({_fs(region)}/**)"]
+    return out
+
+
+def render_settings(policy: Policy, policy_file: str | None = None) -> dict[str, object]:
+    """The managed-settings drop-in for ``policy``; the hook reads ``policy_file``."""
+    network: dict[str, object] = {
+        "allowedDomains": list(policy.domains),
+        "allowManagedDomainsOnly": True,
+    }
+    if policy.proxy_port is not None:
+        network["httpProxyPort"] = policy.proxy_port
+    if policy.socks_port is not None:
+        network["socksProxyPort"] = policy.socks_port
+    deny_read = [p for p in (policy.home, policy.runtime) if p] + list(policy.deny)
+    deny_write = list(policy.deny) + ([policy.harness] if policy.harness else [])
+    env: dict[str, str] = {"AGENT_SANDBOX": "1"}
+    if policy_file:
+        env["AGENT_SANDBOX_POLICY"] = policy_file
+    if policy.egress:
+        env.update(ca_env(policy.egress))
+    env.update(policy.env)
+    read_regions, edit_regions = denied_regions(policy)
+    return {
+        "sandbox": {
+            "enabled": True,
+            "failIfUnavailable": True,
+            "allowUnsandboxedCommands": False,
+            "filesystem": {
+                "denyRead": [_fs(p) for p in deny_read],
+                "allowRead": [_fs(p) for p in (*policy.read, *policy.write, *policy.tool_write)],
+                "allowWrite": [_fs(p) for p in policy.write],
+                "denyWrite": [_fs(p) for p in deny_write],
+                "allowManagedReadPathsOnly": True,
+            },
+            "network": network,
+        },
+        "hooks": {
+            "PreToolUse": [
+                {
+                    "matcher": MATCHER,
+                    "hooks": [
+                        {
+                            "type": "command",
+                            "command": hook_command(policy, policy_file),
+                            "timeout": HOOK_TIMEOUT,
+                        }
+                    ],
+                }
+            ]
+        },
+        "permissions": {"deny": _rules("Read", read_regions) + _rules("Edit", edit_regions)},
+        "env": env,
+    }
+
+
+def render_json(policy: Policy, policy_file: str | None = None) -> str:
+    """:func:`render_settings` as the drop-in file's text."""
+    return json.dumps(render_settings(policy, policy_file), indent=2) + "\n"
