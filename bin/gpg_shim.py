@@ -1,0 +1,55 @@
+"""git's gpg.program in the sandbox: sign through the broker, verify locally.
+
+Usage:
+  gpg-shim [--status-fd=FD] -bsau KEY
+  gpg-shim [--keyid-format=FORMAT] [--status-fd=FD] --verify SIGFILE [DATAFILE]
+  gpg-shim -h | --help
+  gpg-shim --version
+
+Signing (git commit -S, git tag -s) sends the payload on stdin to the broker
+named by AGENT_SANDBOX_BROKER_SOCKET, whose host-side gpg signs with the
+person's key; the armored signature goes to stdout and gpg's status lines to
+the status fd.  The split forms git's callers may use (-b -s -a -u KEY,
+-uKEY, --local-user=KEY, --status-fd N) are accepted too.  Anything with
+--verify runs the local gpg with the same arguments (public keys only).
+
+Exit status: gpg's own; 1 the broker refused; 2 usage error; 125 the broker
+is unreachable.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from libbroker.cli import VERSION, run
+from libbroker.errors import UsageError
+from libbroker.gpg_shim import SignCall, exec_local_gpg, parse_args, read_payload, sign
+
+
+def _main(argv: list[str]) -> int:
+    # docopt cannot express gpg's option grammar (clusters with a value, as in
+    # -bsau KEY), so the arguments are parsed by libbroker.gpg_shim.
+    if argv in (["-h"], ["--help"]):
+        sys.stdout.write(__doc__ or "")
+        return 0
+    if argv == ["--version"]:
+        sys.stdout.write(f"gpg-shim {VERSION}\n")
+        return 0
+    try:
+        call = parse_args(argv)
+    except UsageError as exc:
+        usage = (__doc__ or "").split("\n\n")[1]
+        sys.stderr.write(f"gpg-shim: {exc}\n{usage}\n")
+        return 2
+    if isinstance(call, SignCall):
+        return sign(call, read_payload())
+    exec_local_gpg(call.args)
+    return 127  # not reached: exec replaced this process
+
+
+def main() -> None:
+    run(lambda: _main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
