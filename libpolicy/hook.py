@@ -61,8 +61,8 @@ def _instead(policy: Policy, access: str) -> str:
                 "person to widen the agent-sandbox policy.")
     base = f"The file tools may read anything outside {hidden}, and under: {readable_list}"
     if access == "search":
-        return (base + ". Search a narrower path that lies inside those (for example the "
-                "working directory), not an ancestor of a denied directory.")
+        return (base + ". Search a narrower path instead, one inside those (for example a "
+                "subdirectory of the working directory), never an ancestor of a denied one.")
     return base + ". Read inside those paths instead, or ask the person to widen the policy."
 
 
@@ -71,7 +71,8 @@ def check_call(policy: Policy, tool: str, tool_input: dict[str, object], cwd: st
     try:
         touches = touched(tool, tool_input)
     except PatternRefused as exc:
-        return f"{tool} denied by the agent-sandbox policy: {exc}. Write the pattern without it."
+        return (f"{tool} denied by the agent-sandbox policy: {exc}. "
+                "Name the directory in the path field instead.")
     for access, path in touches:
         decision: Decision
         if access == "read":

@@ -115,6 +115,72 @@ def through_proc(path: str, cwd: str, _depth: int = 0) -> str:
     return through_proc(followed, cwd, _depth + 1)
 
 
+_MAX_LINKS = 40  # the kernel's own limit on symlinks in one lookup
+
+
+def _proc_link(path: str, cwd: str) -> str | None:
+    """Where /proc/<pid>/root or /proc/<pid>/cwd leads, seen from the harness; else None.
+
+    ``self`` is the harness: the hook's parent shares its root, and its cwd is
+    the hook input's.  Another pid is followed only within our mount namespace.
+    """
+    parts = path.split("/")
+    if len(parts) != 4 or parts[3] not in _FOLLOWABLE:
+        return None
+    if parts[2] in ("self", "thread-self"):
+        return "/" if parts[3] == "root" else cwd
+    if not parts[2].isdigit() or not _same_mount_namespace(parts[2]):
+        return None
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return None
+    return target if target.startswith("/") else None
+
+
+def resolve(path: str, cwd: str) -> str:
+    """The absolute ``path`` with every symlink followed, as the harness's lookup would.
+
+    Like ``os.path.realpath``: ``..`` after a symlink climbs from its target,
+    the missing tail of a not-yet-existing path stays as written, a dangling
+    symlink leads to its target.  Unlike it, /proc/self is the harness, not
+    this process, and no per-process link but root and cwd is followed (what
+    is left under /proc/<pid> is refused by :func:`through_proc`).
+    """
+    pending = list(reversed(path.split("/")))
+    resolved = "/"
+    links = 0
+    while pending:
+        name = pending.pop()
+        if name in ("", "."):
+            continue
+        if name == "..":
+            resolved = os.path.dirname(resolved)
+            continue
+        nxt = os.path.join(resolved, name)
+        if resolved == "/proc":
+            # /proc/self names this process, not the harness: never follow it.
+            target = None
+        elif under(resolved, "/proc") and _is_process_dir(resolved.split("/")[2]):
+            # Inside /proc/<pid>: only root and cwd lead anywhere we can judge.
+            target = _proc_link(nxt, cwd)
+        else:
+            try:
+                target = os.readlink(nxt)
+            except OSError:  # not a symlink, missing, or not a directory on the way
+                target = None
+        if target is None:
+            resolved = nxt
+            continue
+        links += 1
+        if links > _MAX_LINKS:
+            raise Unresolvable(f"{path}: too many levels of symbolic links")
+        if target.startswith("/"):
+            resolved = "/"
+        pending.extend(reversed(target.split("/")))
+    return resolved
+
+
 def forms(raw: str, cwd: str, home: str) -> list[str]:
     """Every clean absolute path ``raw`` may name: literal and resolved, for each reading.
 
@@ -123,13 +189,10 @@ def forms(raw: str, cwd: str, home: str) -> list[str]:
     out: list[str] = []
     for candidate in candidates(raw, cwd, home):
         literal = through_proc(clean(candidate), cwd)
-        try:
-            # realpath on the raw candidate, not the cleaned one: '..' after a
-            # symlink climbs from the link's target, as the kernel does.
-            resolved = os.path.realpath(candidate)
-        except (OSError, ValueError) as exc:
-            raise Unresolvable(f"{raw}: cannot resolve ({exc})") from None
-        for form in (literal, through_proc(clean(resolved), cwd)):
+        # Resolve the raw candidate, not the cleaned one: '..' after a symlink
+        # climbs from the link's target, as the kernel does.
+        resolved = through_proc(resolve(candidate, cwd), cwd)
+        for form in (literal, resolved):
             if form not in out:
                 out.append(form)
     return out
