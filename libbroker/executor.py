@@ -1,0 +1,112 @@
+"""One interface over the sandbox backends, and the choice between them.
+
+An :class:`Executor` starts one command in a fresh sandbox with the three
+stdio fds it is given and returns a :class:`Child`.  The server owns the
+child from then on: it waits for it (through a pidfd), forwards signals to it,
+and kills and releases it on every path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+
+from libbroker.errors import ConfigError, SandboxUnavailable
+from libbroker.profile import Profile
+
+SANDBOX_KINDS = ("auto", "nono", "bwrap")
+
+
+class Child(ABC):
+    """A started command: the process to wait for and its process group."""
+
+    pid: int
+
+    @abstractmethod
+    def send_signal(self, signum: int) -> None:
+        """Deliver ``signum`` to the command's process group (not the sandbox's helpers)."""
+
+    @abstractmethod
+    def kill(self) -> None:
+        """SIGKILL everything the command started that the backend can reach."""
+
+    def release(self) -> None:  # noqa: B027 - optional hook, most children hold nothing
+        """Free per-command resources (private tmp, fds) once the child is reaped."""
+
+
+class Executor(ABC):
+    """Starts commands in a fresh sandbox each."""
+
+    name: str
+
+    @abstractmethod
+    def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
+        """Start ``argv`` in ``cwd`` with fds 0, 1, 2 from ``stdio``; raise SpawnError."""
+
+    def describe(self) -> str:
+        """A one-line summary for the startup message."""
+        return self.name
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Free what the executor holds (its tmp base) when the server stops."""
+
+
+def killpg_quietly(pgid: int, signum: int) -> None:
+    """``killpg`` that ignores a group already gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+def make_executor(
+    kind: str, profile: Profile, workdir: str, server_env: Mapping[str, str]
+) -> Executor:
+    """The executor for ``--sandbox=kind``; ``auto`` says on stderr what it picked.
+
+    ``auto`` prefers bwrap (namespaces hide more than Landlock can: other
+    processes, unix sockets, /proc) and falls back to Landlock.  There is no
+    unsandboxed fallback: if nothing works, SandboxUnavailable.
+    """
+    if kind not in SANDBOX_KINDS:
+        raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {kind!r}")
+    if kind == "bwrap":
+        return _bwrap(profile, workdir, server_env)
+    if kind == "nono":
+        return _landlock(profile, workdir, server_env)
+    reasons = []
+    for build in (_bwrap, _landlock):
+        try:
+            executor = build(profile, workdir, server_env)
+        except (SandboxUnavailable, ConfigError) as exc:
+            reasons.append(str(exc))
+            continue
+        sys.stderr.write(f"broker-server: sandbox auto: using {executor.describe()}\n")
+        return executor
+    raise SandboxUnavailable("no sandbox backend works here: " + "; ".join(reasons))
+
+
+def _bwrap(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
+    from libbroker.sandbox_bwrap import BwrapExecutor
+
+    return BwrapExecutor(profile, workdir, env)
+
+
+def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
+    from libbroker.sandbox_landlock import LandlockExecutor
+
+    return LandlockExecutor(profile, workdir, env)
+
+
+def restore_child_signals() -> None:
+    """Undo what Python did to signal dispositions, in a forked child before exec.
+
+    Python ignores SIGPIPE (so ``yes | head`` would never end in the child) and
+    the server routes signals through a wake-up fd it shares with the child.
+    """
+    signal.set_wakeup_fd(-1)
+    for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())

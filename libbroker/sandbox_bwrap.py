@@ -1,0 +1,163 @@
+"""The bubblewrap backend: every command in fresh namespaces.
+
+``bwrap --new-session --die-with-parent --unshare-all --cap-drop ALL``, the
+system directories bound read-only, the workdir read-write at its own path, a
+fresh /proc, /dev and /tmp, nothing of home but what the profile names.  With
+``--unshare-all`` the command has its own network namespace: no network at all.
+
+The command runs as ``sh -c 'exec "$@"'`` so that "not found" and "not
+executable" come back as 127 and 126 (bwrap itself reports both as 1).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+
+from libbroker.errors import SandboxUnavailable, SpawnError
+from libbroker.executor import Child, Executor, killpg_quietly
+from libbroker.profile import Profile, command_environment
+
+_EXEC_WRAPPER = ("/bin/sh", "-c", 'exec "$@"', "sh")
+
+
+def bwrap_args(profile: Profile, workdir: str, cwd: str, info_fd: int | None = None) -> list[str]:
+    """The bwrap options (everything before ``--``) for one command.  Pure but for stat."""
+    args = ["--new-session", "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
+    if info_fd is not None:
+        args += ["--info-fd", str(info_fd)]
+    for path in profile.read:
+        if _under_any(path, profile.deny):
+            continue
+        if os.path.islink(path) and not os.path.dirname(os.readlink(path)).startswith("/"):
+            # /bin -> usr/bin on merged-/usr systems: keep it a symlink.
+            args += ["--symlink", os.readlink(path), path]
+        elif os.path.exists(path):
+            args += ["--ro-bind", path, path]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    for path in profile.write:
+        if not _under_any(path, profile.deny):
+            args += ["--bind-try", path, path]
+    args += ["--bind", workdir, workdir]
+    # Denials come last so that they cover whatever was bound above them.
+    for path in profile.deny:
+        if os.path.isdir(path):
+            args += ["--tmpfs", path, "--remount-ro", path]
+        elif os.path.lexists(path):
+            args += ["--ro-bind", "/dev/null", path]
+    args += ["--chdir", cwd]
+    return args
+
+
+def _under_any(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
+class BwrapExecutor(Executor):
+    """Runs each command under a fresh bwrap."""
+
+    name = "bwrap"
+
+    def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
+        bwrap = shutil.which("bwrap")
+        if bwrap is None:
+            raise SandboxUnavailable(
+                "bwrap backend: bubblewrap is not installed (apt install bubblewrap)"
+            )
+        if profile.proxy_port is not None:
+            raise SandboxUnavailable(
+                "bwrap backend: network mode 'proxy' is not supported (its network namespace "
+                "cannot reach the host's proxy); use --sandbox=nono"
+            )
+        self.bwrap = bwrap
+        self.profile = profile
+        self.workdir = workdir
+        self.env = command_environment(server_env, profile.env_allow, tmpdir="/tmp")
+        self._probe()
+
+    def _probe(self) -> None:
+        """Fail at startup, not on the first command, when namespaces are not allowed."""
+        try:
+            done = subprocess.run(
+                [self.bwrap, *bwrap_args(self.profile, self.workdir, self.workdir), "--", "true"],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                pass_fds=(),
+                env=self.env,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            raise SandboxUnavailable(f"bwrap backend: cannot run bwrap: {exc}") from None
+        if done.returncode != 0:
+            reason = done.stderr.decode(errors="replace").strip().splitlines()
+            raise SandboxUnavailable(
+                "bwrap backend: bwrap does not work here: " + (reason[-1] if reason else "?")
+            )
+
+    def describe(self) -> str:
+        return f"bwrap ({self.bwrap})"
+
+    def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        try:
+            # Popen, not posix_spawn: it restores SIGPIPE to default in the child.
+            proc = subprocess.Popen(
+                [self.bwrap, *bwrap_args(self.profile, self.workdir, cwd, info_w), "--",
+                 *_EXEC_WRAPPER, *argv],
+                stdin=stdio[0],
+                stdout=stdio[1],
+                stderr=stdio[2],
+                pass_fds=(info_w,),
+                start_new_session=True,
+                env=self.env,
+            )  # fmt: skip
+        except OSError as exc:
+            os.close(info_r)
+            raise SpawnError(f"cannot start bwrap: {exc.strerror}") from None
+        finally:
+            os.close(info_w)
+        proc.returncode = 0  # the server reaps it through a pidfd; silence Popen.__del__
+        return BwrapChild(proc.pid, info_r)
+
+
+class BwrapChild(Child):
+    """A bwrap process; the command's group is led by bwrap's pid-namespace init."""
+
+    def __init__(self, pid: int, info_fd: int) -> None:
+        self.pid = pid
+        self._info_fd: int | None = info_fd
+        self._inner: int | None = None
+
+    def _inner_pgid(self) -> int | None:
+        """The host pid of the sandbox's init, from bwrap's --info-fd (read once, lazily)."""
+        if self._inner is None and self._info_fd is not None:
+            os.set_blocking(self._info_fd, False)
+            try:
+                data = os.read(self._info_fd, 4096)
+            except BlockingIOError:
+                return None
+            try:
+                self._inner = int(json.loads(data)["child-pid"])
+            except (ValueError, KeyError, TypeError):
+                self._inner = None
+        return self._inner
+
+    def send_signal(self, signum: int) -> None:
+        # The sandbox's init ignores signals it has no handler for; the command
+        # shares its process group (bwrap --new-session), so it gets them.
+        inner = self._inner_pgid()
+        killpg_quietly(inner if inner is not None else self.pid, signum)
+
+    def kill(self) -> None:
+        inner = self._inner_pgid()
+        if inner is not None:
+            killpg_quietly(inner, 9)
+        killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
+
+    def release(self) -> None:
+        if self._info_fd is not None:
+            os.close(self._info_fd)
+            self._info_fd = None

@@ -1,0 +1,259 @@
+"""The Landlock backend, through nono-py: a fresh ruleset per command.
+
+The server imports nono_py once (it costs ~0.2 s) and, for each command,
+forks itself: the child (one thread, a copy of a warm interpreter) builds the
+ruleset, applies it to itself and execs the command.  No Python start per
+command; the fork and the ruleset cost well under a millisecond each.
+
+What the ruleset grants: the profile's read paths read-only (system dirs and
+Python's prefixes by default), its write paths and the workdir read-write, a
+fresh private directory named by TMPDIR (the host's /tmp is not granted), a
+few /dev nodes, and the command's own /proc/PID.  All of /proc is NOT granted:
+a process reading /proc/<server pid>/environ would see the server's whole
+environment.  Network: TCP bind/connect are refused, except connect to the
+proxy port in proxy mode (Landlock matches the port on any address).
+
+Limits, stated honestly (bwrap has none of them):
+- Landlock grants are hierarchical and cannot subtract: a ``deny`` inside a
+  granted tree cannot be enforced, so such a profile is refused for this
+  backend.  A grant inside a denied tree is simply not made (deny wins).
+- Landlock does not filter UDP, nor connect() to a path-named unix socket
+  that the command can reach by path; the process group kill cannot catch a
+  command that calls setsid() itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from typing import Any, NoReturn
+
+from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
+from libbroker.executor import Child, Executor, killpg_quietly, restore_child_signals
+from libbroker.profile import Profile, command_environment
+
+Rule = tuple[str, str, bool]  # path, "r" or "rw", is a directory
+
+DEV_NODES: tuple[tuple[str, str], ...] = (
+    ("/dev/null", "rw"),
+    ("/dev/zero", "r"),
+    ("/dev/full", "rw"),
+    ("/dev/random", "r"),
+    ("/dev/urandom", "r"),
+)
+
+SETUP_FAILED = 125
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def landlock_rules(profile: Profile, workdir: str) -> list[Rule]:
+    """The static part of every command's ruleset; ConfigError for an unenforceable deny."""
+    grants = [(p, "r") for p in profile.read] + [(p, "rw") for p in profile.write]
+    grants.append((workdir, "rw"))
+    rules: list[Rule] = []
+    for path, mode in grants:
+        if any(_under(path, d) for d in profile.deny):
+            continue  # deny wins: a grant inside a denied tree is not made
+        inside = [d for d in profile.deny if _under(d, path)]
+        if inside:
+            raise ConfigError(
+                f"nono backend: Landlock cannot deny {inside[0]} inside the granted {path}; "
+                "use --sandbox=bwrap or change the profile"
+            )
+        if os.path.isdir(path):
+            rules.append((path, mode, True))
+        elif os.path.exists(path):
+            rules.append((path, mode, False))
+    rules += [(node, mode, False) for node, mode in DEV_NODES if os.path.exists(node)]
+    return rules
+
+
+class LandlockExecutor(Executor):
+    """Forks the (single-threaded) server; the child applies Landlock and execs."""
+
+    name = "nono"
+
+    def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
+        try:
+            import nono_py
+        except ImportError:
+            raise SandboxUnavailable("nono backend: nono-py is not installed") from None
+        try:
+            self.abi = nono_py.detect_abi()
+        except RuntimeError as exc:
+            raise SandboxUnavailable(f"nono backend: Landlock is not available: {exc}") from None
+        self.nono: Any = nono_py
+        self.profile = profile
+        self.rules = landlock_rules(profile, workdir)
+        self.allow = profile.env_allow
+        self.server_env = dict(server_env)
+        self.tmp_base = tempfile.mkdtemp(prefix="agent-broker-tmp-")
+        self._probe()
+
+    def describe(self) -> str:
+        return f"nono (Landlock {self.abi.version})"
+
+    def _probe(self) -> None:
+        """Apply a ruleset once at startup, so a kernel that refuses fails now."""
+        with open(os.devnull, "rb+") as null:
+            fd = null.fileno()
+            child = self.spawn(("true",), "/", (fd, fd, fd))
+            _, status = os.waitpid(child.pid, 0)
+            child.release()
+        if os.waitstatus_to_exitcode(status) != 0:
+            self.close()
+            raise SandboxUnavailable("nono backend: applying a Landlock ruleset failed")
+
+    def close(self) -> None:
+        shutil.rmtree(self.tmp_base, ignore_errors=True)
+
+    def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
+        try:
+            tmp = tempfile.mkdtemp(dir=self.tmp_base)
+        except OSError as exc:
+            raise SpawnError(f"cannot create the private tmp: {exc.strerror}") from None
+        env = command_environment(self.server_env, self.allow, tmpdir=tmp)
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SpawnError(f"cannot fork: {exc.strerror}") from None
+        if pid == 0:
+            self._child(argv, cwd, stdio, env, tmp)  # never returns
+        return LandlockChild(pid, tmp)
+
+    def _child(
+        self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
+        env: dict[str, str], tmp: str,
+    ) -> None:  # fmt: skip
+        """In the forked child: sandbox ourselves, then exec.  Always ends in exec or _exit."""
+        try:
+            restore_child_signals()
+            os.setsid()
+            for target, fd in enumerate(stdio):
+                os.dup2(fd, target)
+            os.closerange(3, 65536)
+            os.chdir(cwd)
+            self._apply(tmp)
+        except BaseException as exc:  # the child must never return into the server's code
+            _report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
+        _exec_or_exit(argv, env)
+
+    def _apply(self, tmp: str) -> None:
+        nono = self.nono
+        caps = nono.CapabilitySet()
+        modes = {"r": nono.AccessMode.READ, "rw": nono.AccessMode.READ_WRITE}
+        for path, mode, is_dir in self.rules:
+            if is_dir:
+                caps.allow_path(path, modes[mode])
+            else:
+                caps.allow_file(path, modes[mode])
+        caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
+        # Resolves to /proc/<this pid>: the command's own entry, nobody else's.
+        caps.allow_path("/proc/self", nono.AccessMode.READ)
+        caps.block_network()
+        if self.profile.proxy_port is not None:
+            caps.allow_tcp_connect_port(self.profile.proxy_port)
+        drop_privileges()
+        nono.apply_landlock_with_abi(caps, self.abi)
+
+
+class LandlockChild(Child):
+    """A command in its own session; its private tmp goes when it is released."""
+
+    def __init__(self, pid: int, tmp: str) -> None:
+        self.pid = pid
+        self.tmp: str | None = tmp
+
+    def send_signal(self, signum: int) -> None:
+        killpg_quietly(self.pid, signum)
+
+    def kill(self) -> None:
+        killpg_quietly(self.pid, 9)
+
+    def release(self) -> None:
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+
+def _exec_or_exit(argv: tuple[str, ...], env: dict[str, str]) -> None:
+    """execvpe with the shell's statuses: 127 not found, 126 found but not executable.
+
+    Not os.execvpe: it reports a PATH directory the sandbox hides (EACCES) as
+    the failure even when the command exists nowhere, which would be 126.
+    """
+    name = argv[0]
+    if "/" in name:
+        candidates = [name]
+    else:
+        path = env.get("PATH", os.defpath)
+        candidates = [os.path.join(d or ".", name) for d in path.split(":")]
+    denied: OSError | None = None
+    for candidate in candidates:
+        try:
+            os.execve(candidate, list(argv), env)  # noqa: S606 - the sandboxed command itself
+        except OSError as exc:
+            if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+                continue
+            if denied is None and os.path.lexists(candidate):
+                denied = exc
+    if denied is None:
+        _report_and_exit(f"{name}: command not found", 127)
+    _report_and_exit(f"{name}: cannot execute: {denied.strerror}", 126)
+
+
+def _report_and_exit(message: str, status: int) -> NoReturn:
+    with contextlib.suppress(OSError):
+        os.write(2, message.encode("utf-8", "replace") + b"\n")
+    os._exit(status)
+
+
+# --- privileges (ctypes; the server imports this once) ----------------------
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_CAPBSET_DROP = 24
+_PR_CAP_AMBIENT = 47
+_PR_CAP_AMBIENT_CLEAR_ALL = 4
+_CAP_VERSION_3 = 0x20080522
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def drop_privileges() -> None:
+    """no_new_privs, and no capabilities now or after exec (the server may run as root).
+
+    Landlock stops file access even for root, but not what capabilities allow
+    beside it (raw sockets, ptrace of other processes, ...).
+    """
+    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
+    for cap in range(64):
+        # EINVAL past the last capability; EPERM without CAP_SETPCAP (then
+        # there is nothing to drop: an unprivileged bounding set is inert
+        # under no_new_privs).
+        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            break
+    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(_CAP_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if _libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(ctypes.get_errno(), "capset failed")

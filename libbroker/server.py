@@ -1,0 +1,132 @@
+"""The broker server: a unix socket, one sandboxed command per connection.
+
+The I/O shell around :mod:`libbroker.connection`: binds the socket (0600,
+replacing a stale one, never a live one), accepts connections until SIGTERM
+or SIGINT, then ends every running command, waits for each to be reaped and
+removes the socket.  Single-threaded on purpose: the Landlock backend forks
+this process for every command, which is only sound without other threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import stat
+import sys
+
+from libbroker.connection import Connection, Settings
+from libbroker.errors import SocketInUse
+
+SHUTDOWN_GRACE = 5.0
+
+
+def bind_socket(path: str) -> socket.socket:
+    """A listening unix socket at ``path`` with mode 0600.
+
+    A stale socket (nobody answers) is replaced; a live one is refused, and so
+    is anything at the path that is not a socket.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        pass
+    else:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise SocketInUse(f"{path} exists and is not a socket; not replacing it")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)  # stale: left behind by a server that died
+        else:
+            raise SocketInUse(f"a server is already listening on {path}; not taking it over")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old_umask = os.umask(0o177)  # no window in which the socket is wider than 0600
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise SocketInUse(f"cannot bind {path}: {exc.strerror}") from None
+    finally:
+        os.umask(old_umask)
+    os.chmod(path, 0o600)
+    sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(path: str, settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT; then end every command and remove the socket."""
+    loop = asyncio.get_running_loop()
+    sock = bind_socket(path)
+    stopping = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stopping.set)
+    try:
+        server = await loop.create_unix_server(lambda: Connection(settings), sock=sock)
+        sys.stdout.write(f"listening unix:{path}\n")
+        sys.stdout.flush()
+        await stopping.wait()
+        server.close()
+        for conn in list(settings.connections):
+            conn.stop()
+        pending = [conn.done for conn in settings.connections]
+        if pending:
+            await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+
+
+def run_server(
+    *,
+    socket_path: str,
+    workdir: str,
+    sandbox: str = "auto",
+    profile_path: str | None = None,
+    env_allow: str | None = None,
+    sign_keys: tuple[str, ...] = (),
+    audit_path: str | None = None,
+) -> int:
+    """Build everything from the command line's values and serve; return 0 on a clean stop."""
+    import shutil
+
+    from libbroker.audit import AuditLog
+    from libbroker.errors import ConfigError
+    from libbroker.executor import make_executor
+    from libbroker.profile import default_profile, load_profile, with_env_allow
+
+    real_workdir = os.path.realpath(workdir)
+    if not os.path.isdir(real_workdir):
+        raise ConfigError(f"--workdir {workdir} is not a directory")
+    if not socket_path.startswith("/"):
+        socket_path = os.path.abspath(socket_path)
+    profile = load_profile(profile_path) if profile_path else default_profile()
+    if env_allow is not None:
+        profile = with_env_allow(profile, [n for n in env_allow.split(",") if n])
+    for key in sign_keys:
+        if not key or key.startswith("-") or any(c.isspace() for c in key):
+            raise ConfigError(f"--sign-key {key!r} is not a key id, fingerprint or user id")
+    executor = make_executor(sandbox, profile, real_workdir, os.environ)
+    audit = AuditLog(audit_path)
+    settings = Settings(
+        workdir=real_workdir,
+        executor=executor,
+        audit=audit,
+        sign_keys=frozenset(sign_keys),
+        gpg=shutil.which("gpg") if sign_keys else None,
+    )
+    try:
+        asyncio.run(serve(socket_path, settings))
+    finally:
+        executor.close()
+        audit.close()
+    return 0
