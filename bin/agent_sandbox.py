@@ -1,0 +1,75 @@
+"""Run a command (a coding agent, a shell, a build) in a whole sandboxed session.
+
+Usage:
+  agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--] CMD...
+  agent-sandbox doctor [--config=FILE] [--sandbox=KIND]
+  agent-sandbox render-settings [--config=FILE]
+  agent-sandbox -h | --help
+  agent-sandbox --version
+
+run starts egress-proxy and broker-server, then runs CMD in the agent
+sandbox: home hidden except the configured paths, the workdir writable, the
+network only through the proxy (which sets the GitHub token itself: the
+sandbox never holds it), git signing through the broker.  It exits with CMD's
+status and leaves no process or socket behind.
+
+doctor checks whether a session can run here, one line per check with a fix.
+render-settings prints Claude Code's managed-settings drop-in for the config.
+
+Options:
+  --config=FILE    The TOML config (default: ~/.config/agent-sandbox/config.toml).
+  --workdir=DIR    The writable project directory (default: the config's, else cwd).
+  --sandbox=KIND   auto, bwrap or nono (Landlock) (default: the config's, else auto).
+  -h --help        Show this help.
+  --version        Show the version.
+
+Exit status: run: CMD's own (128+N when signal N ended it); 1 the session could
+not start or a server crashed; 2 usage or config error.  doctor: 0 when a
+session can run, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from libbroker.cli import Args, parse, run
+from libbroker.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from libbroker.launcher.config import Config
+
+
+def _config(args: Args) -> Config:
+    from libbroker.launcher import config
+
+    facts = config.host_facts()
+    path = args["--config"]
+    overrides = {"workdir": args.get("--workdir"), "sandbox": args.get("--sandbox")}
+    try:
+        return config.load(os.path.expanduser(path) if path else None, facts, overrides=overrides)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _main(args: Args) -> int:
+    if args["run"]:
+        from libbroker.launcher import session
+
+        cfg = _config(args)
+        return session.run(cfg, list(args["CMD"]), cfg.sandbox)
+    if args["doctor"]:
+        from libbroker.launcher import doctor
+
+        return doctor.main(_config(args))
+    from libbroker.launcher import settings
+
+    return settings.main(_config(args))
+
+
+def main() -> None:
+    run(lambda: _main(parse(__doc__ or "", options_first=False)))
+
+
+if __name__ == "__main__":
+    main()

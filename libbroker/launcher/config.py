@@ -1,0 +1,287 @@
+"""The launcher's configuration: a TOML file over built-in defaults.
+
+The file is optional (``~/.config/agent-sandbox/config.toml`` by default);
+every key has a default, and a key this module does not know is an error that
+names it, so a typo can never silently widen or narrow a session.
+
+Parsing is pure (:func:`from_mapping` takes the decoded TOML and the few facts
+about the host it needs), so the rules are tested without files or processes.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from libbroker.errors import ConfigError
+
+SANDBOX_KINDS = ("auto", "bwrap", "nono")
+
+# GitHub's hosts (git, API, release and raw downloads) and the agent's own API.
+DEFAULT_DOMAINS = (
+    "github.com",
+    "api.github.com",
+    "codeload.github.com",
+    "uploads.github.com",
+    "*.githubusercontent.com",
+    "api.anthropic.com",
+)
+DEFAULT_INJECT = ("github.com", "api.github.com")
+# Claude Code keeps its settings, sessions and login here; it runs inside the
+# sandbox, so it must be able to write them.  git's identity is read-only.
+DEFAULT_READ = ("~/.gitconfig", "~/.config/git")
+DEFAULT_WRITE = ("~/.claude", "~/.claude.json")
+HARNESS = "~/.claude"
+# Names a session must never carry in, whatever the config says: a phantom
+# GitHub token would shadow real logins, NONO_* would rewrite nono's policy,
+# AGENT_SANDBOX* is the launcher's own to set.
+FORBIDDEN_ENV_PREFIXES = ("NONO_", "AGENT_SANDBOX")
+FORBIDDEN_ENV = frozenset({"GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN", "LD_PRELOAD"})
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the defaults depend on, gathered once (see :func:`host_facts`)."""
+
+    home: str
+    cwd: str
+    gh_present: bool
+    git_signing_key: str
+
+
+@dataclass(frozen=True)
+class Config:
+    """One session's settings, every path absolute and every value checked."""
+
+    workdir: str
+    sandbox: str = "auto"
+    domains: tuple[str, ...] = DEFAULT_DOMAINS
+    inject: tuple[str, ...] = DEFAULT_INJECT
+    token_command: str = ""
+    token_every: int = 300
+    read: tuple[str, ...] = ()
+    write: tuple[str, ...] = ()
+    deny: tuple[str, ...] = ()
+    sign_key: str = ""
+    kubeconfig: str = ""
+    env: tuple[str, ...] = ()
+    resolve: tuple[str, ...] = ()
+    upstream_ca: str = ""
+    allow_cidr: tuple[str, ...] = ()
+    start_timeout: float = 10.0
+    home: str = field(default="/")
+    harness: str = ""
+
+
+_KEYS = frozenset(
+    {
+        "workdir",
+        "sandbox",
+        "domains",
+        "inject",
+        "token_command",
+        "token_every",
+        "read",
+        "write",
+        "deny",
+        "sign_key",
+        "kubeconfig",
+        "env",
+        "resolve",
+        "upstream_ca",
+        "allow_cidr",
+        "start_timeout",
+    }
+)
+
+
+def default_path(home: str) -> str:
+    """Where the config lives when ``--config`` is not given."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return os.path.join(base, "agent-sandbox", "config.toml")
+
+
+def host_facts() -> HostFacts:
+    """Look at the host once: home, cwd, gh on PATH, git's signing key."""
+    home = os.path.expanduser("~")
+    key = ""
+    if shutil.which("git"):
+        done = subprocess.run(
+            ["git", "config", "--global", "--get", "user.signingkey"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd="/",
+        )
+        key = done.stdout.strip() if done.returncode == 0 else ""
+    return HostFacts(
+        home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None, git_signing_key=key
+    )
+
+
+def load(
+    path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None
+) -> Config:
+    """Read the TOML file at ``path`` (or the default, which may be absent)."""
+    import tomllib  # only when a file is read: it costs a few ms to import
+
+    explicit = path is not None
+    file = path if path is not None else default_path(facts.home)
+    data: dict[str, Any] = {}
+    try:
+        with open(file, "rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"config file {file} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {file} cannot be read: {exc.strerror}") from None
+    merged = dict(data)
+    for key, value in (overrides or {}).items():
+        if value is not None:
+            merged[key] = value
+    return from_mapping(merged, facts, source=file)
+
+
+def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "config") -> Config:
+    """Check ``data`` (decoded TOML) and fill in the defaults."""
+    for key in data:
+        if key not in _KEYS:
+            raise ConfigError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
+    get = _Getter(data, source)
+
+    def path(p: str, key: str) -> str:
+        return _abs_path(p, facts, source=source, key=key)
+
+    workdir = path(get.string("workdir", facts.cwd), "workdir")
+    sandbox = get.string("sandbox", "auto")
+    if sandbox not in SANDBOX_KINDS:
+        raise ConfigError(
+            f"{source}: sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {sandbox!r}"
+        )
+    domains = tuple(
+        _host_pattern(d, source, "domains") for d in get.strings("domains", DEFAULT_DOMAINS)
+    )
+    inject = tuple(
+        _host_pattern(d, source, "inject") for d in get.strings("inject", DEFAULT_INJECT)
+    )
+    token_default = "gh auth token" if facts.gh_present else ""
+    token_every = get.integer("token_every", 300)
+    if token_every < 1:
+        raise ConfigError(f"{source}: token_every must be at least 1 second")
+    env = get.strings("env", ())
+    for name in env:
+        _check_env_name(name, source)
+    timeout = get.number("start_timeout", 10.0)
+    if not 0 < timeout <= 300:
+        raise ConfigError(f"{source}: start_timeout must be in (0, 300] seconds")
+    kube = get.string("kubeconfig", "")
+    ca = get.string("upstream_ca", "")
+    return Config(
+        workdir=workdir,
+        sandbox=sandbox,
+        domains=domains,
+        inject=inject,
+        token_command=get.string("token_command", token_default).strip(),
+        token_every=token_every,
+        read=tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ)),
+        write=tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE)),
+        deny=tuple(path(p, "deny") for p in get.strings("deny", ())),
+        sign_key=get.string("sign_key", facts.git_signing_key).strip(),
+        kubeconfig=path(kube, "kubeconfig") if kube else "",
+        env=env,
+        resolve=tuple(_resolve_pin(r, source) for r in get.strings("resolve", ())),
+        upstream_ca=path(ca, "upstream_ca") if ca else "",
+        allow_cidr=tuple(_cidr(c, source) for c in get.strings("allow_cidr", ())),
+        start_timeout=timeout,
+        home=facts.home,
+        harness=path(HARNESS, "harness"),
+    )
+
+
+class _Getter:
+    """Typed reads of a TOML mapping with messages naming the key."""
+
+    def __init__(self, data: Mapping[str, Any], source: str) -> None:
+        self._data = data
+        self._source = source
+
+    def _bad(self, key: str, want: str) -> ConfigError:
+        return ConfigError(f"{self._source}: {key} must be {want}")
+
+    def string(self, key: str, default: str) -> str:
+        value = self._data.get(key, default)
+        if not isinstance(value, str):
+            raise self._bad(key, "a string")
+        if "\0" in value:
+            raise self._bad(key, "a string without NUL bytes")
+        return value
+
+    def strings(self, key: str, default: tuple[str, ...]) -> tuple[str, ...]:
+        value = self._data.get(key, default)
+        if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+            raise self._bad(key, "a list of strings")
+        if any("\0" in v or not v.strip() for v in value):
+            raise self._bad(key, "a list of non-empty strings")
+        return tuple(v.strip() for v in value)
+
+    def integer(self, key: str, default: int) -> int:
+        value = self._data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self._bad(key, "an integer")
+        return value
+
+    def number(self, key: str, default: float) -> float:
+        value = self._data.get(key, default)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self._bad(key, "a number")
+        return float(value)
+
+
+def _abs_path(p: str, facts: HostFacts, *, source: str, key: str) -> str:
+    if p == "~" or p.startswith("~/"):
+        p = facts.home + p[1:]
+    elif not os.path.isabs(p):
+        if key != "workdir":
+            raise ConfigError(f"{source}: {key} path {p!r} must be absolute or start with ~/")
+        p = os.path.join(facts.cwd, p)
+    return os.path.normpath(p)
+
+
+def _host_pattern(value: str, source: str, key: str) -> str:
+    if any(c in value for c in ", \t\n/@"):
+        raise ConfigError(f"{source}: {key} entry {value!r} is not a host pattern")
+    return value.lower()
+
+
+def _resolve_pin(value: str, source: str) -> str:
+    host, sep, ip = value.partition(":")
+    if not sep or not host:
+        raise ConfigError(f"{source}: resolve entry {value!r} must be HOST:IP")
+    try:
+        ipaddress.ip_address(ip.strip("[]"))
+    except ValueError:
+        raise ConfigError(f"{source}: resolve entry {value!r} has no valid IP address") from None
+    return value
+
+
+def _cidr(value: str, source: str) -> str:
+    try:
+        ipaddress.ip_network(value, strict=False)
+    except ValueError:
+        raise ConfigError(f"{source}: allow_cidr entry {value!r} is not a CIDR range") from None
+    return value
+
+
+def _check_env_name(name: str, source: str) -> None:
+    if not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise ConfigError(f"{source}: env entry {name!r} is not a variable name")
+    if name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES):
+        raise ConfigError(f"{source}: env entry {name!r} may not be passed into a session")

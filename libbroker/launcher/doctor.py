@@ -1,0 +1,262 @@
+"""``agent-sandbox doctor``: can a session run here, and if not, what to do.
+
+One line per check: ``ok``, ``warn`` (a session runs, a feature is missing)
+or ``FAIL`` (no session can run), each not-ok line with its fix.  Exit 0 only
+when no check failed.  The token command is run to see that it prints
+something; what it prints is never shown or kept.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from libbroker.launcher.config import Config
+
+OK, WARN, FAIL = "ok", "warn", "FAIL"
+_MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT/KEY/VALUE
+
+
+@dataclass(frozen=True)
+class Check:
+    """One finding: a level, what was found, and the fix when not ok."""
+
+    level: str
+    what: str
+    fix: str = ""
+
+    def line(self) -> str:
+        text = f"{self.level:<4} {self.what}"
+        return text + (f" -- fix: {self.fix}" if self.fix and self.level != OK else "")
+
+
+def _run(argv: list[str], timeout: float = 10) -> tuple[int, str]:
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return 127, str(exc)
+    return done.returncode, (done.stderr or done.stdout).strip()
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path) as fh:
+            return fh.read().strip()
+    except OSError:
+        return ""
+
+
+def check_bwrap() -> Check:
+    if not shutil.which("bwrap"):
+        return Check(
+            FAIL, "bwrap: not installed", "apt-get install bubblewrap (or use --sandbox=nono)"
+        )
+    code, err = _run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"])
+    if code == 0:
+        return Check(OK, "bwrap: user, network and pid namespaces work")
+    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
+        return Check(
+            FAIL,
+            f"bwrap: cannot create namespaces ({err}); "
+            "Ubuntu's AppArmor restricts unprivileged user namespaces",
+            "add an AppArmor profile for /usr/bin/bwrap allowing userns "
+            "(see /etc/apparmor.d/bwrap-userns-restrict), or use --sandbox=nono",
+        )
+    if _read("/proc/sys/user/max_user_namespaces") == "0":
+        return Check(
+            FAIL, "bwrap: user namespaces are disabled", "sysctl -w user.max_user_namespaces=15000"
+        )
+    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
+        return Check(
+            FAIL,
+            "bwrap: unprivileged user namespaces are off",
+            "sysctl -w kernel.unprivileged_userns_clone=1",
+        )
+    return Check(
+        FAIL, f"bwrap: does not run ({err})", "run it by hand to see why, or use --sandbox=nono"
+    )
+
+
+def check_landlock() -> Check:
+    code, out = _run(
+        [
+            sys.executable,
+            "-I",
+            "-c",
+            "import nono_py;a=nono_py.detect_abi();print(a.version,a.has_network)",
+        ]
+    )
+    if code != 0:
+        return Check(
+            FAIL,
+            f"Landlock: unavailable ({out.splitlines()[-1] if out else code})",
+            "a kernel with Landlock (5.13+, lsm=landlock), pip install nono-py; or use bwrap",
+        )
+    version, net = ([*out.split(), "", ""])[:2]
+    if net != "True":
+        return Check(
+            FAIL,
+            f"Landlock: ABI {version} has no network rules",
+            "a kernel >= 6.7 (Landlock ABI 4) for --sandbox=nono; or use bwrap",
+        )
+    return Check(OK, f"Landlock: ABI {version} with network rules")
+
+
+def check_backend(kind: str) -> list[Check]:
+    """The chosen backend must work; under auto, one of them."""
+    if kind == "bwrap":
+        return [check_bwrap()]
+    if kind == "nono":
+        return [check_landlock()]
+    found = [check_bwrap(), check_landlock()]
+    if found[0].level != OK:
+        # auto picks bwrap whenever it is installed; only its absence falls back.
+        if shutil.which("bwrap") or found[1].level != OK:
+            return found
+        return [Check(WARN, found[0].what, found[0].fix), found[1]]
+    return [found[0], Check(OK if found[1].level == OK else WARN, found[1].what, found[1].fix)]
+
+
+def check_executables() -> list[Check]:
+    from libbroker.launcher.session import scripts_dir
+
+    out = []
+    for name, needed in (
+        ("egress-proxy", True),
+        ("broker-server", True),
+        ("broker-client", False),
+        ("gpg-shim", False),
+        ("policy-hook", False),
+        ("kubeconfig-proxify", False),
+    ):
+        path = os.path.join(scripts_dir(), name)
+        if os.access(path, os.X_OK) or shutil.which(name):
+            out.append(Check(OK, f"{name}: installed"))
+        else:
+            out.append(
+                Check(
+                    FAIL if needed else WARN,
+                    f"{name}: not found",
+                    "pip install -e . (agent-sandbox)",
+                )
+            )
+    return out
+
+
+def check_git() -> Check:
+    if not shutil.which("git"):
+        return Check(WARN, "git: not installed", "apt-get install git")
+    code, out = _run(["git", "--version"])
+    m = re.search(r"(\d+)\.(\d+)", out)
+    if code != 0 or not m:
+        return Check(WARN, f"git: cannot tell its version ({out})", "reinstall git")
+    version = (int(m.group(1)), int(m.group(2)))
+    if version < _MIN_GIT:
+        return Check(
+            WARN,
+            f"git {m.group(0)}: too old for GIT_CONFIG_COUNT (signing via gpg-shim)",
+            "git >= 2.31",
+        )
+    return Check(OK, f"git {m.group(0)}")
+
+
+def check_signing(cfg: Config) -> Check:
+    if not cfg.sign_key:
+        return Check(
+            WARN,
+            "signing: no sign key (git user.signingkey unset, config sign_key empty)",
+            "git config --global user.signingkey KEYID, or sign_key in the config",
+        )
+    if not shutil.which("gpg"):
+        return Check(WARN, "signing: gpg not installed", "apt-get install gnupg")
+    code, _ = _run(["gpg", "--batch", "--list-secret-keys", cfg.sign_key])
+    if code != 0:
+        return Check(
+            WARN,
+            f"signing: gpg has no secret key {cfg.sign_key}",
+            "gpg --import your key, or fix sign_key",
+        )
+    return Check(OK, f"signing: gpg holds the secret key {cfg.sign_key}")
+
+
+def check_token(cfg: Config) -> Check:
+    if not cfg.token_command:
+        return Check(
+            WARN,
+            "token: no token command (gh not installed): GitHub is reached without a login",
+            "install gh and run gh auth login, or set token_command",
+        )
+    try:
+        done = subprocess.run(
+            shlex.split(cfg.token_command), capture_output=True, timeout=15, check=False
+        )
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return Check(
+            WARN, "token: the token command timed out", f"run `{cfg.token_command}` by hand"
+        )
+    ok = done.returncode == 0 and done.stdout.strip()
+    del done  # the token is not kept
+    if not ok:
+        return Check(
+            WARN,
+            "token: the token command failed or printed nothing",
+            f"run `{cfg.token_command}` by hand (gh auth login?)",
+        )
+    return Check(OK, "token: the token command prints a token")
+
+
+def check_settings(cfg: Config) -> Check:
+    from libbroker.launcher import settings
+
+    target = settings.target_path()
+    if not os.path.exists(target):
+        return Check(
+            WARN,
+            f"managed settings: {target} not installed",
+            "agent-sandbox render-settings (it prints the install steps)",
+        )
+    if _read(target) != settings.render(cfg).strip():
+        return Check(
+            WARN,
+            f"managed settings: {target} differs from this config",
+            "agent-sandbox render-settings, and install it again",
+        )
+    return Check(OK, f"managed settings: {target} installed and current")
+
+
+def check_workdir(cfg: Config) -> Check:
+    if not os.path.isdir(cfg.workdir):
+        return Check(
+            FAIL,
+            f"workdir {cfg.workdir}: not a directory",
+            "--workdir=DIR or workdir in the config",
+        )
+    return Check(OK, f"workdir {cfg.workdir}")
+
+
+def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
+    return [
+        lambda: [check_workdir(cfg)],
+        lambda: check_backend(cfg.sandbox),
+        check_executables,
+        lambda: [check_git()],
+        lambda: [check_signing(cfg)],
+        lambda: [check_token(cfg)],
+        lambda: [check_settings(cfg)],
+    ]
+
+
+def main(cfg: Config) -> int:
+    failed = False
+    for check in checks(cfg):
+        for found in check():
+            sys.stdout.write(found.line() + "\n")
+            failed = failed or found.level == FAIL
+    sys.stdout.write("a session can run here\n" if not failed else "no session can run here yet\n")
+    return 1 if failed else 0

@@ -1,0 +1,111 @@
+"""The Landlock backend's last step: apply the session's rules, then exec CMD.
+
+The launcher starts this helper (``python3 -I -m libbroker.launcher.landlock_exec
+FD``) at the very beginning of a session, so that importing nono-py (a 32 MB
+extension, ~0.2 s) overlaps the servers' start.  It then blocks on FD until
+the launcher writes the spec (:func:`agent_sandbox.landlock_spec`, JSON, which
+needs the proxy's ports) and closes it.  Applying Landlock is irreversible and
+inherited, so the command and all its children stay inside; nothing of the
+spec comes from the sandboxed side.
+
+Exit 125 when it cannot sandbox (fail closed: the command never runs bare).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from libbroker.launcher import seccomp
+
+_PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_SECCOMP = 22
+_SECCOMP_MODE_FILTER = 2
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+
+def _install_seccomp() -> None:
+    prog = seccomp.program()
+    if prog is None:
+        return  # no filter for this machine: new_session is forced instead
+    libc = ctypes.CDLL(None, use_errno=True)
+    fprog = _SockFprog(len(prog) // 8, prog)
+    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
+    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip("/") + "/")
+
+
+def apply(spec: dict[str, Any]) -> None:
+    """Apply the spec's Landlock rules to this process (irreversible)."""
+    import nono_py
+
+    granted = [*spec["read"], *spec["write"]]
+    for deny in spec["deny"]:
+        # Landlock only adds rights: a denied path inside a granted one
+        # cannot be carved out, so such a config is refused, not weakened.
+        if any(_under(deny, g) for g in granted):
+            raise ValueError(f"deny path {deny} lies inside a granted path; use the bwrap backend")
+    caps = nono_py.CapabilitySet()
+    for mode, paths in (
+        (nono_py.AccessMode.READ, spec["read"]),
+        (nono_py.AccessMode.READ_WRITE, spec["write"]),
+    ):
+        for p in paths:
+            if os.path.isdir(p):
+                caps.allow_path(p, mode)
+            elif os.path.exists(p):
+                caps.allow_file(p, mode)
+    caps.block_network()
+    for port in spec["ports"]:
+        caps.allow_tcp_connect_port(int(port))
+    nono_py.apply_landlock(caps)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or not argv[0].isdigit():
+        sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec FD\n")
+        return 125
+    with os.fdopen(int(argv[0]), "rb") as control:
+        raw = control.read()
+    if not raw:
+        return 125  # the launcher gave up before the session started
+    try:
+        spec = json.loads(raw)
+        if spec.get("new_session"):
+            os.setsid()
+        os.chdir(spec["cwd"])
+        apply(spec)
+        _install_seccomp()
+    except Exception as exc:
+        sys.stderr.write(f"agent-sandbox: cannot apply the Landlock sandbox: {exc}\n")
+        return 125
+    cmd = [str(a) for a in spec["argv"]]
+    env = {str(k): str(v) for k, v in spec["env"].items()}
+    # Python ignores SIGPIPE and SIGXFSZ; an ignored disposition survives exec.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
+    try:
+        os.execvpe(cmd[0], cmd, env)  # noqa: S606 - the user's command, as given
+    except FileNotFoundError:
+        sys.stderr.write(f"agent-sandbox: {cmd[0]}: command not found\n")
+        return 127
+    except OSError as exc:
+        sys.stderr.write(f"agent-sandbox: {cmd[0]}: {exc.strerror}\n")
+        return 126
+    return 127  # not reached: execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

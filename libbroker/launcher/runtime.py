@@ -1,0 +1,91 @@
+"""The session's runtime directory and the names of what lives in it.
+
+One directory per session, mode 0700, under ``$XDG_RUNTIME_DIR/agent-sandbox``
+when the user has a runtime directory (tmpfs, per-user, cleared at logout) or a
+private ``mkdtemp`` otherwise.  The sandbox sees it read-only at the same path:
+the broker socket, the relay sockets and the egress directory must be
+reachable from inside, nothing in it may be changed from inside.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+
+from libbroker.errors import LaunchError
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """Paths of one session's runtime directory."""
+
+    root: str
+
+    @property
+    def broker_socket(self) -> str:
+        return os.path.join(self.root, "broker.sock")
+
+    @property
+    def egress_dir(self) -> str:
+        return os.path.join(self.root, "egress")
+
+    @property
+    def policy(self) -> str:
+        return os.path.join(self.root, "policy.json")
+
+    @property
+    def profile(self) -> str:
+        return os.path.join(self.root, "profile.json")
+
+    @property
+    def kubeconfig(self) -> str:
+        return os.path.join(self.root, "kubeconfig")
+
+    @property
+    def http_relay(self) -> str:
+        """The unix socket the in-sandbox forwarder reaches the HTTP proxy by."""
+        return os.path.join(self.root, "http.sock")
+
+    @property
+    def socks_relay(self) -> str:
+        """The unix socket the in-sandbox forwarder reaches the SOCKS proxy by."""
+        return os.path.join(self.root, "socks.sock")
+
+    @property
+    def ca_bundle(self) -> str:
+        return os.path.join(self.egress_dir, "bundle.pem")
+
+    @property
+    def gh_config(self) -> str:
+        return os.path.join(self.egress_dir, "gh")
+
+
+def create() -> Runtime:
+    """Make a fresh private runtime directory (0700) for one session."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    parent: str | None = None
+    if base and os.path.isabs(base) and os.path.isdir(base):
+        parent = os.path.join(base, "agent-sandbox")
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            st = os.lstat(parent)
+            # Refuse a parent someone else owns or a symlink planted in its place.
+            if st.st_uid != os.getuid() or not os.path.isdir(parent) or os.path.islink(parent):
+                parent = None
+        except OSError:
+            parent = None
+    try:
+        root = tempfile.mkdtemp(prefix="session-" if parent else "agent-sandbox-", dir=parent)
+        os.chmod(root, 0o700)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot create the session's runtime directory: {exc.strerror}"
+        ) from None
+    return Runtime(root)
+
+
+def remove(rt: Runtime) -> None:
+    """Remove the runtime directory and everything in it; a no-op if gone."""
+    shutil.rmtree(rt.root, ignore_errors=True)

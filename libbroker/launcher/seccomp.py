@@ -1,0 +1,85 @@
+"""A seccomp filter that refuses the terminal-injection ioctls (pure).
+
+An interactive session keeps the user's terminal as its controlling tty, so
+that shells keep job control.  That tty is also a way out: ``ioctl(TIOCSTI)``
+pushes bytes into the terminal's input queue, which the user's own shell reads
+after the session ends (a sandboxed command "types" a command on the host).
+bwrap's ``--new-session`` defends by dropping the controlling tty, which breaks
+job control; this filter defends instead by refusing TIOCSTI and TIOCLINUX
+(the Linux console's selection paste) with EPERM, and is installed in every
+session, tty or not.  Everything else is allowed: it is a tripwire, not a
+general syscall policy.
+
+The program is classic BPF over ``struct seccomp_data``, built here as bytes
+for bwrap's ``--seccomp FD`` and for ``prctl(PR_SET_SECCOMP)``.
+"""
+
+from __future__ import annotations
+
+import platform
+import struct
+
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+_EPERM = 1
+
+# BPF opcodes (linux/bpf_common.h) and seccomp return values.
+_LD_W_ABS = 0x20
+_JEQ_K = 0x15
+_JGE_K = 0x35
+_RET_K = 0x06
+_RET_ALLOW = 0x7FFF0000
+_RET_ERRNO = 0x00050000 | _EPERM
+
+# seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little endian).
+_OFF_NR = 0
+_OFF_ARCH = 4
+_OFF_ARG1_LOW = 16 + 8 * 1
+
+# (audit arch, ioctl syscall number) per machine, plus the 32-bit compat ABI.
+_ARCHES: dict[str, list[tuple[int, int]]] = {
+    "x86_64": [(0xC000003E, 16), (0x40000003, 54)],
+    "aarch64": [(0xC00000B7, 29), (0x40000028, 54)],
+}
+_X32_BIT = 0x40000000
+
+
+def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
+    return struct.pack("<HBBI", code, jt, jf, k)
+
+
+def program(machine: str | None = None) -> bytes | None:
+    """The filter for ``machine`` (default: this one), None when unsupported."""
+    machine = machine or platform.machine()
+    arches = _ARCHES.get(machine)
+    if arches is None:
+        return None
+    # One block per arch: check the arch, load the syscall number, send ioctl
+    # to the shared argument check (`tail`), allow the rest.  The native
+    # x86_64 block also refuses the x32 ABI's numbers.
+    sizes = [6 if (i == 0 and machine == "x86_64") else 5 for i in range(len(arches))]
+    errno_at = sum(sizes)
+    tail_at = errno_at + 1
+    out: list[bytes] = []
+    start = 0
+    for i, (arch, ioctl_nr) in enumerate(arches):
+        end = start + sizes[i]
+        out.append(_insn(_LD_W_ABS, 0, 0, _OFF_ARCH))
+        out.append(_insn(_JEQ_K, 0, end - (start + 1) - 1, arch))
+        out.append(_insn(_LD_W_ABS, 0, 0, _OFF_NR))
+        if sizes[i] == 6:
+            here = start + 3
+            out.append(_insn(_JGE_K, errno_at - here - 1, 0, _X32_BIT))
+        here = end - 2
+        out.append(_insn(_JEQ_K, tail_at - here - 1, 0, ioctl_nr))
+        out.append(_insn(_RET_K, 0, 0, _RET_ALLOW))
+        start = end
+    out.append(_insn(_RET_K, 0, 0, _RET_ERRNO))  # an arch this filter does not know
+    out += [
+        _insn(_LD_W_ABS, 0, 0, _OFF_ARG1_LOW),
+        _insn(_JEQ_K, 2, 0, TIOCSTI),
+        _insn(_JEQ_K, 1, 0, TIOCLINUX),
+        _insn(_RET_K, 0, 0, _RET_ALLOW),
+        _insn(_RET_K, 0, 0, _RET_ERRNO),
+    ]
+    return b"".join(out)

@@ -1,0 +1,537 @@
+"""``agent-sandbox run``: one sandboxed session, start to finish.
+
+The order is chosen for latency: everything slow starts at once and the
+launcher does its own work while it waits.
+
+1. runtime directory (0700) and the janitor (cleanup if we are SIGKILLed);
+2. start egress-proxy, broker-server and the sandbox itself in parallel: the
+   sandbox (bwrap + forwarder, or the Landlock helper importing nono-py) is
+   built and then waits for a go byte, so CMD never runs before the session
+   is whole;
+3. read each server's ``listening`` line (timeout; its stderr in the error);
+4. write the policy JSON, proxify the kubeconfig, start the relays;
+5. go; then relay signals, watch for a crash, and end everything in order:
+   the sandbox, the broker, the proxy; remove the runtime directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from libbroker.errors import LaunchError, SandboxUnavailable
+from libbroker.launcher import agent_sandbox, runtime, supervise
+from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
+from libbroker.launcher.config import Config
+from libbroker.launcher.relay import Relay
+from libbroker.launcher.runtime import Runtime
+
+# How long a child gets between SIGTERM and SIGKILL at the end of a session.
+GRACE = 3.0
+_FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+@dataclass
+class _Listening:
+    http_port: int = 0
+    socks_port: int = 0
+    broker: str = ""
+
+
+def choose_backend(kind: str) -> str:
+    """``auto`` is bwrap when installed, else Landlock (nono)."""
+    if kind != "auto":
+        return kind
+    return "bwrap" if shutil.which("bwrap") else "nono"
+
+
+def scripts_dir() -> str:
+    """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
+    import sysconfig
+
+    return sysconfig.get_path("scripts")
+
+
+def _exe(name: str) -> str:
+    """Our own executable ``name`` from this installation, else from PATH."""
+    path = os.path.join(scripts_dir(), name)
+    return path if os.access(path, os.X_OK) else name
+
+
+def host_facts(cfg: Config, cwd: str) -> Host:
+    import libbroker
+
+    project = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+    prefixes: list[str] = []
+    for p in (sys.prefix, sys.base_prefix):
+        p = os.path.realpath(p)
+        if p not in prefixes:
+            prefixes.append(p)
+    candidates = agent_sandbox.bind_candidates(cfg)
+    symlinks = {d: os.readlink(d) for d in agent_sandbox.SYSTEM_DIRS if os.path.islink(d)}
+    existing = frozenset(p for p in candidates if os.path.lexists(p))
+    python = os.path.realpath(sys.executable)
+    return Host(
+        python=python,
+        python_dirs=tuple(prefixes),
+        project_dir=project,
+        forwarder=os.path.join(project, "libbroker", "launcher", "forwarder.py"),
+        bin_dir=scripts_dir(),
+        cwd=cwd,
+        symlinks=symlinks,
+        existing=existing,
+    )
+
+
+def _proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
+    argv = [
+        _exe("egress-proxy"),
+        "--listen=127.0.0.1:0",
+        "--socks=127.0.0.1:0",
+        "--allow=" + ",".join(cfg.domains),
+        "--inject=" + ",".join(cfg.inject),
+        "--egress-dir=" + rt.egress_dir,
+        f"--token-every={cfg.token_every}",
+    ]
+    if cfg.token_command:
+        argv.append("--token-command=" + cfg.token_command)
+    argv += [f"--resolve={r}" for r in cfg.resolve]
+    argv += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
+    if cfg.upstream_ca:
+        argv.append("--upstream-ca=" + cfg.upstream_ca)
+    return argv
+
+
+def _broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
+    argv = [
+        _exe("broker-server"),
+        "--socket=" + rt.broker_socket,
+        "--workdir=" + cfg.workdir,
+        "--sandbox=" + backend,
+        "--profile=" + rt.profile,
+    ]
+    if cfg.sign_key:
+        argv.append("--sign-key=" + cfg.sign_key)
+    return argv
+
+
+def command_profile(cfg: Config, host: Host) -> dict[str, object]:
+    """The broker's profile for commands it runs on the sandbox's behalf.
+
+    Network is ``none``: the broker starts alongside the proxy, before its port
+    exists, and a brokered command has no business bypassing the agent's proxy.
+    """
+    read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if os.path.exists(p))]
+    return {
+        "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
+        "network": {"mode": "none"},
+        "environment": {"allow_vars": ["PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ"]},
+    }
+
+
+def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> str:
+    """The session's policy JSON (DESIGN 2.3), through libpolicy's model and checks."""
+    from libpolicy.model import Policy
+
+    policy = Policy(
+        cfg.home,
+        runtime=rt.root,
+        read=cfg.read,
+        write=(cfg.workdir, *cfg.write),
+        deny=cfg.deny,
+        harness=cfg.harness,
+        tool_write=(),
+        domains=cfg.domains,
+        proxy_port=proxy_port,
+        socks_port=socks_port,
+        egress=rt.egress_dir,
+    )
+    return policy.to_json()
+
+
+def _write_private(path: str, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+
+
+class Session:
+    """One run: owns the runtime directory, the children and the relays."""
+
+    def __init__(self, cfg: Config, cmd: list[str], backend: str) -> None:
+        self.cfg = cfg
+        self.cmd = cmd
+        self.backend = choose_backend(backend)
+        self.tty = os.isatty(0)
+        self.children: list[supervise.Child] = []
+        self.relays: list[Relay] = []
+        self.signals: list[int] = []
+        self.rt: Runtime | None = None
+        self.janitor: supervise.Janitor | None = None
+        self.sandbox: supervise.Child | None = None
+        self.control = -1  # write end: go byte, then signal numbers (bwrap)
+
+    # --- the whole run -------------------------------------------------------
+
+    def run(self) -> int:
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_w, False)
+        old_wake = signal.set_wakeup_fd(wake_w)
+        old = {sig: signal.signal(sig, self._on_signal) for sig in _FORWARD}
+        try:
+            try:
+                self._start(wake_r)
+            except BaseException:
+                self._teardown()
+                raise
+            return self._supervise(wake_r)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+            signal.set_wakeup_fd(old_wake)
+            os.close(wake_r)
+            os.close(wake_w)
+
+    def _on_signal(self, sig: int, _frame: object) -> None:
+        self.signals.append(sig)
+
+    # --- start ---------------------------------------------------------------
+
+    def _start(self, wake_r: int) -> None:
+        cfg = self.cfg
+        if not os.path.isdir(cfg.workdir):
+            raise LaunchError(f"workdir {cfg.workdir} is not a directory")
+        if self.backend == "bwrap" and not shutil.which("bwrap"):
+            raise SandboxUnavailable(
+                "bwrap is not installed (apt-get install bubblewrap), or use --sandbox=nono"
+            )
+        self.rt = rt = runtime.create()
+        self.janitor = supervise.Janitor(rt.root)
+        host = host_facts(cfg, os.getcwd())
+        _write_private(rt.profile, json.dumps(command_profile(cfg, host)))
+        proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
+        broker = self._spawn("broker-server", _broker_argv(cfg, rt, self.backend))
+        kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
+        self._start_sandbox(host)
+        found = self._wait_listening(proxy, broker, wake_r)
+        if self.backend == "nono":
+            kube = self._start_kubeconfig(rt, found.socks_port)
+        if kube is not None:
+            self._finish_kubeconfig(kube)
+        if self.backend == "bwrap":
+            ports = (HTTP_PORT, SOCKS_PORT)
+        else:
+            ports = (found.http_port, found.socks_port)
+        _write_private(rt.policy, policy_json(cfg, rt, *ports))
+        if self.backend == "bwrap":
+            self.relays[0].start(found.http_port)
+            self.relays[1].start(found.socks_port)
+            os.write(self.control, b"g")
+        else:
+            self._send_landlock_spec(host, found)
+
+    def _spawn(self, name: str, argv: list[str], **kw: object) -> supervise.Child:
+        child = supervise.spawn(name, argv, **kw)  # type: ignore[arg-type]
+        self.children.append(child)
+        assert self.janitor is not None
+        self.janitor.watch(child)
+        return child
+
+    def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
+        assert self.rt is not None
+        return agent_sandbox.environment(
+            self.cfg,
+            self.rt,
+            os.environ,
+            bin_dir=host.bin_dir,
+            http_port=http_port,
+            socks_port=socks_port,
+            kubeconfig=self.rt.kubeconfig if self.cfg.kubeconfig else "",
+            tmpdir=tmpdir,
+        )
+
+    def _start_sandbox(self, host: Host) -> None:
+        assert self.rt is not None
+        rt = self.rt
+        r, w = os.pipe()
+        self.control = w
+        os.set_inheritable(r, True)
+        if self.backend == "bwrap":
+            from libbroker.launcher import seccomp
+
+            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
+            prog = seccomp.program()
+            sec_fd: int | None = None
+            if prog is not None:
+                sec_r, sec_w = os.pipe()
+                os.write(sec_w, prog)
+                os.close(sec_w)
+                sec_fd = sec_r
+            argv = agent_sandbox.bwrap_argv(
+                self.cfg, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd, tty=self.tty
+            )
+            fds = [r] if sec_fd is None else [r, sec_fd]
+            try:
+                self.sandbox = self._spawn(
+                    "sandbox",
+                    argv,
+                    pdeathsig=None,  # bwrap's --die-with-parent
+                    env=self._env(host, HTTP_PORT, SOCKS_PORT),
+                    pass_fds=fds,
+                    pipes=False,
+                    ignore=(signal.SIGINT, signal.SIGQUIT) if self.tty else (),
+                )
+            finally:
+                if sec_fd is not None:
+                    os.close(sec_fd)
+        else:
+            argv = [host.python, "-I", "-m", "libbroker.launcher.landlock_exec", str(r)]
+            self.sandbox = self._spawn(
+                "sandbox",
+                argv,
+                pdeathsig=signal.SIGKILL,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                pass_fds=[r],
+                pipes=False,
+            )
+            self.sandbox.own_group = not self.tty
+        os.close(r)
+
+    def _send_landlock_spec(self, host: Host, found: _Listening) -> None:
+        assert self.rt is not None
+        tmpdir = os.path.join(self.rt.root, "tmp")
+        os.mkdir(tmpdir, 0o700)
+        spec = agent_sandbox.landlock_spec(
+            self.cfg,
+            self.rt,
+            host,
+            self.cmd,
+            http_port=found.http_port,
+            socks_port=found.socks_port,
+            tmpdir=tmpdir,
+            tty=self.tty,
+        )
+        spec["env"] = self._env(host, found.http_port, found.socks_port, tmpdir)
+        data = json.dumps(spec).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.control, view) :]
+        os.close(self.control)
+        self.control = -1
+
+    def _start_kubeconfig(
+        self, rt: Runtime, socks_port: int = SOCKS_PORT
+    ) -> subprocess.Popen[bytes] | None:
+        if not self.cfg.kubeconfig:
+            return None
+        try:
+            shutil.copyfile(self.cfg.kubeconfig, rt.kubeconfig)
+            os.chmod(rt.kubeconfig, 0o600)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot copy kubeconfig {self.cfg.kubeconfig}: {exc.strerror}"
+            ) from None
+        url = f"socks5://127.0.0.1:{socks_port}"
+        return subprocess.Popen(
+            [_exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+
+    def _finish_kubeconfig(self, proc: subprocess.Popen[bytes]) -> None:
+        _, err = proc.communicate(timeout=self.cfg.start_timeout)
+        if proc.returncode != 0:
+            raise LaunchError(f"kubeconfig-proxify failed: {err.decode(errors='replace').strip()}")
+
+    def _wait_listening(
+        self, proxy: supervise.Child, broker: supervise.Child, wake_r: int
+    ) -> _Listening:
+        found = _Listening()
+        deadline = time.monotonic() + self.cfg.start_timeout
+        poller = select.poll()
+        owners: dict[int, tuple[supervise.Child, str]] = {}
+        for child in (proxy, broker):
+            assert child.proc.stdout is not None and child.proc.stderr is not None
+            for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
+                os.set_blocking(stream.fileno(), False)
+                owners[stream.fileno()] = (child, kind)
+                poller.register(stream.fileno(), select.POLLIN)
+        for child in self.children:
+            poller.register(child.pidfd, select.POLLIN)
+        poller.register(wake_r, select.POLLIN)
+        pending: dict[int, bytes] = {}
+        self._poller, self._owners, self._pending = poller, owners, pending
+        while not (found.http_port and found.socks_port and found.broker):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                late = proxy if not found.http_port or not found.socks_port else broker
+                raise LaunchError(
+                    f"{late.name} did not say 'listening' within {self.cfg.start_timeout:g}s"
+                    + late.error_tail()
+                )
+            for fd, _ in poller.poll(int(left * 1000) + 1):
+                if fd == wake_r:
+                    os.read(wake_r, 512)
+                    if self.signals:
+                        raise LaunchError(f"interrupted by signal {self.signals[0]} while starting")
+                    continue
+                dead = next((c for c in self.children if c.pidfd == fd), None)
+                if dead is not None:
+                    self._drain_all()
+                    code = dead.proc.wait()
+                    raise LaunchError(
+                        f"{dead.name} exited with status {code} while starting" + dead.error_tail()
+                    )
+                for line in self._read_lines(fd):
+                    child, kind = owners[fd]
+                    if kind == "out":
+                        self._parse_listening(child, line, found)
+        return found
+
+    def _read_lines(self, fd: int) -> list[str]:
+        """Read what is there on a child's pipe; complete lines, copied to stderr when errors."""
+        child, kind = self._owners[fd]
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return []
+        if not data:
+            self._poller.unregister(fd)
+            data = b"\n" if self._pending.get(fd) else b""
+        buf = self._pending.get(fd, b"") + data
+        *lines, rest = buf.split(b"\n")
+        self._pending[fd] = rest
+        out = [line.decode(errors="replace") for line in lines]
+        for line in out:
+            child.tail.append(line)
+            if kind == "err" and line:
+                # A server's log line goes to our stderr, never to our stdout
+                # (which belongs to CMD, e.g. in a pipeline).
+                with contextlib.suppress(OSError):
+                    os.write(2, (line + "\n").encode())
+        return out
+
+    def _drain_all(self) -> None:
+        for fd in list(self._owners):
+            with contextlib.suppress(OSError, KeyError):
+                self._read_lines(fd)
+
+    @staticmethod
+    def _parse_listening(child: supervise.Child, line: str, found: _Listening) -> None:
+        words = line.split()
+        if len(words) != 2 or words[0] != "listening":
+            return
+        addr = words[1]
+        if child.name == "broker-server" and addr.startswith("unix:"):
+            found.broker = addr[5:]
+        elif addr.startswith(("http://", "socks5://")):
+            port = addr.rsplit(":", 1)[-1].rstrip("/")
+            if port.isdigit():
+                if addr.startswith("http://"):
+                    found.http_port = int(port)
+                else:
+                    found.socks_port = int(port)
+
+    # --- the session ---------------------------------------------------------
+
+    def _supervise(self, wake_r: int) -> int:
+        """Until CMD ends: relay signals, notice a crashed server. Its status."""
+        sandbox = self.sandbox
+        assert sandbox is not None
+        deadline: float | None = None
+        status: int | None = None
+        crash: str | None = None
+        while status is None:
+            timeout = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            events = self._poller.poll(timeout)
+            if not events and deadline is not None:
+                sandbox.send(signal.SIGKILL)  # grace spent
+                deadline = None
+            for fd, _ in events:
+                if fd == wake_r:
+                    os.read(wake_r, 512)
+                    deadline = self._relay_signals(deadline)
+                elif fd == sandbox.pidfd:
+                    status = self._status(sandbox.proc.wait())
+                elif fd in self._owners:
+                    self._read_lines(fd)
+                else:
+                    dead = next((c for c in self.children if c.pidfd == fd), None)
+                    if dead is not None and crash is None:
+                        self._drain_all()
+                        crash = (
+                            f"{dead.name} exited unexpectedly (status {dead.proc.wait()})"
+                            + dead.error_tail()
+                        )
+                        self._poller.unregister(fd)
+                        self._ask(signal.SIGTERM)
+                        deadline = time.monotonic() + GRACE
+        self._teardown()
+        if crash is not None:
+            raise LaunchError(crash + "; the session was ended")
+        return status
+
+    def _relay_signals(self, deadline: float | None) -> float | None:
+        while self.signals:
+            sig = self.signals.pop(0)
+            if self.tty and sig in (signal.SIGINT, signal.SIGQUIT):
+                # From the keyboard: the command (same foreground group) got
+                # it too and decides; an interactive shell ignores it.
+                continue
+            self._ask(sig)
+            if deadline is None:
+                deadline = time.monotonic() + GRACE
+        return deadline
+
+    def _ask(self, sig: int) -> None:
+        """Pass ``sig`` to CMD: through the forwarder (bwrap) or directly (Landlock)."""
+        if self.backend == "bwrap" and self.control >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.control, bytes([sig]))
+        elif self.sandbox is not None:
+            self.sandbox.send(sig)
+
+    @staticmethod
+    def _status(code: int) -> int:
+        return 128 - code if code < 0 else code
+
+    # --- the end -------------------------------------------------------------
+
+    def _teardown(self) -> None:
+        """End every child in order, remove the runtime directory; idempotent."""
+        if self.sandbox is not None and not self.sandbox.exited():
+            self._ask(signal.SIGTERM)
+            if not self.sandbox.wait(GRACE):
+                self.sandbox.stop(signal.SIGKILL, 0)
+        if self.control >= 0:
+            os.close(self.control)
+            self.control = -1
+        servers = [c for c in self.children if c is not self.sandbox]
+        for child in reversed(servers):  # the broker (its client, CMD, is gone), then the proxy
+            child.send(signal.SIGTERM)
+        for child in reversed(servers):
+            child.stop(signal.SIGTERM, 5.0)
+        for relay in self.relays:
+            relay.close()
+        self.relays = []
+        for child in self.children:
+            child.close()
+        self.children = []
+        if self.rt is not None:
+            runtime.remove(self.rt)
+        if self.janitor is not None:
+            self.janitor.dismiss()
+            self.janitor = None
+
+
+def run(cfg: Config, cmd: list[str], backend: str) -> int:
+    """Run ``cmd`` in a whole sandboxed session; its exit status."""
+    return Session(cfg, cmd, backend).run()

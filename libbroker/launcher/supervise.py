@@ -1,0 +1,217 @@
+"""The launcher's children: start, wait for ``listening``, stop in order, reap.
+
+Ownership rules (trio's, with processes):
+
+- every child is started by the main thread with ``PR_SET_PDEATHSIG``, so the
+  kernel signals it if the launcher dies, even by SIGKILL (bwrap gets
+  ``--die-with-parent`` instead, which is the same thing);
+- every child gets a pidfd, so waits are exact (poll, no sleep loops) and a
+  signal can never reach a recycled pid;
+- the :class:`Janitor`, a forked twin of the launcher that only waits on a
+  pipe, finishes the job when the launcher is killed: it ends what is left of
+  the session and removes the runtime directory.  On every other path the
+  launcher does that itself and dismisses the janitor.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from libbroker.errors import LaunchError
+
+_PR_SET_PDEATHSIG = 1
+_TAIL_LINES = 20
+
+
+def _pdeathsig(sig: int) -> Callable[[], None]:
+    """A preexec_fn: die with ``sig`` when the launcher dies (the race included)."""
+    import ctypes  # only the launcher pays for it, once
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def preexec() -> None:
+        libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl took effect
+            os.kill(os.getpid(), sig)
+
+    return preexec
+
+
+@dataclass
+class Child:
+    """One child process the launcher owns."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    pidfd: int
+    tail: collections.deque[str] = field(
+        default_factory=lambda: collections.deque(maxlen=_TAIL_LINES)
+    )
+    own_group: bool = False
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def exited(self) -> bool:
+        return self.proc.poll() is not None
+
+    def send(self, sig: int) -> None:
+        """Signal the child (its group when it leads one); a no-op once it is gone."""
+        if self.proc.returncode is not None:
+            return
+        try:
+            if self.own_group:
+                os.killpg(self.pid, sig)
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(self.pidfd, sig)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the child to exit; reap it if so."""
+        if self.proc.returncode is None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            if not poller.poll(max(0, int(timeout * 1000))):
+                return False
+        self.proc.wait()
+        return True
+
+    def stop(self, sig: int = signal.SIGTERM, grace: float = 5.0) -> None:
+        """``sig``, ``grace`` seconds, then SIGKILL: it is gone when this returns."""
+        self.send(sig)
+        if not self.wait(grace):
+            self.send(signal.SIGKILL)
+            self.wait(60)
+
+    def close(self) -> None:
+        for f in (self.proc.stdout, self.proc.stderr, self.proc.stdin):
+            if f is not None:
+                f.close()
+        os.close(self.pidfd)
+
+    def error_tail(self) -> str:
+        text = "\n".join(f"  {line}" for line in self.tail if line.strip())
+        return f"; its stderr said:\n{text}" if text else ""
+
+
+def spawn(
+    name: str,
+    argv: Sequence[str],
+    *,
+    pdeathsig: int | None = signal.SIGTERM,
+    env: dict[str, str] | None = None,
+    pass_fds: Sequence[int] = (),
+    pipes: bool = True,
+    ignore: Sequence[int] = (),
+) -> Child:
+    """Start ``argv`` as a child named ``name``; stdout and stderr piped when ``pipes``.
+
+    ``ignore`` lists signals the child starts with ignored (an ignored
+    disposition survives exec; a handler does not).
+    """
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore}
+    try:
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=None,
+            stdout=subprocess.PIPE if pipes else None,
+            stderr=subprocess.PIPE if pipes else None,
+            env=env,
+            pass_fds=tuple(pass_fds),
+            preexec_fn=_pdeathsig(pdeathsig) if pdeathsig else None,
+        )
+    except OSError as exc:
+        raise LaunchError(f"cannot start {name}: {exc.strerror}: {argv[0]}") from None
+    finally:
+        for sig, old in saved.items():
+            signal.signal(sig, old)
+    return Child(name=name, proc=proc, pidfd=os.pidfd_open(proc.pid))
+
+
+class Janitor:
+    """A forked watcher that cleans up after a launcher killed by SIGKILL.
+
+    The launcher tells it each child's pid (it opens a pidfd at once, so pid
+    reuse cannot fool it).  End of file without the "done" word means the
+    launcher died: it ends the children (SIGTERM, a grace, SIGKILL, sandbox
+    first) and removes the runtime directory.
+    """
+
+    def __init__(self, runtime_dir: str) -> None:
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - runs in the forked twin
+            os.close(w)
+            try:
+                _janitor_main(r, runtime_dir)
+            finally:
+                os._exit(0)
+        os.close(r)
+        self._pid = pid
+        self._w = w
+
+    def watch(self, child: Child) -> None:
+        os.write(self._w, f"{child.pid} {int(child.own_group)}\n".encode())
+
+    def dismiss(self) -> None:
+        """The launcher cleaned up itself: let the janitor go and reap it."""
+        with contextlib.suppress(OSError):
+            os.write(self._w, b"done\n")
+        os.close(self._w)
+        os.waitpid(self._pid, 0)
+
+
+def _janitor_main(r: int, runtime_dir: str) -> None:  # pragma: no cover - forked twin
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.setpgid(0, 0)  # out of the terminal's foreground group: no tty signals
+    # Hold none of the launcher's stdio open: a caller reading its output
+    # must see end of file when the launcher ends, not when the janitor does.
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    watched: list[tuple[int, int, bool]] = []
+    buf = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            break
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line == b"done":
+                return
+            pid_s, group_s = line.split()
+            with contextlib.suppress(OSError):
+                watched.append((int(pid_s), os.pidfd_open(int(pid_s)), group_s == b"1"))
+    # The launcher is gone without cleaning up: the session ends here.
+    for pid, fd, group in watched:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if group:
+                with contextlib.suppress(OSError):
+                    os.killpg(pid, sig)
+            try:
+                signal.pidfd_send_signal(fd, sig)
+            except OSError:
+                break
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if poller.poll(3000):
+                break
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(runtime_dir):
+        shutil.rmtree(runtime_dir, ignore_errors=True)
