@@ -1,0 +1,62 @@
+"""The sandbox's egress proxy: allow list, address rules, GitHub token injection.
+
+Usage:
+  egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
+               [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
+               [--token-every=SECONDS] [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
+               [--upstream-ca=FILE] [--log=FILE] [--idle-timeout=SECONDS]
+               [--connect-timeout=SECONDS] [--max-conns=N]
+  egress-proxy -h | --help
+  egress-proxy --version
+
+Serves HTTP CONNECT and absolute-form plain HTTP on --listen (and SOCKS5 on
+--socks).  Only hosts on the allow list are reached, only at public addresses
+(resolved once, checked, then dialled).  The inject hosts are never a raw
+tunnel: TLS is terminated with a leaf from an in-memory CA constrained to
+those hosts, and the token from --token-command is set as the Authorization
+header.  Prints `listening http://HOST:PORT` (and `listening socks5://...`)
+once serving; SIGTERM or SIGINT ends it with status 0.
+
+Options:
+  --listen=HOST:PORT         HTTP proxy address (IP literal; port 0 picks one).
+  --socks=HOST:PORT          Also serve SOCKS5 (CONNECT) at this address.
+  --allow=PATTERNS           Comma-separated hosts: example.com, *.example.com,
+                             host:port (without a port: 80 and 443).
+  --inject=HOSTS             Hosts that get the token [default: github.com,api.github.com].
+  --egress-dir=DIR           Write ca.pem, bundle.pem and gh/ here.
+  --token-command=CMD        Command printing the token (split like a shell
+                             line, run without one).
+  --token-every=SECONDS      Renew the token this often [default: 300].
+  --resolve=HOST:IP          Pin HOST to IP (trusted; HOST:IP:PORT also redirects
+                             the port, IPv6 as [ADDR]:PORT).
+  --allow-cidr=CIDR          Allow addresses in this range despite the address rules.
+  --upstream-ca=FILE         Verify inject hosts' upstream TLS with these roots
+                             instead of the system's.
+  --log=FILE                 Append log lines here instead of stderr.
+  --idle-timeout=SECONDS     Close a connection idle this long [default: 120].
+  --connect-timeout=SECONDS  Give up resolving/connecting upstream [default: 10].
+  --max-conns=N              Concurrent client connections [default: 1024].
+  -h --help                  Show this help.
+  --version                  Show the version.
+
+Exit status: 0 after SIGTERM/SIGINT; 1 cannot start (bind, egress dir); 2 usage.
+"""
+
+from __future__ import annotations
+
+from libbroker.cli import Args, parse, run
+
+
+def _main(args: Args) -> int:
+    # Imported after parsing so --help stays cheap.
+    from libegress import app
+
+    return app.serve(app.options_from_args(args))
+
+
+def main() -> None:
+    run(lambda: _main(parse(__doc__ or "")))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""egress-proxy's wiring: options checked and turned into a running proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import resource
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+from libbroker.errors import UsageError
+from libegress.addresses import parse_cidr
+from libegress.allowlist import parse_patterns
+from libegress.ca import LeafCache, make_authority
+from libegress.context import Services, upstream_context
+from libegress.egress_dir import write_egress_dir
+from libegress.eventlog import EventLog
+from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
+from libegress.http1 import Limits
+from libegress.policy import EgressPolicy, Pin
+from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
+from libegress.tokens import TokenKeeper, token_argv
+
+DEFAULT_INJECT = "github.com,api.github.com"
+
+
+@dataclass
+class Options:
+    """Everything egress-proxy was asked to do, checked."""
+
+    listen: Listen
+    socks: Listen | None
+    policy: EgressPolicy
+    egress_dir: str | None = None
+    token_argv: list[str] | None = None
+    token_every: float = 300.0
+    upstream_ca: str | None = None
+    log_file: str | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+def _listen(text: str, scheme: str) -> Listen:
+    try:
+        if text.startswith("[") or text.count(":") == 1:
+            head, _, port_text = text.rpartition(":")
+            host = head.strip("[]")
+            ipaddress.ip_address(host)
+            return Listen(host, 0 if port_text == "0" else parse_port(port_text, text), scheme)
+    except (ValueError, BadHost):
+        pass
+    raise UsageError(f"listen address must be IP:PORT (port 0 picks one): {text!r}")
+
+
+def parse_pin(text: str) -> tuple[str, Pin]:
+    """``HOST:IP``, ``HOST:IP:PORT`` or ``HOST:[IPv6]:PORT`` (the port redirects)."""
+    host_text, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise UsageError(f"--resolve must be HOST:IP: {text!r}")
+    try:
+        host = canonical_host(host_text)
+        try:
+            return host, Pin(ipaddress.ip_address(rest.strip("[]")))
+        except ValueError:
+            address, port = parse_authority(rest)
+            return host, Pin(ipaddress.ip_address(address), port)
+    except (BadHost, ValueError) as exc:
+        raise UsageError(f"--resolve {text!r}: {exc}") from None
+
+
+def _seconds(value: Any, name: str, default: float) -> float:
+    if value is None:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise UsageError(f"{name} must be a number of seconds: {value!r}") from None
+    if not 0 < seconds < 1e7:
+        raise UsageError(f"{name} must be positive: {value!r}")
+    return seconds
+
+
+def options_from_args(args: dict[str, Any]) -> Options:
+    """Check docopt's ``args`` and build :class:`Options`; UsageError when wrong."""
+    try:
+        allow = parse_patterns(args.get("--allow") or "")
+        inject_text = args.get("--inject")
+        inject = tuple(
+            canonical_host(h) for h in (inject_text if inject_text is not None
+                                        else DEFAULT_INJECT).split(",") if h.strip()
+        )
+    except BadHost as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        cidrs = tuple(parse_cidr(c) for c in args.get("--allow-cidr") or [])
+    except ValueError as exc:
+        raise UsageError(f"--allow-cidr: {exc}") from None
+    pins = dict(parse_pin(p) for p in args.get("--resolve") or [])
+    command = args.get("--token-command")
+    limits = Limits(
+        idle_timeout=_seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0),
+        connect_timeout=_seconds(args.get("--connect-timeout"), "--connect-timeout", 10.0),
+    )
+    max_conns = args.get("--max-conns")
+    if max_conns is not None:
+        if not str(max_conns).isdigit() or int(max_conns) < 1:
+            raise UsageError(f"--max-conns must be a positive number: {max_conns!r}")
+        limits = Limits(idle_timeout=limits.idle_timeout, connect_timeout=limits.connect_timeout,
+                        max_connections=int(max_conns))
+    upstream_ca = args.get("--upstream-ca")
+    if upstream_ca is not None and not os.path.isfile(upstream_ca):
+        raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")
+    return Options(
+        listen=_listen(args["--listen"], "http"),
+        socks=_listen(args["--socks"], "socks5") if args.get("--socks") else None,
+        policy=EgressPolicy(allow=allow, inject=inject, pins=pins, allow_cidrs=cidrs),
+        egress_dir=args.get("--egress-dir"),
+        token_argv=token_argv(command) if command else None,
+        token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
+        upstream_ca=upstream_ca,
+        log_file=args.get("--log"),
+        limits=limits,
+    )
+
+
+def _raise_fd_limit() -> None:
+    """Tunnels hold two sockets each: take the hard limit of descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+@contextlib.contextmanager
+def _log_stream(path: str | None) -> Iterator[TextIO | None]:
+    if path is None:
+        yield None
+        return
+    try:
+        fh = open(path, "a", encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise UsageError(f"--log {path}: {exc.strerror}") from None
+    try:
+        yield fh
+    finally:
+        fh.close()
+
+
+def serve(options: Options) -> int:
+    """Run the proxy until SIGTERM/SIGINT; the exit status."""
+    _raise_fd_limit()
+    with _log_stream(options.log_file) as stream:
+        log = EventLog(stream)
+        authority = make_authority(list(options.policy.inject))
+        if options.egress_dir:
+            write_egress_dir(options.egress_dir, authority.cert_pem(), list(options.policy.inject))
+        listeners: list[tuple[socket.socket, str]] = [(bind(options.listen), "http")]
+        if options.socks is not None:
+            listeners.append((bind(options.socks), "socks5"))
+        asyncio.run(_run(options, log, authority_cache=LeafCache(authority,
+                                                                 list(options.policy.inject)),
+                         listeners=listeners))
+    return 0
+
+
+async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
+               listeners: list[tuple[socket.socket, str]]) -> None:
+    tokens = TokenKeeper(options.token_argv, options.token_every, log.note)
+    services = Services(
+        policy=options.policy,
+        limits=options.limits,
+        leaves=authority_cache,
+        tokens=tokens,
+        upstream_tls=upstream_context(options.upstream_ca),
+        log=log,
+    )
+    await tokens.refresh()
+    server = ProxyServer(services)
+    await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners],
+                     announce_lines(listeners))

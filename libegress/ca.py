@@ -1,0 +1,192 @@
+"""The proxy's certificate authority, made in memory for one run.
+
+The CA exists so the proxy can terminate TLS for the inject hosts (and set the
+token there).  A client that trusts it must trust it for those hosts alone, so
+the CA carries a *critical* NameConstraints extension permitting only their DNS
+names (and excluding every IP address), a path length of 0, and a short
+validity.  Its private key lives in this process's memory only: it is never
+serialised.  Leaf keys are handed to OpenSSL through an anonymous memory file
+(memfd), since ``ssl`` loads certificates from paths alone.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import ssl
+import threading
+from dataclasses import dataclass
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from libbroker.errors import EgressError
+
+CA_VALIDITY = datetime.timedelta(days=14)
+LEAF_VALIDITY = datetime.timedelta(days=3)
+# Leaves are reissued this long before they expire.
+LEAF_RENEW_MARGIN = datetime.timedelta(hours=6)
+# Tolerates a client clock a little behind ours.
+BACKDATE = datetime.timedelta(hours=1)
+
+
+def _now() -> datetime.datetime:
+    return datetime.datetime.now(datetime.UTC)
+
+
+@dataclass(frozen=True)
+class Authority:
+    """A CA certificate and its in-memory key."""
+
+    cert: x509.Certificate
+    key: ec.EllipticCurvePrivateKey
+
+    def cert_pem(self) -> bytes:
+        """The CA certificate, PEM (public; this is what clients trust)."""
+        return self.cert.public_bytes(serialization.Encoding.PEM)
+
+
+def make_authority(permitted_hosts: list[str]) -> Authority:
+    """A new CA whose certificates are valid for ``permitted_hosts`` only."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agent-sandbox egress proxy CA")])
+    now = _now()
+    constraints = x509.NameConstraints(
+        permitted_subtrees=[x509.DNSName(h) for h in permitted_hosts],
+        excluded_subtrees=[
+            x509.IPAddress(ipaddress.ip_network("0.0.0.0/0")),
+            x509.IPAddress(ipaddress.ip_network("::/0")),
+        ],
+    )
+    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(now + CA_VALIDITY)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(constraints, critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=False,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=True,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(ski, critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Authority(cert, key)
+
+
+def issue_leaf(
+    authority: Authority, host: str
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A server certificate for ``host`` signed by ``authority``.
+
+    This does not check ``host`` against the constraints: :class:`LeafCache`
+    does, and the tests use this to show clients reject an outside host.
+    """
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = _now()
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
+        .issuer_name(authority.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - BACKDATE)
+        .not_valid_after(min(now + LEAF_VALIDITY, authority.cert.not_valid_after_utc))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=False,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(authority.key.public_key()),
+            critical=False,
+        )
+        .sign(authority.key, hashes.SHA256())
+    )
+    return cert, key
+
+
+def server_context(
+    cert: x509.Certificate, key: ec.EllipticCurvePrivateKey, chain: x509.Certificate
+) -> ssl.SSLContext:
+    """A TLS server context presenting ``cert`` (and its CA) with ``key``.
+
+    The PEM goes to OpenSSL through a memfd, which never touches a file system.
+    """
+    pem = (
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+        + cert.public_bytes(serialization.Encoding.PEM)
+        + chain.public_bytes(serialization.Encoding.PEM)
+    )
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.set_alpn_protocols(["http/1.1"])
+    fd = os.memfd_create("egress-leaf", os.MFD_CLOEXEC)
+    try:
+        os.write(fd, pem)
+        ctx.load_cert_chain(f"/proc/self/fd/{fd}")
+    finally:
+        os.close(fd)
+    return ctx
+
+
+class LeafCache:
+    """Server contexts for the inject hosts, issued on first use and cached."""
+
+    def __init__(self, authority: Authority, hosts: list[str]) -> None:
+        self.authority = authority
+        self._hosts = frozenset(hosts)
+        self._cache: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}
+        self._lock = threading.Lock()
+
+    def context_for(self, host: str) -> ssl.SSLContext:
+        """The server context for inject host ``host``; others are refused."""
+        if host not in self._hosts:
+            raise EgressError(f"no certificate is issued for {host}: not an inject host")
+        with self._lock:
+            hit = self._cache.get(host)
+            if hit is not None and hit[1] - LEAF_RENEW_MARGIN > _now():
+                return hit[0]
+            cert, key = issue_leaf(self.authority, host)
+            ctx = server_context(cert, key, self.authority.cert)
+            self._cache[host] = (ctx, cert.not_valid_after_utc)
+            return ctx
+
+    def forget(self) -> None:
+        """Drop every cached leaf (the benchmark measures a cold issuance)."""
+        with self._lock:
+            self._cache.clear()

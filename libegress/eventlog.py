@@ -1,0 +1,46 @@
+"""One log line per refused or failed connection.
+
+Lines name the host, port, reason and the peer's pid; never a header, a body
+or the token.  Host and reason can carry text from the sandbox, so anything
+outside printable ASCII is escaped: a line cannot be split or forged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import sys
+from typing import TextIO
+
+
+def _clean(text: str) -> str:
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" for c in text)
+
+
+class EventLog:
+    """Writes log lines to a stream (stderr, or the ``--log`` file)."""
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream
+
+    def line(self, event: str, host: str, port: int | str, reason: str,
+             pid: int | None) -> None:
+        """``event`` (refused/failed/limit) for ``host``:``port`` and why."""
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        text = (
+            f"{stamp} egress-proxy {event} host={_clean(host) or '-'} port={port} "
+            f"pid={pid if pid is not None else '-'} reason={_clean(reason)}\n"
+        )
+        self._write(text)
+
+    def note(self, message: str) -> None:
+        """A line about the proxy itself (token renewal, start-up)."""
+        stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self._write(f"{stamp} egress-proxy note {_clean(message)}\n")
+
+    def _write(self, text: str) -> None:
+        stream = self._stream or sys.stderr
+        try:
+            stream.write(text)
+            stream.flush()
+        except (OSError, ValueError):
+            pass

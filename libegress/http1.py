@@ -1,0 +1,259 @@
+"""HTTP/1.1 through h11 on both sides of the proxy, bodies streamed.
+
+:class:`ClientSide` reads requests from the sandbox: each head is found,
+size-checked and screened (:mod:`libegress.heads`) before h11 parses it, and a
+fresh h11 connection serves each request, its predecessor's unread bytes
+carried over through h11's public ``trailing_data``.  :class:`UpstreamSide` is
+h11's client role.  :func:`exchange` relays one request and its response, the
+request body and the response in two tasks (``Expect: 100-continue`` and early
+responses need both at once), never holding a whole body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+import h11
+
+from libegress.heads import Headers, forward_headers, head_end, smuggling_reason
+from libegress.streams import Stream
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on what one client may make the proxy hold or wait for."""
+
+    max_head: int = 32 * 1024  # request head bytes (431)
+    max_request_line: int = 8 * 1024  # (431)
+    idle_timeout: float = 120.0  # no request on a kept-alive connection (408)
+    head_timeout: float = 30.0  # a request head or TLS handshake in progress (408)
+    connect_timeout: float = 10.0  # resolving and connecting upstream (504)
+    response_timeout: float = 300.0  # no byte of the upstream's response (504)
+    max_connections: int = 1024  # client connections at once (503)
+
+
+class HttpError(Exception):
+    """A request answered by the proxy itself with ``status``."""
+
+    def __init__(self, status: int, message: str, kind: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.kind = kind
+
+
+def error_events(status: int, message: str, kind: str | None) -> list[h11.Event]:
+    """A short plain-text response, closing the connection."""
+    body = f"egress-proxy: {message}\n".encode("utf-8", "replace")
+    headers: Headers = [
+        (b"Content-Type", b"text/plain; charset=utf-8"),
+        (b"Content-Length", str(len(body)).encode()),
+        (b"Connection", b"close"),
+    ]
+    if kind:
+        headers.append((b"X-Proxy-Error", kind.encode()))
+    try:
+        phrase = HTTPStatus(status).phrase.encode()
+    except ValueError:
+        phrase = b""
+    return [h11.Response(status_code=status, headers=headers, reason=phrase), h11.Data(data=body),
+            h11.EndOfMessage()]
+
+
+class ClientSide:
+    """The sandbox's end of an HTTP connection (h11 server role)."""
+
+    def __init__(self, stream: Stream, limits: Limits) -> None:
+        self.stream = stream
+        self.limits = limits
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head)
+        self._pending = bytearray()
+
+    async def next_request(self) -> h11.Request | None:
+        """The next request; None when the client ends the connection idle."""
+        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head)
+        timeout = self.limits.idle_timeout if not self._pending else self.limits.head_timeout
+        while (end := head_end(self._pending)) is None:
+            self._check_size()
+            try:
+                data = await asyncio.wait_for(self.stream.recv(), timeout)
+            except TimeoutError:
+                raise HttpError(408, "no complete request in time") from None
+            if not data:
+                if self._pending.strip():
+                    raise HttpError(400, "the connection ended inside a request head")
+                return None
+            self._pending += data
+            timeout = self.limits.head_timeout
+        if end > self.limits.max_head:
+            raise HttpError(431, "request head too large")
+        self._check_size()
+        reason = smuggling_reason(bytes(self._pending[:end]))
+        if reason is not None:
+            raise HttpError(400, f"refused: {reason}")
+        self.conn.receive_data(bytes(self._pending))
+        self._pending.clear()
+        event = await self._next_event(self.limits.head_timeout)
+        if isinstance(event, h11.Request):
+            return event
+        raise HttpError(400, "no request")
+
+    def _check_size(self) -> None:
+        line_end = self._pending.find(b"\n")
+        line = len(self._pending) if line_end < 0 else line_end
+        if line > self.limits.max_request_line:
+            raise HttpError(431, "request line too long")
+        if len(self._pending) > self.limits.max_head:
+            raise HttpError(431, "request head too large")
+
+    async def _next_event(self, timeout: float) -> h11.Event | type[h11.PAUSED]:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise HttpError(exc.error_status_hint, f"bad request: {exc}") from None
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            try:
+                data = await asyncio.wait_for(self.stream.recv(), timeout)
+            except TimeoutError:
+                raise HttpError(408, "the request body stalled") from None
+            self.conn.receive_data(data)
+
+    async def body_event(self) -> h11.Data | h11.EndOfMessage:
+        """The next piece of the request body."""
+        event = await self._next_event(self.limits.idle_timeout)
+        if isinstance(event, h11.Data | h11.EndOfMessage):
+            return event
+        raise HttpError(400, "the request body ended early")
+
+    async def send(self, *events: h11.Event) -> None:
+        """Serialise ``events`` with h11 and send them."""
+        out = b"".join(self.conn.send(e) or b"" for e in events)
+        await self.stream.send(out)
+
+    async def refuse(self, error: HttpError) -> None:
+        """Answer ``error`` if a response can still be sent."""
+        if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
+            with contextlib.suppress(OSError, h11.LocalProtocolError):
+                await self.send(*error_events(error.status, str(error), error.kind))
+
+    def next_cycle(self) -> bool:
+        """Carry unread bytes over to the next request; False if none may follow."""
+        if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
+            return False
+        data, closed = self.conn.trailing_data
+        self._pending = bytearray(data)
+        return not closed
+
+    def switched_data(self) -> bytes:
+        """Bytes the client sent after its CONNECT head (a TLS hello, say)."""
+        return self.conn.trailing_data[0]
+
+
+class UpstreamSide:
+    """The proxy's connection to an upstream server (h11 client role)."""
+
+    def __init__(self, stream: Stream, timeout: float) -> None:
+        self.stream = stream
+        self.timeout = timeout
+        self.conn = h11.Connection(h11.CLIENT)
+
+    async def send(self, *events: h11.Event) -> None:
+        out = b"".join(self.conn.send(e) or b"" for e in events)
+        await self.stream.send(out)
+
+    async def next_event(self) -> h11.Event:
+        while True:
+            try:
+                event = self.conn.next_event()
+            except h11.RemoteProtocolError as exc:
+                raise HttpError(502, f"the upstream sent a bad response: {exc}") from None
+            if event is not h11.NEED_DATA:
+                return event  # type: ignore[return-value]
+            try:
+                data = await asyncio.wait_for(self.stream.recv(), self.timeout)
+            except TimeoutError:
+                raise HttpError(504, "the upstream did not answer in time") from None
+            self.conn.receive_data(data)
+
+    def reusable(self) -> bool:
+        """Whether another request may go on this connection."""
+        if self.conn.our_state is h11.DONE and self.conn.their_state is h11.DONE:
+            self.conn.start_next_cycle()
+            return True
+        return False
+
+
+async def _pump_request_body(client: ClientSide, upstream: UpstreamSide) -> None:
+    while True:
+        event = await client.body_event()
+        await upstream.send(event)
+        if isinstance(event, h11.EndOfMessage):
+            return
+
+
+async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Request) -> None:
+    """Send ``request`` upstream, relay its body and the response back.
+
+    Raises HttpError for what the client should be told (while it still can be).
+    """
+    await upstream.send(request)
+    body = asyncio.create_task(_pump_request_body(client, upstream))
+    try:
+        while True:
+            event = await _race(upstream.next_event(), body)
+            if isinstance(event, h11.InformationalResponse):
+                if event.status_code == 100:
+                    await client.send(event)
+                continue
+            if isinstance(event, h11.Response):
+                headers = forward_headers(list(event.headers), drop_auth=False)
+                await client.send(h11.Response(status_code=event.status_code, headers=headers,
+                                               reason=event.reason))
+                break
+            if isinstance(event, h11.ConnectionClosed):
+                raise HttpError(502, "the upstream closed without a response")
+            raise HttpError(502, "the upstream sent no response")
+        while True:
+            event = await _race(upstream.next_event(), body)
+            if isinstance(event, h11.Data):
+                await client.send(h11.Data(data=event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                await client.send(h11.EndOfMessage())
+                break
+            else:
+                raise ConnectionResetError("the upstream ended the response early")
+        if not body.done():
+            # The response is whole; the client may still be sending (an early
+            # 4xx): give it its idle time, then drop the connection.
+            await asyncio.wait_for(asyncio.shield(body), client.limits.idle_timeout)
+        body.result()
+    finally:
+        if not body.done():
+            body.cancel()
+            with contextlib.suppress(BaseException):
+                await body
+
+
+async def _race(step: Coroutine[Any, Any, h11.Event], body: asyncio.Task[None]) -> h11.Event:
+    """Await ``step`` while surfacing a failure of the body pump at once."""
+    task = asyncio.ensure_future(step)
+    if body.done():
+        body.result()
+        return await task
+    done, _ = await asyncio.wait({task, body}, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        return task.result()
+    try:
+        body.result()
+    except BaseException:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
+    return await task

@@ -1,0 +1,147 @@
+"""The HTTP proxy listener: CONNECT tunnels and absolute-form plain HTTP.
+
+Per request: the target is parsed and made canonical, :func:`route` decides,
+then either a raw tunnel (kernel splice), the inject path (:mod:`intercept`),
+or one plain-HTTP exchange through h11 with hop-by-hop fields removed.  Every
+refusal is answered (403 + ``X-Proxy-Error``, or the limit's status) and
+logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+from urllib.parse import urlsplit
+
+import h11
+
+from libegress.context import Peer, Services
+from libegress.heads import forward_headers
+from libegress.hosts import BadHost, parse_authority
+from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
+from libegress.intercept import serve_intercepted
+from libegress.policy import Refused, Route, UpstreamFailed, dial, route
+from libegress.splice import relay
+from libegress.streams import SocketStream
+
+ESTABLISHED = h11.Response(status_code=200, headers=[], reason=b"Connection established")
+
+
+def connect_target(request: h11.Request) -> tuple[str, int]:
+    """The canonical host and port of a CONNECT request (authority form)."""
+    try:
+        return parse_authority(request.target.decode("ascii"))
+    except (BadHost, UnicodeDecodeError) as exc:
+        raise HttpError(400, f"bad CONNECT target: {exc}") from None
+
+
+def absolute_target(request: h11.Request) -> tuple[str, int, bytes]:
+    """Host, port and origin-form target of an absolute-form plain-HTTP request."""
+    try:
+        text = request.target.decode("ascii")
+        url = urlsplit(text)
+        if url.scheme.lower() != "http" or not url.netloc:
+            raise HttpError(400, "a proxy request needs an absolute http:// target")
+        host, port = parse_authority(url.netloc, default_port=80)
+    except (BadHost, UnicodeDecodeError, ValueError) as exc:
+        raise HttpError(400, f"bad request target: {exc}") from None
+    path = url.path or "/"
+    origin = path + ("?" + url.query if url.query else "")
+    return host, port, origin.encode("ascii")
+
+
+async def _dial(services: Services, host: str, port: int) -> socket.socket:
+    try:
+        return await dial(services.policy, host, port, services.limits.connect_timeout)
+    except Refused as exc:
+        raise HttpError(403, str(exc), exc.kind) from None
+    except UpstreamFailed as exc:
+        raise HttpError(exc.status, str(exc)) from None
+
+
+def _event_of(status: int) -> str:
+    if status in (408, 431, 503):
+        return "limit"
+    return "failed" if status >= 500 else "refused"
+
+
+async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> None:
+    """Serve one client connection of the HTTP listener until it ends."""
+    raw = SocketStream(sock)
+    client = ClientSide(raw, services.limits)
+    upstream: tuple[str, int, UpstreamSide] | None = None
+    host, port = "-", 0
+    try:
+        while True:
+            try:
+                request = await client.next_request()
+                if request is None:
+                    return
+                if request.method == b"CONNECT":
+                    host, port = connect_target(request)
+                    await _serve_connect(services, client, raw, host, port, peer)
+                    return
+                host, port, target = absolute_target(request)
+                route(services.policy, host, port, tls=False)
+                if upstream is None or upstream[:2] != (host, port):
+                    if upstream is not None:
+                        _close(upstream[2])
+                    upstream = (host, port, UpstreamSide(
+                        SocketStream(await _dial(services, host, port)),
+                        services.limits.response_timeout))
+                headers = forward_headers(list(request.headers), drop_auth=False)
+                outgoing = h11.Request(method=request.method, target=target, headers=headers)
+                await exchange(client, upstream[2], outgoing)
+            except Refused as exc:
+                await _answer(services, client, HttpError(403, str(exc), exc.kind), host, port,
+                              peer)
+                return
+            except HttpError as exc:
+                await _answer(services, client, exc, host, port, peer)
+                return
+            if not client.next_cycle():
+                return
+            if not upstream[2].reusable():
+                _close(upstream[2])
+                upstream = None
+    except (OSError, h11.LocalProtocolError, ssl.SSLError) as exc:
+        services.log.line("failed", host, port, str(exc) or type(exc).__name__, peer.pid())
+    finally:
+        if upstream is not None:
+            _close(upstream[2])
+
+
+async def _answer(services: Services, client: ClientSide, exc: HttpError, host: str,
+                  port: int, peer: Peer) -> None:
+    services.log.line(_event_of(exc.status), host, port, f"{exc.status} {exc}", peer.pid())
+    await client.refuse(exc)
+
+
+async def _serve_connect(services: Services, client: ClientSide, raw: SocketStream, host: str,
+                         port: int, peer: Peer) -> None:
+    how = route(services.policy, host, port, tls=True)
+    if how is Route.INTERCEPT:
+        await client.send(ESTABLISHED)
+        await serve_intercepted(services, raw, client.switched_data(), host, port, peer)
+        return
+    upstream = await _dial(services, host, port)
+    try:
+        await client.send(ESTABLISHED)
+        early = client.switched_data()
+        if early:
+            await asyncio.get_running_loop().sock_sendall(upstream, early)
+        await relay(raw.sock, upstream)
+    except OSError as exc:
+        services.log.line("failed", host, port,
+                          f"tunnel: {exc.strerror or exc}", peer.pid())
+    finally:
+        upstream.close()
+
+
+def _close(upstream: UpstreamSide) -> None:
+    stream = upstream.stream
+    if isinstance(stream, SocketStream):
+        with contextlib.suppress(OSError):
+            stream.sock.close()

@@ -1,0 +1,136 @@
+"""The inject hosts' path: TLS terminated, the token set, TLS re-originated.
+
+Reached after a CONNECT (or SOCKS connect) to an inject host on 443.  The
+client gets a leaf from the proxy's name-constrained CA; each request inside is
+held to the CONNECT host (its Host and any absolute target must name it), loses
+the client's Authorization and Proxy-* fields, and gets the token's header.
+The upstream is dialled under the address rules and its certificate verified.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from urllib.parse import urlsplit
+
+import h11
+
+from libegress.context import Peer, Services
+from libegress.heads import authorization, forward_headers, host_header, same_host
+from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
+from libegress.policy import Refused, UpstreamFailed, dial
+from libegress.streams import SocketStream, TlsStream
+
+HOST_MISMATCH = "host-mismatch"
+
+
+def inner_target(request: h11.Request, host: str, port: int) -> bytes:
+    """The origin-form target of a request inside the tunnel; refuses another host."""
+    value = host_header(list(request.headers))
+    if value is None or not same_host(value, host, port):
+        raise HttpError(421, f"the request's Host is not {host}", HOST_MISMATCH)
+    target = request.target
+    if target.startswith(b"/"):
+        return target
+    try:
+        url = urlsplit(target.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise HttpError(400, "bad request target") from None
+    if url.scheme != "https" or not same_host(url.netloc.encode(), host, port):
+        raise HttpError(421, f"the request's target is not on {host}", HOST_MISMATCH)
+    path = url.path or "/"
+    return (path + ("?" + url.query if url.query else "")).encode("ascii")
+
+
+def upstream_request(request: h11.Request, host: str, target: bytes,
+                     token: str | None) -> h11.Request:
+    """The request as it goes to ``host``: credentials replaced by the token's."""
+    headers = forward_headers(list(request.headers), drop_auth=True)
+    if token is not None:
+        headers.append((b"Authorization", authorization(host, token)))
+    return h11.Request(method=request.method, target=target, headers=headers)
+
+
+async def serve_intercepted(services: Services, raw: SocketStream, early: bytes, host: str,
+                            port: int, peer: Peer) -> None:
+    """Serve the TLS-terminated connection of an inject host until it ends."""
+    limits = services.limits
+    try:
+        ctx = services.leaves.context_for(host)
+        tls = await asyncio.wait_for(TlsStream.server(raw, ctx, early), limits.head_timeout)
+    except (ssl.SSLError, OSError, TimeoutError) as exc:
+        services.log.line("failed", host, port, f"client TLS handshake: {_why(exc)}", peer.pid())
+        return
+    client = ClientSide(tls, limits)
+    upstream: UpstreamSide | None = None
+    try:
+        while True:
+            try:
+                request = await client.next_request()
+                if request is None:
+                    return
+                if request.method == b"CONNECT":
+                    raise HttpError(405, "CONNECT inside a tunnel is refused")
+                target = inner_target(request, host, port)
+                if upstream is None:
+                    upstream = await _open_upstream(services, host, port)
+                outgoing = upstream_request(request, host, target, services.tokens.current())
+                await exchange(client, upstream, outgoing)
+            except HttpError as exc:
+                event = "limit" if exc.status in (408, 431) else "refused"
+                if exc.status >= 500:
+                    event = "failed"
+                services.log.line(event, host, port, f"{exc.status} {exc}", peer.pid())
+                await client.refuse(exc)
+                return
+            if not client.next_cycle():
+                return
+            if not upstream.reusable():
+                await _close(upstream)
+                upstream = None
+    except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
+        services.log.line("failed", host, port, _why(exc), peer.pid())
+    finally:
+        if upstream is not None:
+            await _close(upstream)
+        with contextlib.suppress(OSError, ssl.SSLError):
+            await asyncio.wait_for(tls.shutdown(), 1.0)
+
+
+async def _open_upstream(services: Services, host: str, port: int) -> UpstreamSide:
+    limits = services.limits
+    try:
+        sock = await dial(services.policy, host, port, limits.connect_timeout)
+    except Refused as exc:
+        raise HttpError(403, str(exc), exc.kind) from None
+    except UpstreamFailed as exc:
+        raise HttpError(exc.status, str(exc)) from None
+    try:
+        raw = SocketStream(sock)
+        stream = await asyncio.wait_for(
+            TlsStream.client(raw, services.upstream_tls, host), limits.connect_timeout
+        )
+    except TimeoutError:
+        sock.close()
+        raise HttpError(504, f"TLS with {host} timed out") from None
+    except (ssl.SSLError, OSError) as exc:
+        sock.close()
+        raise HttpError(502, f"TLS with {host} failed: {_why(exc)}") from None
+    return UpstreamSide(stream, limits.response_timeout)
+
+
+async def _close(upstream: UpstreamSide) -> None:
+    with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+        await asyncio.wait_for(upstream.stream.shutdown(), 1.0)
+    stream = upstream.stream
+    if isinstance(stream, TlsStream):
+        stream.raw.sock.close()
+
+
+def _why(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason or str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__

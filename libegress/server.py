@@ -1,0 +1,170 @@
+"""The proxy's lifecycle: listeners, the peer check, limits, shutdown.
+
+Each accepted connection is one task owned by :class:`ProxyServer`; on
+SIGTERM/SIGINT the listeners close, every connection task is cancelled and
+awaited (its sockets closed in ``finally``), the token renewal ends, and
+:meth:`run` returns so the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import os
+import signal
+import socket
+import sys
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import h11
+
+from libbroker.errors import EgressError
+from libegress.context import Peer, Services
+from libegress.http1 import error_events
+from libegress.http_proxy import serve_http
+from libegress.peers import is_loopback, peer_socket
+from libegress.socks5 import serve_socks
+
+Handler = Callable[[Services, socket.socket, Peer], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class Listen:
+    """A listener's address and what it speaks (``http`` or ``socks5``)."""
+
+    host: str
+    port: int
+    scheme: str
+
+
+def bind(listen: Listen) -> socket.socket:
+    """A listening non-blocking socket; EgressError when it cannot be bound."""
+    try:
+        infos = socket.getaddrinfo(listen.host, listen.port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE | socket.AI_NUMERICHOST)
+        family, _, _, _, address = infos[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(1024)
+        sock.setblocking(False)
+        return sock
+    except (OSError, IndexError) as exc:
+        raise EgressError(f"cannot listen on {listen.host}:{listen.port}: {exc}") from None
+
+
+def url_of(sock: socket.socket, scheme: str) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
+
+
+class ProxyServer:
+    """Owns the listeners and every connection task."""
+
+    def __init__(self, services: Services) -> None:
+        self.services = services
+        self._conns: set[asyncio.Task[None]] = set()
+        self._stop = asyncio.Event()
+
+    async def run(self, listeners: list[tuple[socket.socket, Handler]],
+                  announce: Callable[[], None]) -> None:
+        """Serve until SIGTERM/SIGINT, then end every connection."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        keeper = asyncio.create_task(self.services.tokens.keep())
+        accepts = [asyncio.create_task(self._accept(s, h)) for s, h in listeners]
+        announce()
+        try:
+            await self._stop.wait()
+        finally:
+            for task in accepts:
+                task.cancel()
+            for sock, _ in listeners:
+                sock.close()
+            keeper.cancel()
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(keeper, *accepts, *self._conns, return_exceptions=True)
+
+    async def _accept(self, listener: socket.socket, handler: Handler) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            try:
+                sock, _ = await loop.sock_accept(listener)
+            except OSError as exc:
+                # EMFILE and friends: say so, breathe, keep serving.
+                self.services.log.note(f"accept failed: {exc.strerror or exc}")
+                await asyncio.sleep(0.1)
+                continue
+            sock.setblocking(False)
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            task = asyncio.create_task(self._connection(sock, handler))
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
+
+    async def _connection(self, sock: socket.socket, handler: Handler) -> None:
+        try:
+            peer = self._check_peer(sock)
+            if peer is None:
+                return
+            if len(self._conns) > self.services.limits.max_connections:
+                await self._over_capacity(sock, handler, peer)
+                return
+            await handler(self.services, sock, peer)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:
+            self.services.log.line("failed", "-", 0, f"internal error: {type(exc).__name__}: {exc}",
+                                   None)
+        finally:
+            sock.close()
+
+    def _check_peer(self, sock: socket.socket) -> Peer | None:
+        """The peer, if it is a loopback process of this uid; else log and refuse."""
+        try:
+            peer_host, peer_port = sock.getpeername()[:2]
+            our_host, our_port = sock.getsockname()[:2]
+        except OSError:
+            return None
+        peer_ip = ipaddress.ip_address(peer_host.split("%", 1)[0])
+        our_ip = ipaddress.ip_address(our_host.split("%", 1)[0])
+        peer = Peer(peer_ip, peer_port)
+        if not is_loopback(peer_ip):
+            self.services.log.line("refused", "-", 0, f"peer {peer_ip} is not on loopback", None)
+            return None
+        found = peer_socket((peer_ip, peer_port), (our_ip, our_port))
+        if found is None:
+            self.services.log.line("refused", "-", 0, "peer socket not found in the kernel's table",
+                                   None)
+            return None
+        peer.inode = found.inode
+        if found.uid != os.getuid():
+            self.services.log.line("refused", "-", 0, f"peer owned by uid {found.uid}", peer.pid())
+            return None
+        return peer
+
+    async def _over_capacity(self, sock: socket.socket, handler: Handler, peer: Peer) -> None:
+        limit = self.services.limits.max_connections
+        self.services.log.line("limit", "-", 0, f"503 more than {limit} connections", peer.pid())
+        if handler is serve_http:
+            conn = h11.Connection(h11.SERVER)
+            data = b"".join(conn.send(e) or b"" for e in
+                            error_events(503, "too many connections", None))
+            with contextlib.suppress(OSError):
+                await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, data), 1.0)
+
+
+def announce_lines(socks: list[tuple[socket.socket, str]]) -> Callable[[], None]:
+    """Print ``listening URL`` for each listener, flushed."""
+    def announce() -> None:
+        for sock, scheme in socks:
+            sys.stdout.write(f"listening {url_of(sock, scheme)}\n")
+        sys.stdout.flush()
+    return announce
+
+
+HANDLERS: dict[str, Handler] = {"http": serve_http, "socks5": serve_socks}
