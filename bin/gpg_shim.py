@@ -9,9 +9,9 @@ Usage:
 Signing (git commit -S, git tag -s) sends the payload on stdin to the broker
 named by AGENT_SANDBOX_BROKER_SOCKET, whose host-side gpg signs with the
 person's key; the armored signature goes to stdout and gpg's status lines to
-the status fd.  The split forms git's callers may use (-b -s -a -u KEY,
--uKEY, --local-user=KEY, --status-fd N) are accepted too.  Anything with
---verify runs the local gpg with the same arguments (public keys only).
+the status fd.  The split forms other callers use (-b -s -a -u KEY, -uKEY,
+--local-user=KEY, --status-fd N) are accepted too.  Anything with --verify
+runs the local gpg with the same arguments (public keys only).
 
 Exit status: gpg's own; 1 the broker refused; 2 usage error; 125 the broker
 is unreachable.
@@ -23,12 +23,12 @@ import sys
 
 from libbroker.cli import VERSION, run
 from libbroker.errors import UsageError
-from libbroker.gpg_shim import SignCall, exec_local_gpg, parse_args, read_payload, sign
+from libbroker.gpg_args import SignCall, parse_args
 
 
 def _main(argv: list[str]) -> int:
-    # docopt cannot express gpg's option grammar (clusters with a value, as in
-    # -bsau KEY), so the arguments are parsed by libbroker.gpg_shim.
+    # docopt cannot express gpg's option grammar (a cluster ending in an
+    # option with a value, as in -bsau KEY), so libbroker.gpg_args parses it.
     if argv in (["-h"], ["--help"]):
         sys.stdout.write(__doc__ or "")
         return 0
@@ -42,7 +42,13 @@ def _main(argv: list[str]) -> int:
         sys.stderr.write(f"gpg-shim: {exc}\n{usage}\n")
         return 2
     if isinstance(call, SignCall):
+        # Imported here so that verification (once per commit in
+        # `git log --show-signature`) never loads the broker's wire modules.
+        from libbroker.gpg_shim import read_payload, sign
+
         return sign(call, read_payload())
+    from libbroker.gpg_local import exec_local_gpg
+
     exec_local_gpg(call.args)
     return 127  # not reached: exec replaced this process
 
