@@ -74,3 +74,12 @@ def build(root: Path) -> Policy:
         proxy_port=3128,
         socks_port=1080,
     )
+
+
+@pytest.fixture
+def policy_file(world: tuple[Path, Policy]) -> Path:
+    """The world's policy written where the hook reads it."""
+    root, policy = world
+    path = root / "policy.json"
+    path.write_text(policy.to_json())
+    return path
