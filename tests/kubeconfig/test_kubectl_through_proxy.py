@@ -4,6 +4,11 @@ A lab cluster's API server listens on the host's loopback.  After
 kubeconfig-proxify, kubectl's connection goes to the egress proxy's SOCKS
 listener, which lets it through because the proxy was started with that one
 loopback port allowed; with the proxy gone, kubectl cannot reach the server.
+
+egress-proxy logs refusals, not every tunnel, so the proof that kubectl went
+through it is the kernel's: the stand-in looks up which process holds the
+client end of each connection it serves, and it is always the proxy.  A proxy
+whose allow list lacks the port refuses, and that refusal is in its log.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import trustme
 
@@ -40,6 +46,7 @@ class StandInAPI(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.socket = context.wrap_socket(self.socket, server_side=True)
         self.paths: queue.Queue[str] = queue.Queue()
+        self.peer_pids: queue.Queue[int | None] = queue.Queue()
 
     @property
     def port(self) -> int:
@@ -51,6 +58,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         self.server.paths.put(self.path)
+        self.server.peer_pids.put(_owner_of(self.client_address, self.server.port))
         if self.path.split("?", 1)[0] == "/version":
             status, body = 200, json.dumps(VERSION).encode()
         else:
@@ -63,6 +71,16 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
+
+
+def _owner_of(peer: tuple[str, int], server_port: int) -> int | None:
+    """The pid of the process holding the client end of this connection (we are root)."""
+    for conn in psutil.net_connections(kind="tcp4"):
+        if conn.laddr and tuple(conn.laddr) == tuple(peer[:2]) and conn.raddr and (
+            conn.raddr.port == server_port
+        ):
+            return conn.pid
+    return None
 
 
 @pytest.fixture
@@ -167,11 +185,28 @@ def test_kubectl_reaches_the_loopback_api_only_through_the_proxy(
         while not server.paths.empty():
             seen.append(server.paths.get())
         assert any(path.startswith("/version") for path in seen), seen
+        # Every connection the API server saw came from the egress proxy, not kubectl.
+        peers = {server.peer_pids.get() for _ in seen}
+        assert peers == {proxy.proc.pid}, (peers, proxy.proc.pid)
     finally:
-        log = proxy.stop()
-    assert f"127.0.0.1:{server.port}" in log, log
+        proxy.stop()
 
     # The proxy is gone: the same kubeconfig no longer reaches the server at all.
     down = kubectl_version(config, tmp_path)
     assert down.returncode != 0
     assert server.paths.empty()
+
+    # A proxy whose allow list lacks the port refuses, and its log says so.
+    other = EgressProxy(
+        "--listen", "127.0.0.1:0", "--socks", "127.0.0.1:0",
+        "--allow", "127.0.0.1:1", "--allow-cidr", "127.0.0.1/32",
+    )
+    try:
+        subprocess.run(["kubeconfig-proxify", "--in-place", "--proxy", other.socks, str(config)],
+                       check=True, capture_output=True, timeout=30)
+        refused = kubectl_version(config, tmp_path)
+    finally:
+        log = other.stop()
+    assert refused.returncode != 0
+    assert server.paths.empty()
+    assert str(server.port) in log and "blocked-by-allowlist" in log, log

@@ -85,7 +85,7 @@ def broker(keys: Keys, tmp_path: Path) -> Iterator[Broker]:
     env.pop("AGENT_SANDBOX_BROKER_SOCKET", None)
     proc = subprocess.Popen(
         ["broker-server", f"--socket={sock}", f"--workdir={workdir}",
-         f"--sign-key={keys.fingerprint}", f"--sign-key={UID}"],
+         f"--sign-key={keys.fingerprint}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
     )
     try:
@@ -165,15 +165,6 @@ def test_tag_is_signed_too(keys: Keys, broker: Broker, repo: Path) -> None:
     verify = git(repo, sandbox_env(keys, None, broker.workdir), "verify-tag", "v1.0")
     assert verify.returncode == 0, verify.stderr
     assert "Good signature" in verify.stderr
-
-
-def test_committer_identity_as_the_key(keys: Keys, broker: Broker, repo: Path) -> None:
-    """Without user.signingkey git asks for the committer identity, which the broker lists."""
-    env = sandbox_env(keys, broker, broker.workdir)
-    assert git(repo, env, "config", "--unset", "user.signingkey").returncode == 0
-    commit = git(repo, env, "commit", "-m", "by identity")
-    assert commit.returncode == 0, commit.stderr
-    assert git(repo, env, "verify-commit", "HEAD").returncode == 0
 
 
 def test_a_key_the_broker_does_not_hold_fails_like_gpg(
