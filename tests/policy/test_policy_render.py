@@ -1,0 +1,161 @@
+"""The managed-settings drop-in: the documented shape, and a faithful image of the policy."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+
+from libpolicy.model import Policy
+from libpolicy.render import MATCHER, denied_regions, render_json, render_settings
+
+# The keys and types the Claude Code settings reference documents for what we
+# render (sandbox.*, hooks.PreToolUse, permissions.deny, env).  A key outside
+# this shape, or a value of another type, would be ignored or rejected there.
+STRINGS = ("list", str)
+SHAPE: dict[str, object] = {
+    "sandbox": {
+        "enabled": bool,
+        "failIfUnavailable": bool,
+        "allowUnsandboxedCommands": bool,
+        "filesystem": {
+            "denyRead": STRINGS, "allowRead": STRINGS, "allowWrite": STRINGS,
+            "denyWrite": STRINGS, "allowManagedReadPathsOnly": bool,
+        },
+        "network": {
+            "allowedDomains": STRINGS, "allowManagedDomainsOnly": bool,
+            "httpProxyPort": int, "socksProxyPort": int,
+        },
+    },
+    "hooks": {"PreToolUse": ("list", {"matcher": str, "hooks": (
+        "list", {"type": str, "command": str, "timeout": int})})},
+    "permissions": {"deny": STRINGS},
+    "env": ("map", str),
+}
+
+
+def conforms(value: object, shape: object, where: str = "$") -> list[str]:
+    """Every place ``value`` leaves the documented ``shape``."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [f"{where}: not an object"]
+        errors = [f"{where}.{k}: not a documented key" for k in value if k not in shape]
+        for key, sub in shape.items():
+            if key in value:
+                errors += conforms(value[key], sub, f"{where}.{key}")
+        return errors
+    if isinstance(shape, tuple) and shape[0] == "list":
+        if not isinstance(value, list):
+            return [f"{where}: not a list"]
+        return [e for i, item in enumerate(value)
+                for e in conforms(item, shape[1], f"{where}[{i}]")]
+    if isinstance(shape, tuple) and shape[0] == "map":
+        if not isinstance(value, dict):
+            return [f"{where}: not an object"]
+        return [e for k, v in value.items() for e in conforms(v, shape[1], f"{where}.{k}")]
+    assert isinstance(shape, type)
+    if shape is int and isinstance(value, bool):
+        return [f"{where}: a boolean, not an integer"]
+    return [] if isinstance(value, shape) else [f"{where}: not {shape.__name__}"]
+
+
+def _absolute(sandbox_path: str) -> str:
+    # "//abs" is the absolute form in both the old and new path rules.
+    assert sandbox_path.startswith("//"), sandbox_path
+    return sandbox_path[1:]
+
+
+def test_rendered_settings_have_the_documented_shape(world: tuple[Path, Policy],
+                                                     policy_file: Path) -> None:
+    _, policy = world
+    settings = json.loads(render_json(policy, str(policy_file)))
+    assert conforms(settings, SHAPE) == []
+    sandbox = settings["sandbox"]
+    assert (sandbox["enabled"], sandbox["failIfUnavailable"],
+            sandbox["allowUnsandboxedCommands"]) == (True, True, False)
+    group = settings["hooks"]["PreToolUse"][0]
+    assert group["matcher"] == MATCHER
+    assert group["hooks"][0]["type"] == "command"
+
+
+def test_matcher_is_exactly_the_file_tools() -> None:
+    tools = ["Read", "Grep", "Glob", "Edit", "MultiEdit", "Write", "NotebookEdit"]
+    for name in tools:
+        assert re.search(MATCHER, name)
+    for name in ["TodoWrite", "Bash", "ReadX", "xRead", "WebFetch", "NotebookRead", ""]:
+        assert not re.search(MATCHER, name)
+
+
+def test_rendered_settings_round_trip_the_policy(world: tuple[Path, Policy],
+                                                 policy_file: Path) -> None:
+    _, policy = world
+    settings = render_settings(policy, str(policy_file))
+    fs = settings["sandbox"]["filesystem"]  # type: ignore[index]
+    net = settings["sandbox"]["network"]  # type: ignore[index]
+    deny_read = [_absolute(p) for p in fs["denyRead"]]
+    assert deny_read == [policy.home, policy.runtime, *policy.deny]
+    assert [_absolute(p) for p in fs["allowRead"]] == [*policy.read, *policy.write,
+                                                      *policy.tool_write]
+    # Commands write the write paths only: never tool_write, never the harness.
+    assert [_absolute(p) for p in fs["allowWrite"]] == list(policy.write)
+    assert [_absolute(p) for p in fs["denyWrite"]] == [*policy.deny, policy.harness]
+    assert net["allowedDomains"] == list(policy.domains)
+    assert (net["httpProxyPort"], net["socksProxyPort"]) == (policy.proxy_port, policy.socks_port)
+    env = settings["env"]
+    assert env["AGENT_SANDBOX"] == "1"  # type: ignore[index]
+    assert env["AGENT_SANDBOX_POLICY"] == str(policy_file)  # type: ignore[index]
+    # The hook reads back exactly this policy.
+    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    option = next(a for a in shlex.split(command) if a.startswith("--policy="))
+    assert Policy.load(option.removeprefix("--policy=")) == policy
+
+
+def test_permission_deny_rules_cover_only_wholly_denied_regions(world: tuple[Path, Policy]) -> None:
+    _, policy = world
+    rules = render_settings(policy)["permissions"]["deny"]  # type: ignore[index]
+    deny = policy.deny[0]
+    assert f"Read(/{deny})" in rules and f"Read(/{deny}/**)" in rules
+    assert f"Edit(/{deny}/**)" in rules
+    # Home holds readable paths, so a Read rule on it would deny them too.
+    assert not any(r.startswith(f"Read(/{policy.home})") for r in rules)
+    # The runtime's egress dir is readable: no rule on the runtime either.
+    assert not any(policy.runtime in r for r in rules)
+    # tool_write lies inside the harness: no Edit rule on it.
+    assert f"Edit(/{policy.harness}/**)" not in rules
+    assert all(r.startswith(("Read(//", "Edit(//")) for r in rules)
+
+
+def test_permission_deny_rules_when_nothing_is_reallowed() -> None:
+    policy = Policy("/home/u", runtime="/run/user/1", write=["/srv/work"], harness="/home/u/.c")
+    read, edit = denied_regions(policy)
+    assert read == ["/home/u", "/run/user/1"]
+    assert edit == ["/home/u", "/run/user/1", "/home/u/.c"]
+    rules = render_settings(policy)["permissions"]["deny"]  # type: ignore[index]
+    assert "Read(//home/u/**)" in rules and "Edit(//home/u/.c/**)" in rules
+
+
+def test_ca_and_extra_env() -> None:
+    policy = Policy("/h", egress="/run/user/1/egress",
+                    env={"HTTPS_PROXY": "http://127.0.0.1:3128", "AGENT_SANDBOX": "1"})
+    env = render_settings(policy)["env"]
+    assert env == {  # type: ignore[comparison-overlap]
+        "AGENT_SANDBOX": "1",
+        "SSL_CERT_FILE": "/run/user/1/egress/bundle.pem",
+        "GIT_SSL_CAINFO": "/run/user/1/egress/bundle.pem",
+        "REQUESTS_CA_BUNDLE": "/run/user/1/egress/bundle.pem",
+        "CURL_CA_BUNDLE": "/run/user/1/egress/bundle.pem",
+        "NODE_EXTRA_CA_CERTS": "/run/user/1/egress/ca.pem",
+        "GH_CONFIG_DIR": "/run/user/1/egress/gh",
+        "HTTPS_PROXY": "http://127.0.0.1:3128",
+    }
+
+
+def test_hook_command_is_quoted_and_overridable(tmp_path: Path) -> None:
+    policy = Policy("/h", hook="/opt/agent sandbox/policy-hook")
+    path = str(tmp_path / "my policy.json")
+    command = render_settings(policy, path)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    assert command == "/opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
+    plain = Policy("/h")
+    command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    assert command.endswith("policy-hook")
