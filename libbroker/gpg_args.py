@@ -10,10 +10,12 @@ this on every call, verification included.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import NamedTuple
+from typing import TYPE_CHECKING
 
 from libbroker.errors import UsageError
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 STATUS_PREFIX = b"[GNUPG:] "
 # Options that are harmless in a signing call and carry no meaning for the
@@ -24,17 +26,46 @@ _SIGN_FLAGS = frozenset({"--detach-sign", "--sign", "--armor"})
 _SIGN_WORDS = frozenset({"--sign", "--detach-sign", "--clearsign", "--clear-sign"})
 
 
-class SignCall(NamedTuple):
+class SignCall:
     """git asks for a detached armored signature by ``key``; status lines go to ``status_fd``."""
 
-    key: str
-    status_fd: int | None
+    # A plain class, not a NamedTuple: typing.NamedTuple costs start-up time
+    # on every signature and every verification git asks for.
+    __slots__ = ("key", "status_fd")
+
+    def __init__(self, key: str, status_fd: int | None) -> None:
+        self.key = key
+        self.status_fd = status_fd
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SignCall) and (self.key, self.status_fd) == (
+            other.key,
+            other.status_fd,
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.key, self.status_fd))
+
+    def __repr__(self) -> str:
+        return f"SignCall(key={self.key!r}, status_fd={self.status_fd!r})"
 
 
-class VerifyCall(NamedTuple):
+class VerifyCall:
     """Anything with ``--verify``: the local gpg runs it with these arguments."""
 
-    args: tuple[str, ...]
+    __slots__ = ("args",)
+
+    def __init__(self, args: tuple[str, ...]) -> None:
+        self.args = args
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, VerifyCall) and self.args == other.args
+
+    def __hash__(self) -> int:
+        return hash(self.args)
+
+    def __repr__(self) -> str:
+        return f"VerifyCall(args={self.args!r})"
 
 
 # --- parsing git's command lines ---------------------------------------------

@@ -138,3 +138,28 @@ def _cwd() -> str:
         return os.getcwd()
     except OSError:
         return "/"
+
+
+def program_script(python: str, root: str) -> str:
+    """A ``gpg.program`` for git that starts gpg-shim without site-packages.
+
+    git runs ``gpg.program`` by path, once per signature and once per commit
+    verified, so start-up is most of gpg-shim's cost.  The console script
+    pays for ``site`` and every ``.pth`` file in the environment; gpg-shim
+    needs only the standard library and this project, so the script below
+    runs ``python -I -S`` with ``root`` (the directory holding ``libbroker``)
+    as its only addition to ``sys.path``.  ``$0`` becomes ``sys.argv[0]``, so
+    the shim still recognises itself on PATH when looking for the local gpg.
+    """
+    import json
+    import shlex
+
+    code = (  # a JSON string is a valid Python string literal
+        f"import sys; sys.path.insert(0, {json.dumps(root)}); sys.argv[:2] = sys.argv[1:2]; "
+        "from bin.gpg_shim import main; main()"
+    )
+    return (
+        "#!/bin/sh\n"
+        "# git's gpg.program: gpg-shim (agent-sandbox), started without site-packages.\n"
+        f'exec {shlex.quote(python)} -I -S -c {shlex.quote(code)} "$0" "$@"\n'
+    )
