@@ -100,16 +100,16 @@ def options_from_args(args: dict[str, Any]) -> Options:
         raise UsageError(f"--allow-cidr: {exc}") from None
     pins = dict(parse_pin(p) for p in args.get("--resolve") or [])
     command = args.get("--token-command")
+    idle = _seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0)
+    max_conns = str(args.get("--max-conns") or 1024)
+    if not max_conns.isdigit() or not 0 < int(max_conns) < 1 << 20:
+        raise UsageError(f"--max-conns must be a positive number: {max_conns!r}")
     limits = Limits(
-        idle_timeout=_seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0),
+        idle_timeout=idle,
+        head_timeout=min(idle, Limits.head_timeout),
         connect_timeout=_seconds(args.get("--connect-timeout"), "--connect-timeout", 10.0),
+        max_connections=int(max_conns),
     )
-    max_conns = args.get("--max-conns")
-    if max_conns is not None:
-        if not str(max_conns).isdigit() or int(max_conns) < 1:
-            raise UsageError(f"--max-conns must be a positive number: {max_conns!r}")
-        limits = Limits(idle_timeout=limits.idle_timeout, connect_timeout=limits.connect_timeout,
-                        max_connections=int(max_conns))
     upstream_ca = args.get("--upstream-ca")
     if upstream_ca is not None and not os.path.isfile(upstream_ca):
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")

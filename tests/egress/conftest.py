@@ -12,9 +12,10 @@ import trustme
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from egress_proxyproc import ProxyProc, start_proxy  # noqa: E402
-from egress_upstreams import bare_repo, start  # noqa: E402
-from egress_world import TOKEN, World  # noqa: E402
+from egress_proxyproc import ProxyProc, start_proxy
+from egress_upstreams import bare_repo, start
+from egress_world import TOKEN, World
+
 
 @pytest.fixture(scope="session")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:

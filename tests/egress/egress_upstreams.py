@@ -60,7 +60,7 @@ def make_handler(kind: str, seen: list[dict[str, Any]], token: str | None,
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.0"
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass
 
         def _record(self) -> None:

@@ -1,0 +1,185 @@
+"""egress-proxy's command line: help, version, usage errors, signals, peers."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from egress_proxyproc import start_proxy
+from egress_world import TOKEN, World, require
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["egress-proxy", *args], capture_output=True, text=True, check=False,
+                          timeout=30)
+
+
+def test_help_and_version() -> None:
+    assert run("--help").returncode == 0
+    assert "--listen=HOST:PORT" in run("--help").stdout
+    assert run("--version").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [],
+        ["--listen", "nonsense"],
+        ["--listen", "127.0.0.1:0", "--allow", "ex*ample.com"],
+        ["--listen", "127.0.0.1:0", "--allow-cidr", "10.0.0.0/33"],
+        ["--listen", "127.0.0.1:0", "--resolve", "github.com"],
+        ["--listen", "127.0.0.1:0", "--resolve", "github.com:not-an-ip"],
+        ["--listen", "127.0.0.1:0", "--token-command", "echo 'unbalanced"],
+        ["--listen", "127.0.0.1:0", "--token-every", "-1"],
+        ["--listen", "127.0.0.1:0", "--upstream-ca", "/nonexistent.pem"],
+        ["--listen", "127.0.0.1:0", "--bogus"],
+    ],
+)
+def test_usage_errors_exit_2(args: list[str]) -> None:
+    out = run(*args)
+    assert out.returncode == 2, out
+    assert "Traceback" not in out.stderr
+
+
+def test_bind_failure_exits_1() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        out = run("--listen", f"127.0.0.1:{port}")
+    assert out.returncode == 1
+    assert out.stderr.startswith("egress-proxy: cannot listen")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_ends_open_tunnels_and_exits_0(world: World, sig: int) -> None:
+    p = start_proxy(["--allow", f"allowed.test:{world.plain.port}", "--resolve",
+                     "allowed.test:127.0.0.1"], socks=True)
+    tunnel = socket.create_connection(("127.0.0.1", p.port))
+    tunnel.sendall(f"CONNECT allowed.test:{world.plain.port} HTTP/1.1\r\n"
+                   f"Host: allowed.test\r\n\r\n".encode())
+    assert tunnel.recv(4096).startswith(b"HTTP/1.1 200")
+    p.proc.send_signal(sig)
+    assert p.proc.wait(10) == 0
+    tunnel.settimeout(5)
+    assert tunnel.recv(10) == b""
+    tunnel.close()
+
+
+def test_socks_with_numeric_allow_and_cidr(tmp_path: Path) -> None:
+    # The kubectl shape: --allow 127.0.0.1:PORT --allow-cidr 127.0.0.1/32.
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def answer() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 5\r\n\r\nhello")
+            conn.recv(4096)
+
+    threading.Thread(target=answer, daemon=True).start()
+    p = start_proxy(["--allow", f"127.0.0.1:{port}", "--allow-cidr", "127.0.0.1/32"], socks=True)
+    try:
+        ok = subprocess.run(["curl", "-sS", "--max-time", "10", "--socks5", str(p.socks),
+                             f"http://127.0.0.1:{port}/"], capture_output=True, text=True,
+                            check=False)
+        assert ok.stdout == "hello", ok.stderr
+        other = subprocess.run(["curl", "-sS", "--max-time", "10", "--socks5", str(p.socks),
+                                f"http://127.0.0.1:{port + 1 if port < 65535 else 1}/"],
+                               capture_output=True, text=True, check=False)
+        assert other.returncode == 97
+    finally:
+        assert p.stop() == 0
+        server.close()
+
+
+def test_peer_of_another_uid_is_refused(tmp_path: Path) -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or os.getuid() != 0:
+        pytest.skip("needs root and setpriv to act as another user")
+    require("curl")
+    log = tmp_path / "log"
+    p = start_proxy(["--allow", "example.test"], log=log, socks=True)
+    try:
+        as_nobody = [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+        http = subprocess.run([*as_nobody, "curl", "-sS", "-i", "--max-time", "5", "-x", p.http,
+                               "http://example.test/"], capture_output=True, text=True,
+                              check=False)
+        assert "HTTP/1.1" not in http.stdout
+        socks = subprocess.run([*as_nobody, "curl", "-sS", "--max-time", "5", "--socks5-hostname",
+                                str(p.socks), "http://example.test/"], capture_output=True,
+                               text=True, check=False)
+        assert socks.returncode != 0
+        assert log.read_text().count("peer owned by uid 65534") == 2
+    finally:
+        assert p.stop() == 0
+
+
+def test_token_never_in_error_bodies_or_logs(world: World, tmp_path: Path) -> None:
+    # A proxy whose upstream TLS fails (no --upstream-ca): the error body and log
+    # line name the failure, never the token.
+    log = tmp_path / "log"
+    p = start_proxy(["--resolve", f"api.github.com:127.0.0.1:{world.api.port}",
+                     "--token-command", f"cat {world.token_file}", "--egress-dir",
+                     str(tmp_path / "egress")], log=log)
+    try:
+        out = subprocess.run(["curl", "-sS", "-i", "--max-time", "10", "-x", p.http, "--cacert",
+                              str(tmp_path / "egress" / "bundle.pem"),
+                              "https://api.github.com/x"], capture_output=True, text=True,
+                             check=False)
+        assert "HTTP/1.1 502" in out.stdout
+        assert TOKEN not in out.stdout + out.stderr
+    finally:
+        assert p.stop() == 0
+    text = log.read_text()
+    assert "TLS with api.github.com failed" in text
+    assert TOKEN not in text
+    for f in (tmp_path / "egress").rglob("*"):
+        if f.is_file():
+            assert TOKEN not in f.read_text()
+    assert json.dumps(world.api.seen).count(TOKEN) == sum(
+        1 for r in world.api.seen for k, v in r["headers"] if k.lower() == "authorization")
+
+
+@pytest.fixture
+def hosts_file(tmp_path: Path) -> Iterator[Path]:
+    path = tmp_path / "hosts"
+    path.write_text("127.0.0.1 localhost\n10.1.2.3 internal.test\n127.0.0.1 sneaky.test\n"
+                    "169.254.169.254 metadata.test\n::ffff:127.0.0.1 mapped.test\n")
+    yield path
+
+
+def test_names_resolving_to_non_public_addresses_are_refused(hosts_file: Path,
+                                                             tmp_path: Path) -> None:
+    # The proxy runs with its own /etc/hosts (a private mount namespace, same
+    # network), so the real resolver path answers and no DNS query leaves the machine.
+    unshare = require("unshare")
+    require("curl")
+    if os.getuid() != 0:
+        pytest.skip("needs root for a private mount namespace")
+    log = tmp_path / "log"
+    prefix = [unshare, "--mount", "--propagation", "private", "sh", "-c",
+              'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file)]
+    p = start_proxy(["--allow", "internal.test,sneaky.test,metadata.test,mapped.test,localhost"],
+                    log=log, socks=True, prefix=prefix)
+    try:
+        for host in ("internal.test", "sneaky.test", "metadata.test", "mapped.test", "localhost"):
+            out = subprocess.run(["curl", "-sS", "-i", "--max-time", "10", "-x", p.http,
+                                  f"http://{host}/"], capture_output=True, text=True, check=False)
+            assert out.stdout.startswith("HTTP/1.1 403"), (host, out)
+            assert "X-Proxy-Error: blocked-address" in out.stdout
+            assert host in out.stdout.split("\n\n", 1)[1]
+            socks = subprocess.run(["curl", "-sS", "--max-time", "10", "--socks5-hostname",
+                                    str(p.socks), f"http://{host}/"], capture_output=True,
+                                   text=True, check=False)
+            assert socks.returncode == 97
+    finally:
+        assert p.stop() == 0
+    assert "host=internal.test port=80" in log.read_text()
+    assert "RFC 1918" in log.read_text()

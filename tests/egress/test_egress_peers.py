@@ -1,0 +1,55 @@
+"""The peer check reads the kernel's socket table."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import socket
+
+from libegress.peers import find_peer, is_loopback, peer_socket
+
+TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  \
+timeout inode
+   0: 0100007F:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 111 1
+   1: 0100007F:D431 0100007F:1F90 01 00000000:00000000 00:00000000 00000000  1000        0 222 1
+   2: 0100007F:1F90 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 333 1
+"""
+
+
+def test_find_peer_picks_the_peers_row() -> None:
+    lo = ipaddress.ip_address("127.0.0.1")
+    found = find_peer(TABLE, (lo, 0xD431), (lo, 0x1F90), six=False)
+    assert found is not None and (found.uid, found.inode) == (1000, 222)
+    assert find_peer(TABLE, (lo, 1), (lo, 0x1F90), six=False) is None
+
+
+def test_real_loopback_connection_is_ours() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        client = socket.create_connection(server.getsockname())
+        conn, _ = server.accept()
+        with client, conn:
+            peer = conn.getpeername()
+            ours = conn.getsockname()
+            found = peer_socket((ipaddress.ip_address(peer[0]), peer[1]),
+                                (ipaddress.ip_address(ours[0]), ours[1]))
+            assert found is not None
+            assert found.uid == os.getuid()
+            assert found.inode == os.fstat(client.fileno()).st_ino
+
+
+def test_real_ipv6_loopback_connection_is_ours() -> None:
+    with socket.create_server(("::1", 0), family=socket.AF_INET6) as server:
+        client = socket.create_connection(server.getsockname()[:2])
+        conn, _ = server.accept()
+        with client, conn:
+            peer, ours = conn.getpeername(), conn.getsockname()
+            found = peer_socket((ipaddress.ip_address(peer[0]), peer[1]),
+                                (ipaddress.ip_address(ours[0]), ours[1]))
+            assert found is not None and found.uid == os.getuid()
+
+
+def test_is_loopback() -> None:
+    assert is_loopback(ipaddress.ip_address("127.0.0.5"))
+    assert is_loopback(ipaddress.ip_address("::1"))
+    assert is_loopback(ipaddress.ip_address("::ffff:127.0.0.1"))
+    assert not is_loopback(ipaddress.ip_address("192.168.0.1"))

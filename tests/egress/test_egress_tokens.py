@@ -1,0 +1,94 @@
+"""The token command: bounded, renewed, kept through failures, never said."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from libbroker.errors import TokenError, UsageError
+from libegress.tokens import TokenKeeper, parse_token, read_token, token_argv
+
+SECRET = "ghu_SECRETSECRET42"
+
+
+def test_argv_is_split_without_a_shell() -> None:
+    assert token_argv("devctl token --app 'my app'") == ["devctl", "token", "--app", "my app"]
+    assert token_argv("echo $HOME; rm -rf /") == ["echo", "$HOME;", "rm", "-rf", "/"]
+    with pytest.raises(UsageError):
+        token_argv("")
+    with pytest.raises(UsageError):
+        token_argv("echo 'unbalanced")
+
+
+@pytest.mark.parametrize("output", [b"", b"\n", b"two words\n", b"tok\x01en\n", b"\xff\xfe"])
+def test_unusable_output_is_refused(output: bytes) -> None:
+    with pytest.raises(TokenError) as exc:
+        parse_token(output)
+    assert str(exc.value) == "the token command printed no usable token"
+
+
+def test_first_line_is_the_token() -> None:
+    assert parse_token(b"  abc123  \nsecond line\n") == "abc123"
+
+
+def test_read_token_runs_the_command() -> None:
+    argv = [sys.executable, "-c", f"print('{SECRET}')"]
+    assert asyncio.run(read_token(argv)) == SECRET
+
+
+def test_failures_name_the_cause_not_the_output() -> None:
+    fail = [sys.executable, "-c", f"import sys; print('{SECRET}'); sys.exit(3)"]
+    with pytest.raises(TokenError) as exc:
+        asyncio.run(read_token(fail))
+    assert "status 3" in str(exc.value) and SECRET not in str(exc.value)
+    with pytest.raises(TokenError) as missing:
+        asyncio.run(read_token(["/nonexistent/token-cmd"]))
+    assert "could not start" in str(missing.value)
+
+
+def test_run_time_is_bounded_and_the_command_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "pid"
+    slow = [sys.executable, "-c",
+            f"import os,time; open('{pidfile}','w').write(str(os.getpid())); time.sleep(30)"]
+    with pytest.raises(TokenError) as exc:
+        asyncio.run(read_token(slow, bound=0.5))
+    assert "longer than" in str(exc.value)
+    pid = int(pidfile.read_text())
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
+
+
+def test_keeper_renews_and_keeps_the_old_token_on_failure(tmp_path: Path) -> None:
+    source = tmp_path / "token"
+    source.write_text("first\n")
+    said: list[str] = []
+    keeper = TokenKeeper(["cat", str(source)], every=0.2, say=said.append, backoff=(0.05,))
+
+    async def scenario() -> list[str | None]:
+        seen = []
+        await keeper.refresh()
+        seen.append(keeper.current())
+        task = asyncio.create_task(keeper.keep())
+        source.write_text("second\n")
+        await asyncio.sleep(0.5)
+        seen.append(keeper.current())
+        source.unlink()  # renewals now fail
+        await asyncio.sleep(0.5)
+        seen.append(keeper.current())
+        source.write_text("third\n")
+        await asyncio.sleep(0.5)
+        seen.append(keeper.current())
+        task.cancel()
+        return seen
+
+    assert asyncio.run(scenario()) == ["first", "second", "second", "third"]
+    assert any("previous token is kept" in s for s in said)
+    assert not any(word in s for s in said for word in ("first", "second", "third"))
+
+
+def test_no_command_no_token() -> None:
+    keeper = TokenKeeper(None, every=1, say=lambda s: None)
+    assert asyncio.run(keeper.refresh()) is False
+    assert keeper.current() is None
