@@ -26,7 +26,7 @@ ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
 def hook_script() -> str:
     beside = os.path.join(os.path.dirname(sys.executable), "policy-hook")
     if not os.access(beside, os.X_OK):
-        sys.exit("bench/hook.py: policy-hook is not installed beside this python (pip install -e .)")
+        sys.exit("bench/hook.py: no policy-hook beside this python (pip install -e .)")
     return beside
 
 

@@ -26,6 +26,7 @@ Options:
 
 from __future__ import annotations
 
+import contextlib
 import sys
 
 from libpolicy.hook import run_hook
@@ -46,17 +47,26 @@ def _hook_option(argv: list[str]) -> tuple[bool, str | None]:
 
 
 def _hook(option: str | None) -> None:
-    data = sys.stdin.buffer.read(_MAX_INPUT + 1)
-    if len(data) > _MAX_INPUT:
-        status, out, err = 2, "", "policy-hook: hook input is larger than 64 MiB\n"
+    """Hook mode: every failure exits 2, the one status that blocks the call."""
+    try:
+        data = sys.stdin.buffer.read(_MAX_INPUT + 1)
+    except (OSError, ValueError, AttributeError, KeyboardInterrupt) as exc:
+        status, out, err = 2, "", f"policy-hook: cannot read the hook input: {exc!r}\n"
     else:
-        status, out, err = run_hook(option, data)
+        if len(data) > _MAX_INPUT:
+            status, out, err = 2, "", "policy-hook: hook input is larger than 64 MiB\n"
+        else:
+            try:
+                status, out, err = run_hook(option, data)
+            except KeyboardInterrupt:
+                status, out, err = 2, "", "policy-hook: interrupted\n"
     try:
         sys.stdout.write(out)
         sys.stdout.flush()
-    except OSError:
+    except (OSError, ValueError, AttributeError):
         status = 2
-    sys.stderr.write(err)
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        sys.stderr.write(err)
     raise SystemExit(status)
 
 

@@ -24,6 +24,7 @@ import json
 import os
 import shlex
 import sys
+from typing import Any
 
 from libpolicy.model import Policy
 from libpolicy.paths import under
@@ -97,7 +98,7 @@ def _rules(tool: str, regions: list[str]) -> list[str]:
     return out
 
 
-def render_settings(policy: Policy, policy_file: str | None = None) -> dict[str, object]:
+def render_settings(policy: Policy, policy_file: str | None = None) -> dict[str, Any]:
     """The managed-settings drop-in for ``policy``; the hook reads ``policy_file``."""
     network: dict[str, object] = {
         "allowedDomains": list(policy.domains),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from libbroker.errors import PolicyError
 from libpolicy.model import CONTRACT_KEYS, Policy
 
-FULL = {
+FULL: dict[str, Any] = {
     "home": "/home/u",
     "runtime": "/run/user/1000",
     "read": ["/home/u/.config/gh", "/run/user/1000/egress"],

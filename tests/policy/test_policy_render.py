@@ -91,8 +91,8 @@ def test_rendered_settings_round_trip_the_policy(world: tuple[Path, Policy],
                                                  policy_file: Path) -> None:
     _, policy = world
     settings = render_settings(policy, str(policy_file))
-    fs = settings["sandbox"]["filesystem"]  # type: ignore[index]
-    net = settings["sandbox"]["network"]  # type: ignore[index]
+    fs = settings["sandbox"]["filesystem"]
+    net = settings["sandbox"]["network"]
     deny_read = [_absolute(p) for p in fs["denyRead"]]
     assert deny_read == [policy.home, policy.runtime, *policy.deny]
     assert [_absolute(p) for p in fs["allowRead"]] == [*policy.read, *policy.write,
@@ -103,17 +103,17 @@ def test_rendered_settings_round_trip_the_policy(world: tuple[Path, Policy],
     assert net["allowedDomains"] == list(policy.domains)
     assert (net["httpProxyPort"], net["socksProxyPort"]) == (policy.proxy_port, policy.socks_port)
     env = settings["env"]
-    assert env["AGENT_SANDBOX"] == "1"  # type: ignore[index]
-    assert env["AGENT_SANDBOX_POLICY"] == str(policy_file)  # type: ignore[index]
+    assert env["AGENT_SANDBOX"] == "1"
+    assert env["AGENT_SANDBOX_POLICY"] == str(policy_file)
     # The hook reads back exactly this policy.
-    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
     option = next(a for a in shlex.split(command) if a.startswith("--policy="))
     assert Policy.load(option.removeprefix("--policy=")) == policy
 
 
 def test_permission_deny_rules_cover_only_wholly_denied_regions(world: tuple[Path, Policy]) -> None:
     _, policy = world
-    rules = render_settings(policy)["permissions"]["deny"]  # type: ignore[index]
+    rules = render_settings(policy)["permissions"]["deny"]
     deny = policy.deny[0]
     assert f"Read(/{deny})" in rules and f"Read(/{deny}/**)" in rules
     assert f"Edit(/{deny}/**)" in rules
@@ -131,7 +131,7 @@ def test_permission_deny_rules_when_nothing_is_reallowed() -> None:
     read, edit = denied_regions(policy)
     assert read == ["/home/u", "/run/user/1"]
     assert edit == ["/home/u", "/run/user/1", "/home/u/.c"]
-    rules = render_settings(policy)["permissions"]["deny"]  # type: ignore[index]
+    rules = render_settings(policy)["permissions"]["deny"]
     assert "Read(//home/u/**)" in rules and "Edit(//home/u/.c/**)" in rules
 
 
@@ -139,7 +139,7 @@ def test_ca_and_extra_env() -> None:
     policy = Policy("/h", egress="/run/user/1/egress",
                     env={"HTTPS_PROXY": "http://127.0.0.1:3128", "AGENT_SANDBOX": "1"})
     env = render_settings(policy)["env"]
-    assert env == {  # type: ignore[comparison-overlap]
+    assert env == {
         "AGENT_SANDBOX": "1",
         "SSL_CERT_FILE": "/run/user/1/egress/bundle.pem",
         "GIT_SSL_CAINFO": "/run/user/1/egress/bundle.pem",
@@ -154,8 +154,8 @@ def test_ca_and_extra_env() -> None:
 def test_hook_command_is_quoted_and_overridable(tmp_path: Path) -> None:
     policy = Policy("/h", hook="/opt/agent sandbox/policy-hook")
     path = str(tmp_path / "my policy.json")
-    command = render_settings(policy, path)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    command = render_settings(policy, path)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
     assert command == "/opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
     plain = Policy("/h")
-    command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]  # type: ignore[index]
+    command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
     assert command.endswith("policy-hook")
