@@ -44,9 +44,9 @@ def _main(argv: list[str]) -> int:
     if isinstance(call, SignCall):
         # Imported here so that verification (once per commit in
         # `git log --show-signature`) never loads the broker's wire modules.
-        from libbroker.gpg_shim import read_payload, sign
+        from libbroker.gpg_shim import sign
 
-        return sign(call, read_payload())
+        return sign(call)
     from libbroker.gpg_local import exec_local_gpg
 
     exec_local_gpg(call.args)

@@ -60,28 +60,34 @@ def read_payload(fd: int = 0) -> bytes:
         chunks.append(chunk)
 
 
-def sign(call: SignCall, payload: bytes, *, path: str | None = None) -> int:
-    """Have the broker sign ``payload``; write gpg's output; return gpg's exit status."""
+def sign(call: SignCall, *, stdin_fd: int = 0, path: str | None = None) -> int:
+    """Have the broker sign what ``stdin_fd`` holds; write gpg's output; return its status.
+
+    The broker is reached before stdin is read, so an unreachable broker is
+    reported at once, whatever is (or is not) on stdin.
+    """
     if call.status_fd is not None:
         check_fd(call.status_fd)
-    request = Request(
-        argv=("gpg", "--status-fd=2", "-bsau", call.key),  # informative: the server builds its own
-        cwd=_cwd(),
-        with_stdin=True,
-        op="sign",
-        key=call.key,
-    )
-    outgoing = [encode_request(request)]
-    for start in range(0, len(payload), MAX_PAYLOAD):
-        chunk = payload[start : start + MAX_PAYLOAD]
-        outgoing += [frame_header(Channel.STDIN, len(chunk)), chunk]
-    outgoing.append(encode_stdin_eof())
     if path is None and not os.environ.get(SOCKET_ENV_VAR):
         raise BrokerUnavailable(
             f"cannot sign: {SOCKET_ENV_VAR} is not set (signing works inside an agent-sandbox "
             "session, through its broker)"
         )
     with connect(socket_path(path)) as sock:
+        payload = read_payload(stdin_fd)
+        # argv is informative only: the server builds gpg's command line itself.
+        request = Request(
+            argv=("gpg", "--status-fd=2", "-bsau", call.key),
+            cwd=_cwd(),
+            with_stdin=True,
+            op="sign",
+            key=call.key,
+        )
+        outgoing = [encode_request(request)]
+        for start in range(0, len(payload), MAX_PAYLOAD):
+            chunk = payload[start : start + MAX_PAYLOAD]
+            outgoing += [frame_header(Channel.STDIN, len(chunk)), chunk]
+        outgoing.append(encode_stdin_eof())
         return _exchange(sock, b"".join(outgoing), StatusRouter(call.status_fd))
 
 

@@ -198,6 +198,13 @@ def test_unreachable_broker(keys: Keys, broker: Broker, repo: Path, tmp_path: Pa
     commit = git(repo, env, "commit", "-m", "no broker")
     assert commit.returncode != 0
     assert "gpg failed to sign the data" in commit.stderr
+    # Reported before stdin is read: a payload that never ends does not hold it up.
+    with subprocess.Popen(["gpg-shim", "--status-fd=2", "-bsau", keys.fingerprint],
+                          env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as waiting:
+        assert waiting.wait(timeout=30) == 125  # stdin still open, never written to
+        assert waiting.stderr is not None
+        assert b"broker" in waiting.stderr.read()
 
 
 def test_status_lines_go_to_the_fd_named(keys: Keys, broker: Broker, tmp_path: Path) -> None:
@@ -288,3 +295,25 @@ def test_the_secret_key_is_not_readable_from_the_sandbox(keys: Keys, broker: Bro
          "--export-secret-keys", "--armor"],
         env=env, capture_output=True, timeout=60)
     assert b"PRIVATE KEY" not in exported.stdout
+
+
+def test_the_fast_program_script_signs_too(keys: Keys, broker: Broker, repo: Path) -> None:
+    """program_script (python -I -S, no site-packages) is a working gpg.program."""
+    import sys
+
+    import libbroker
+    from libbroker.gpg_shim import program_script
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+    script = broker.workdir / "gpg-program"
+    script.write_text(program_script(sys.executable, root))
+    script.chmod(0o755)
+    env = sandbox_env(keys, broker, broker.workdir)
+    assert git(repo, env, "config", "gpg.program", str(script)).returncode == 0
+    commit = git(repo, env, "commit", "-m", "through the fast script")
+    assert commit.returncode == 0, commit.stderr
+    verify = git(repo, sandbox_env(keys, None, broker.workdir), "verify-commit", "HEAD")
+    assert verify.returncode == 0, verify.stderr
+    version = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                             timeout=30, env=env)
+    assert version.stdout.startswith("gpg-shim ")
