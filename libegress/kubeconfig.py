@@ -268,7 +268,7 @@ def read_text(path: str | None) -> str:
 
 
 def write_atomic(path: str, text: str) -> None:
-    """Replace the file at ``path`` with ``text`` all at once, keeping its mode.
+    """Replace the file at ``path`` with ``text`` all at once, keeping mode and owner.
 
     The new content goes to a temporary file in the same directory (so the
     rename cannot cross file systems) and is synced before the rename: a
@@ -278,13 +278,17 @@ def write_atomic(path: str, text: str) -> None:
     target = os.path.realpath(path)
     directory = os.path.dirname(target)
     try:
-        mode = stat.S_IMODE(os.stat(target).st_mode)
+        st = os.stat(target)
         fd, tmp = tempfile.mkstemp(prefix=".kubeconfig-", dir=directory)
     except OSError as exc:
         raise KubeconfigError(f"cannot write {path}: {exc.strerror}") from None
     try:
         with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), mode)
+            os.fchmod(f.fileno(), stat.S_IMODE(st.st_mode))
+            if (st.st_uid, st.st_gid) != (os.geteuid(), os.getegid()):
+                # root editing a person's file: the file stays theirs
+                with contextlib.suppress(PermissionError):
+                    os.fchown(f.fileno(), st.st_uid, st.st_gid)
             f.write(text.encode("utf-8"))
             f.flush()
             os.fsync(f.fileno())

@@ -145,3 +145,12 @@ def test_help_and_version(flag: str) -> None:
     result = proxify(flag)
     assert result.returncode == 0
     assert result.stdout.strip()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="changing a file's owner needs root")
+def test_in_place_as_root_keeps_the_owner(tmp_path: Path) -> None:
+    path = tmp_path / "config"
+    path.write_text(KIND)
+    os.chown(path, 1234, 5678)
+    assert proxify("--in-place", "--proxy", PROXY, str(path)).returncode == 0
+    assert (path.stat().st_uid, path.stat().st_gid) == (1234, 5678)
