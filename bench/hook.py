@@ -4,7 +4,10 @@ The hook runs on every file-tool call, so what matters is a fresh process end
 to end.  Prints the median wall time of one call (an allowed Read, a denied
 Read, a Grep) next to ``python -c pass`` measured in the same run with the
 same interpreter, the ratios (target: <= 2x), and the import-time breakdown
-of the modules the hook imports beyond a bare interpreter.
+of the modules the hook imports beyond a bare interpreter.  Two forms: the
+``policy-hook`` console script, and the command ``render`` puts into the
+managed settings (``python -I -S``, no site-packages), run through ``sh -c``
+as Claude Code runs it.
 """
 
 from __future__ import annotations
@@ -87,14 +90,23 @@ def main() -> None:
             "denied Read": event("Read", {"file_path": "../.ssh/id_rsa"}, proj),
             "Grep in workdir": event("Grep", {"pattern": "x", "path": "src"}, proj),
         }
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        from libpolicy.model import Policy
+        from libpolicy.render import render_settings
+
+        rendered = render_settings(Policy.load(policy_path), policy_path)
+        fast = ["sh", "-c", rendered["hooks"]["PreToolUse"][0]["hooks"][0]["command"]]
         commands = {"python -c pass": ([sys.executable, "-c", "pass"], b"")}
-        commands.update({f"policy-hook {name}": (hook, stdin) for name, stdin in cases.items()})
+        commands.update({f"console script: {name}": (hook, stdin)
+                         for name, stdin in cases.items()})
+        commands.update({f"rendered (-I -S): {name}": (fast, stdin)
+                         for name, stdin in cases.items()})
         interleaved_medians(commands, 2)  # warm the page cache and write the bytecode
         medians = interleaved_medians(commands)
         baseline = medians["python -c pass"]
         print(f"python: {sys.executable} ({RUNS} runs each, interleaved, median wall)")
         for name, value in medians.items():
-            print(f"{name:<30}{value * 1000:8.1f} ms   {value / baseline:.2f}x"
+            print(f"{name:<36}{value * 1000:8.1f} ms   {value / baseline:.2f}x"
                   f"   ({(value - baseline) * 1000:+.1f} ms)")
 
         bare = import_times(["-c", "pass"], b"")

@@ -43,14 +43,25 @@ def _fs(path: str) -> str:
 
 
 def default_hook() -> str:
-    """The policy-hook console script next to this interpreter (PATH's otherwise)."""
-    candidate = os.path.join(os.path.dirname(sys.executable), "policy-hook")
-    return candidate if os.access(candidate, os.X_OK) else "policy-hook"
+    """policy-hook as a command that starts without site-packages.
+
+    Claude Code runs the hook on every file-tool call, so start-up is most of
+    its cost, and the console script pays for ``site`` and every ``.pth`` file
+    of the environment.  The hook needs only the standard library and this
+    project, so it runs as ``python -I -S`` with the project's root as its one
+    addition to ``sys.path`` (isolated mode also keeps PYTHON* variables out).
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (  # a JSON string is a valid Python string literal
+        f"import sys; sys.path.insert(0, {json.dumps(root)}); "
+        "from bin.policy_hook import main; main()"
+    )
+    return f"{shlex.quote(sys.executable)} -I -S -c {shlex.quote(code)}"
 
 
 def hook_command(policy: Policy, policy_file: str | None) -> str:
     """The shell command Claude Code runs for every file-tool call."""
-    command = policy.hook or shlex.quote(default_hook())
+    command = policy.hook or default_hook()
     if policy_file:
         command += " --policy=" + shlex.quote(policy_file)
     return command

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 from libpolicy.model import Policy
@@ -158,4 +161,26 @@ def test_hook_command_is_quoted_and_overridable(tmp_path: Path) -> None:
     assert command == "/opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
     plain = Policy("/h")
     command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    assert command.endswith("policy-hook")
+    assert shlex.split(command)[:3] == [sys.executable, "-I", "-S"]
+
+
+def test_the_rendered_hook_command_runs_and_denies(world: tuple[Path, Policy],
+                                                   policy_file: Path) -> None:
+    """The command Claude Code would run (through a shell), end to end."""
+    _, policy = world
+    command = render_settings(policy, str(policy_file))["hooks"]["PreToolUse"][0]["hooks"][0][
+        "command"]
+    env = {"PATH": os.environ["PATH"]}  # no AGENT_SANDBOX_POLICY: --policy must carry it
+    event = json.dumps({
+        "session_id": "s", "transcript_path": "/t.jsonl", "cwd": policy.write[0],
+        "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Read",
+        "tool_input": {"file_path": "to_ssh/id"}, "tool_use_id": "toolu_1"}).encode()
+    done = subprocess.run(["sh", "-c", command], input=event, capture_output=True, env=env,
+                          cwd="/", timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    decision = json.loads(done.stdout)["hookSpecificOutput"]
+    assert decision["permissionDecision"] == "deny"
+    allowed = event.replace(b"to_ssh/id", b"src/main.py")
+    done = subprocess.run(["sh", "-c", command], input=allowed, capture_output=True, env=env,
+                          cwd="/", timeout=30, check=False)
+    assert (done.returncode, done.stdout, done.stderr) == (0, b"", b"")
