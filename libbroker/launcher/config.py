@@ -262,13 +262,21 @@ def _host_pattern(value: str, source: str, key: str) -> str:
 
 
 def _resolve_pin(value: str, source: str) -> str:
-    host, sep, ip = value.partition(":")
-    if not sep or not host:
-        raise ConfigError(f"{source}: resolve entry {value!r} must be HOST:IP")
+    """``HOST:IP`` or ``HOST:IP:PORT`` (IPv6 in brackets), as egress-proxy takes it."""
+    host, sep, rest = value.partition(":")
+    ip, port = rest, ""
+    if rest.startswith("["):
+        ip, _, after = rest[1:].partition("]")
+        port = after[1:] if after.startswith(":") else after
+    elif rest.count(":") == 1:
+        ip, port = rest.split(":")
     try:
-        ipaddress.ip_address(ip.strip("[]"))
+        ipaddress.ip_address(ip)
+        ok = bool(sep and host) and (port == "" or (port.isdigit() and 0 < int(port) < 65536))
     except ValueError:
-        raise ConfigError(f"{source}: resolve entry {value!r} has no valid IP address") from None
+        ok = False
+    if not ok:
+        raise ConfigError(f"{source}: resolve entry {value!r} must be HOST:IP or HOST:IP:PORT")
     return value
 
 

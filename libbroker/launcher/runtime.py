@@ -16,6 +16,10 @@ from dataclasses import dataclass
 
 from libbroker.errors import LaunchError
 
+_SUN_PATH_MAX = 107
+# "/agent-sandbox/session-XXXXXXXX/broker.sock" plus slack for the sockets' names.
+_LONGEST_NAME = 48
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -66,6 +70,9 @@ def create() -> Runtime:
     """Make a fresh private runtime directory (0700) for one session."""
     base = os.environ.get("XDG_RUNTIME_DIR", "")
     parent: str | None = None
+    # A unix socket path is at most 107 bytes: a deep runtime dir falls back to /tmp.
+    if base and len(base) + _LONGEST_NAME > _SUN_PATH_MAX:
+        base = ""
     if base and os.path.isabs(base) and os.path.isdir(base):
         parent = os.path.join(base, "agent-sandbox")
         try:

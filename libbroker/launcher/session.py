@@ -36,6 +36,7 @@ from libbroker.launcher.runtime import Runtime
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
+BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -133,7 +134,7 @@ def command_profile(cfg: Config, host: Host) -> dict[str, object]:
     return {
         "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
         "network": {"mode": "none"},
-        "environment": {"allow_vars": ["PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ"]},
+        "environment": {"allow_vars": [*BROKER_ENV_ALLOW, "AGENT_SANDBOX"]},
     }
 
 
@@ -178,6 +179,8 @@ class Session:
         self.janitor: supervise.Janitor | None = None
         self.sandbox: supervise.Child | None = None
         self.control = -1  # write end: go byte, then signal numbers (bwrap)
+        self._live = False  # servers' stderr is copied to ours once started
+        self._early: list[str] = []
 
     # --- the whole run -------------------------------------------------------
 
@@ -218,7 +221,9 @@ class Session:
         host = host_facts(cfg, os.getcwd())
         _write_private(rt.profile, json.dumps(command_profile(cfg, host)))
         proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
-        broker = self._spawn("broker-server", _broker_argv(cfg, rt, self.backend))
+        # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
+        broker_env = {**os.environ, "AGENT_SANDBOX": "1"}
+        broker = self._spawn("broker-server", _broker_argv(cfg, rt, self.backend), env=broker_env)
         kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
         self._start_sandbox(host)
         found = self._wait_listening(proxy, broker, wake_r)
@@ -231,6 +236,9 @@ class Session:
         else:
             ports = (found.http_port, found.socks_port)
         _write_private(rt.policy, policy_json(cfg, rt, *ports))
+        self._live = True
+        if self._early:
+            os.write(2, "".join(line + "\n" for line in self._early).encode())
         if self.backend == "bwrap":
             self.relays[0].start(found.http_port)
             self.relays[1].start(found.socks_port)
@@ -238,8 +246,11 @@ class Session:
         else:
             self._send_landlock_spec(host, found)
 
-    def _spawn(self, name: str, argv: list[str], **kw: object) -> supervise.Child:
+    def _spawn(
+        self, name: str, argv: list[str], *, own_group: bool = False, **kw: object
+    ) -> supervise.Child:
         child = supervise.spawn(name, argv, **kw)  # type: ignore[arg-type]
+        child.own_group = own_group
         self.children.append(child)
         assert self.janitor is not None
         self.janitor.watch(child)
@@ -267,7 +278,10 @@ class Session:
         if self.backend == "bwrap":
             from libbroker.launcher import seccomp
 
-            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
+            try:
+                self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
+            except OSError as exc:
+                raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
             prog = seccomp.program()
             sec_fd: int | None = None
             if prog is not None:
@@ -301,8 +315,8 @@ class Session:
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 pass_fds=[r],
                 pipes=False,
+                own_group=not self.tty,  # the helper calls setsid() then
             )
-            self.sandbox.own_group = not self.tty
         os.close(r)
 
     def _send_landlock_spec(self, host: Host, found: _Listening) -> None:
@@ -412,7 +426,9 @@ class Session:
         out = [line.decode(errors="replace") for line in lines]
         for line in out:
             child.tail.append(line)
-            if kind == "err" and line:
+            if kind == "err" and line and not self._live:
+                self._early.append(line)  # shown once started, or in the error
+            elif kind == "err" and line:
                 # A server's log line goes to our stderr, never to our stdout
                 # (which belongs to CMD, e.g. in a pipeline).
                 with contextlib.suppress(OSError):

@@ -125,7 +125,7 @@ def spawn(
     try:
         proc = subprocess.Popen(
             list(argv),
-            stdin=None,
+            stdin=subprocess.DEVNULL if pipes else None,
             stdout=subprocess.PIPE if pipes else None,
             stderr=subprocess.PIPE if pipes else None,
             env=env,
@@ -198,8 +198,9 @@ def _janitor_main(r: int, runtime_dir: str) -> None:  # pragma: no cover - forke
             pid_s, group_s = line.split()
             with contextlib.suppress(OSError):
                 watched.append((int(pid_s), os.pidfd_open(int(pid_s)), group_s == b"1"))
-    # The launcher is gone without cleaning up: the session ends here.
-    for pid, fd, group in watched:
+    # The launcher is gone without cleaning up: the session ends here, the
+    # sandbox (started last) first, then the servers.
+    for pid, fd, group in reversed(watched):
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if group:
                 with contextlib.suppress(OSError):

@@ -1,0 +1,343 @@
+"""agent-sandbox run, end to end: real proxy, broker, sandbox, curl, git, gpg.
+
+One probe session per backend runs every in-sandbox check in one go (a
+session costs the proxy's start, so the checks share it) and prints
+``name=value`` lines; each test then asserts one line of it, named after the
+contract it checks.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from launcher_world import TOKEN, StandIn, World, kill_leftovers, make_world
+
+pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+
+BACKENDS = ["bwrap", "nono"]
+
+PROBE = r"""
+exec 2>&1
+echo "tty=$(test -t 0 && echo yes || echo no)"
+echo "github=$(curl -sS --max-time 20 https://github.com/probe)"
+echo "api=$(curl -sS --max-time 20 https://api.github.com/user)"
+echo "denied_http=$(curl -s -o /dev/null --max-time 20 -w '%{http_code}' http://denied.invalid/)"
+echo "denied_connect=$(curl -s -o /dev/null --max-time 20 -w '%{http_connect}' https://denied.invalid/)"
+curl -sS -k --noproxy '*' --max-time 5 https://127.0.0.1:$STANDIN_PORT/ >/dev/null 2>&1
+echo "noproxy=$?"
+python3 -c '
+import socket, sys
+for addr in (("127.0.0.1", int(sys.argv[1])), ("127.0.0.1", 22), ("::1", int(sys.argv[1]))):
+    try:
+        socket.create_connection(addr, timeout=3).close()
+        print("raw=connected", addr)
+    except OSError as exc:
+        print("raw=refused", addr, type(exc).__name__)
+' "$STANDIN_PORT"
+cat "$HOME/.ssh/id_rsa" >/dev/null 2>&1; echo "ssh_key=$?"
+ls "$HOME/.ssh" >/dev/null 2>&1; echo "ssh_dir=$?"
+touch "$HOME/planted" 2>/dev/null; echo "write_home=$?"
+touch /etc/planted 2>/dev/null; echo "write_etc=$?"
+touch "$WORKDIR/../outside" 2>/dev/null; echo "write_outside=$?"
+touch "$WORKDIR/inside" 2>/dev/null; echo "write_workdir=$?"
+touch "$AGENT_SANDBOX_BROKER_SOCKET.x" 2>/dev/null; echo "write_runtime=$?"
+echo "broker=$(broker-client -- sh -c 'echo $AGENT_SANDBOX' 2>&1)"
+echo "env_token=$(env | grep -c "$TOKEN_PROBE")"
+echo "proc_token=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null \
+    | tr '\0' '\n' | grep -c "$TOKEN_PROBE")"
+RUNTIME="$(dirname "$AGENT_SANDBOX_POLICY")"
+echo "file_token=$(grep -rls "$TOKEN_PROBE" /tmp "$HOME" "$WORKDIR" "$RUNTIME" 2>/dev/null | wc -l)"
+echo "github_token_env=${GITHUB_TOKEN:-unset}"
+echo "policy=$(test -r "$AGENT_SANDBOX_POLICY" && echo readable)"
+echo "bundle=$(test -r "$SSL_CERT_FILE" && echo readable)"
+"""
+
+
+def _probe(world: World, backend: str) -> dict[str, list[str]]:
+    # The probe greps for the token through a bracket pattern, which does not
+    # match itself: the grep's own argv must not count as a leak.
+    mid = len(TOKEN) // 2
+    pattern = TOKEN[:mid] + "[" + TOKEN[mid] + "]" + TOKEN[mid + 1 :]
+    head = f"STANDIN_PORT={world.standin.port}; WORKDIR={world.workdir}; TOKEN_PROBE='{pattern}'\n"
+    done = world.run("sh", "-c", head + PROBE, sandbox=backend)
+    assert done.returncode == 0, done.stderr + done.stdout
+    lines: dict[str, list[str]] = {}
+    for line in done.stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            lines.setdefault(key, []).append(value)
+    lines["_stderr"] = [done.stderr]
+    return lines
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def probe(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, standin: StandIn
+) -> Iterator[tuple[World, dict[str, list[str]]]]:
+    w = make_world(tmp_path_factory.mktemp(f"probe-{request.param}"), standin)
+    before = len(standin.seen)
+    result = _probe(w, request.param)
+    result["_seen"] = [json.dumps(s) for s in standin.seen[before:]]
+    assert w.leftovers() == []
+    yield w, result
+    kill_leftovers(w)
+
+
+Probe = tuple[World, dict[str, list[str]]]
+
+
+def _one(result: dict[str, list[str]], key: str) -> str:
+    assert key in result, result
+    return result[key][0]
+
+
+def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
+    _, r = probe
+    seen = json.loads(_one(r, "github"))
+    want = "Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
+    assert seen["authorization"] == [want]
+    assert seen["host"] == "github.com"
+
+
+def test_the_api_gets_a_bearer_token(probe: Probe) -> None:
+    _, r = probe
+    assert json.loads(_one(r, "api"))["authorization"] == [f"Bearer {TOKEN}"]
+
+
+def test_the_sandbox_never_sees_the_token(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "env_token") == "0"
+    assert _one(r, "proc_token") == "0"
+    assert _one(r, "file_token") == "0"
+    assert _one(r, "github_token_env") == "unset"
+    assert TOKEN not in "".join(r["_stderr"])
+
+
+def test_a_denied_domain_gets_403(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "denied_http") == "403"
+    assert _one(r, "denied_connect") == "403"
+
+
+def test_no_way_around_the_proxy(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "noproxy") != "0"
+    assert r["raw"] and all(v.startswith("refused") for v in r["raw"]), r["raw"]
+
+
+def test_home_is_hidden(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "ssh_key") != "0"
+    assert _one(r, "ssh_dir") != "0"
+
+
+def test_only_the_workdir_is_writable(probe: Probe) -> None:
+    w, r = probe
+    assert _one(r, "write_workdir") == "0"
+    assert (w.workdir / "inside").exists()
+    for key in ("write_etc", "write_runtime"):
+        assert _one(r, key) != "0", key
+    # bwrap gives home and /tmp private tmpfs copies a write may land in;
+    # what counts is that nothing reached the host's files.
+    assert not (w.home / "planted").exists()
+    assert not (w.root / "outside").exists()
+    assert not Path("/etc/planted").exists()
+
+
+def test_broker_client_works_inside(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "broker") == "1"
+
+
+def test_the_session_files_are_readable(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "policy") == "readable"
+    assert _one(r, "bundle") == "readable"
+    assert _one(r, "tty") == "no"
+
+
+# --- exit status and cleanup ---------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_exit_status_comes_back_and_nothing_remains(world: World, backend: str) -> None:
+    done = world.run("sh", "-c", "echo out; echo err >&2; exit 7", sandbox=backend)
+    assert done.returncode == 7, done.stderr
+    assert done.stdout == "out\n"
+    assert "err" in done.stderr
+    assert world.leftovers() == []
+
+
+def test_a_signal_death_is_128_plus_n(world: World) -> None:
+    done = world.run("sh", "-c", "kill -KILL $$")
+    assert done.returncode == 137, done.stderr
+
+
+def test_command_not_found_is_127(world: World) -> None:
+    done = world.run("no-such-command-here")
+    assert done.returncode == 127
+    assert "not found" in done.stderr
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if proc.poll() is not None:
+            raise AssertionError(f"session ended early: {proc.communicate()}")
+        assert time.monotonic() < deadline, "the command never started"
+        time.sleep(0.05)
+
+
+def _sleeper(world: World) -> list[str]:
+    """A command with a background child, both marked, that says when it runs."""
+    py = f"import time; time.sleep(300)  # {world.mark}"
+    return ["sh", "-c", f"python3 -c '{py}' & touch started; python3 -c '{py}'"]
+
+
+def _gone(world: World, timeout: float = 15) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while world.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return world.leftovers()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_ends_everything(world: World, backend: str, sig: int) -> None:
+    proc = world.launch(*_sleeper(world), sandbox=backend)
+    _wait_for(world.workdir / "started", proc)
+    proc.send_signal(sig)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 128 + sig
+    assert _gone(world) == []
+
+
+def test_sigint_without_a_tty_ends_everything(world: World) -> None:
+    proc = world.launch(*_sleeper(world))
+    _wait_for(world.workdir / "started", proc)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert _gone(world) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill_9_of_the_launcher_leaves_nothing(world: World, backend: str) -> None:
+    proc = world.launch(*_sleeper(world), sandbox=backend)
+    _wait_for(world.workdir / "started", proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone(world) == []
+
+
+# --- failures to start -----------------------------------------------------------
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_stderr(world: World) -> None:
+    config = world.config(upstream_ca=str(world.root / "missing-ca.pem"))
+    done = world.run("true", config=config)
+    assert done.returncode == 1
+    assert "egress-proxy" in done.stderr
+    assert "missing-ca.pem" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert world.leftovers() == []
+
+
+def test_an_unknown_config_key_is_named(world: World) -> None:
+    config = world.config(domains_typo=["x"])
+    done = world.run("true", config=config)
+    assert done.returncode == 2
+    assert "domains_typo" in done.stderr
+    assert world.leftovers() == []
+
+
+# --- a tty passes through; TIOCSTI does not ------------------------------------
+
+
+def test_a_tty_passes_through_and_tiocsti_is_refused(world: World) -> None:
+    import pty
+
+    inject = (
+        "import fcntl, termios, sys\n"
+        "print('tty', sys.stdin.isatty())\n"
+        "try:\n"
+        "    fcntl.ioctl(0, termios.TIOCSTI, b'x')\n"
+        "    print('tiocsti=allowed')\n"
+        "except OSError as exc:\n"
+        "    print('tiocsti=refused', exc.errno)\n"
+    )
+    controller, terminal = pty.openpty()
+    proc = world.launch(
+        "python3", "-c", inject, stdin=terminal, stdout=terminal, stderr=terminal, text=False
+    )
+    os.close(terminal)
+    out = b""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([controller], [], [], 1)
+        if not ready:
+            if proc.poll() is not None:
+                break
+            continue
+        try:
+            chunk = os.read(controller, 4096)
+        except OSError:  # EIO: every holder of the terminal is gone
+            break
+        if not chunk:
+            break
+        out += chunk
+    proc.wait(timeout=30)
+    os.close(controller)
+    text = out.decode(errors="replace")
+    assert "tty True" in text, text
+    assert "tiocsti=refused 1" in text, text
+    assert proc.returncode == 0
+
+
+# --- signing through the broker ------------------------------------------------
+
+
+def _gpg(home: Path, *args: str, data: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+    env = {**os.environ, "GNUPGHOME": str(home)}
+    return subprocess.run(
+        ["gpg", "--batch", "--yes", "--pinentry-mode", "loopback", *args],
+        input=data, capture_output=True, env=env, check=False, timeout=60,
+    )
+
+
+def test_git_commit_s_signs_through_gpg_shim(world: World) -> None:
+    if not shutil.which("gpg") or not shutil.which("git"):
+        pytest.skip("gpg and git are needed")
+    gnupg = world.home / ".gnupg"
+    gnupg.mkdir(mode=0o700)
+    made = _gpg(gnupg, "--passphrase", "", "--quick-gen-key", "Launcher Test <t@example.com>",
+                "ed25519", "sign", "never")
+    assert made.returncode == 0, made.stderr
+    listing = _gpg(gnupg, "--with-colons", "--list-secret-keys").stdout.decode()
+    fpr = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
+    git_env = {**world.env(), "GNUPGHOME": str(gnupg)}
+    subprocess.run(["git", "init", "-q", "-b", "main", str(world.workdir)], check=True, env=git_env)
+    config = world.config(sign_key=fpr)
+    try:
+        done = world.run(
+            "git", "-c", "user.name=Launcher Test", "-c", "user.email=t@example.com",
+            "commit", "-S", "--allow-empty", "-qm", "signed in the sandbox",
+            config=config, env=git_env,
+        )
+        assert done.returncode == 0, done.stderr
+        verify = subprocess.run(["git", "-C", str(world.workdir), "verify-commit", "HEAD"],
+                                capture_output=True, text=True, env=git_env, check=False)
+        assert verify.returncode == 0, verify.stderr
+        assert "Good signature" in verify.stderr
+    finally:
+        subprocess.run(["gpgconf", "--kill", "all"], env=git_env, check=False)
