@@ -112,10 +112,27 @@ class TlsStream:
                     raise ConnectionResetError("the peer closed during the TLS handshake") from None
         await self._flush()
 
+    def _read_records(self) -> bytes:
+        """Every decrypted byte ready now, up to READ_SIZE (one read is one record)."""
+        chunks: list[bytes] = []
+        total = 0
+        while total < READ_SIZE:
+            try:
+                data = self._obj.read(READ_SIZE - total)
+            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                if chunks:
+                    break
+                raise
+            if not data:
+                break
+            chunks.append(data)
+            total += len(data)
+        return b"".join(chunks)
+
     async def recv(self) -> bytes:
         while True:
             try:
-                return self._obj.read(READ_SIZE)
+                return self._read_records()
             except ssl.SSLWantReadError:
                 await self._flush()
                 if not await self._fill():

@@ -1,0 +1,341 @@
+"""egress-proxy benchmark: four figures side by side with their baselines.
+
+1. CONNECT tunnel download (curl): direct vs egress-proxy vs tinyproxy.
+2. Injected path (TLS terminated and re-originated): direct vs egress-proxy vs
+   mitmproxy's mitmdump doing the same interception (skipped when absent).
+3. 500 concurrent idle tunnels held, then all used: dropped count, peak RSS.
+4. Leaf issuance: first request to a new inject host vs a cached one (median).
+
+Everything runs on 127.0.0.1 against a local TLS download server with its own
+test CA.  Sizes: EGRESS_BENCH_MIB (default 512 for 1, half of it for 2).
+mitmdump is looked up on PATH, then in $MITMDUMP; install it in its own venv
+(it pins older h11/cryptography than this project).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import trustme
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "egress"))
+from egress_proxyproc import start_proxy  # noqa: E402
+
+MIB = 1 << 20
+SIZE = int(os.environ.get("EGRESS_BENCH_MIB", "512")) * MIB
+ROUNDS = int(os.environ.get("EGRESS_BENCH_ROUNDS", "2"))
+TUNNELS = int(os.environ.get("EGRESS_BENCH_TUNNELS", "500"))
+LEAF_HOSTS = [f"h{i}.bench.test" for i in range(15)]
+
+
+# --- the stand-in servers ------------------------------------------------------
+
+
+def download_server(cert: str, key: str) -> int:
+    """A TLS server answering GET /N with N bytes (4 MiB writes), one thread each."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    srv = socket.create_server(("127.0.0.1", 0), backlog=1024)
+    block = memoryview(b"x" * (4 * MIB))
+
+    def handle(conn: socket.socket) -> None:
+        try:
+            with ctx.wrap_socket(conn, server_side=True) as tls:
+                while True:
+                    req = b""
+                    while b"\r\n\r\n" not in req:
+                        chunk = tls.recv(65536)
+                        if not chunk:
+                            return
+                        req += chunk
+                    n = int(req.split(b" ")[1].rsplit(b"/", 1)[1] or b"0")
+                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
+                    while n > 0:
+                        k = min(n, len(block))
+                        tls.sendall(block[:k])
+                        n -= k
+        except (OSError, ssl.SSLError, ValueError):
+            pass
+
+    def accept() -> None:
+        while True:
+            conn, _ = srv.accept()
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+    return int(srv.getsockname()[1])
+
+
+def echo_server() -> int:
+    """A TCP echo server (asyncio, own thread) for the idle-tunnel figure."""
+    ready = threading.Event()
+    port: list[int] = []
+
+    async def serve() -> None:
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            while data := await r.read(65536):
+                w.write(data)
+                await w.drain()
+            w.close()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0, backlog=2048)
+        port.append(server.sockets[0].getsockname()[1])
+        ready.set()
+        await server.serve_forever()
+
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
+    ready.wait()
+    return port[0]
+
+
+# --- clients and baselines -------------------------------------------------------
+
+
+def curl_download(url: str, resolve: str, cafile: str, proxy: str | None) -> float:
+    """Seconds curl takes to download url (best of ROUNDS)."""
+    best = float("inf")
+    for _ in range(ROUNDS):
+        argv = ["curl", "-sS", "-o", "/dev/null", "--cacert", cafile, "--resolve", resolve, url]
+        if proxy:
+            argv += ["--proxy", proxy]
+        start = time.perf_counter()
+        subprocess.run(argv, check=True)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def tinyproxy(tmp: Path) -> tuple[subprocess.Popen[bytes], str] | None:
+    exe = shutil.which("tinyproxy")
+    if exe is None:
+        return None
+    port = free_port()
+    conf = tmp / "tinyproxy.conf"
+    conf.write_text(f"Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 2000\n"
+                    "User nobody\nGroup nogroup\nLogLevel Critical\n"
+                    f"PidFile \"{tmp}/tinyproxy.pid\"\n")
+    proc = subprocess.Popen([exe, "-d", "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    wait_port(port)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def mitmdump(tmp: Path, upstream_port: int, ca: str) -> tuple[subprocess.Popen[bytes], str,
+                                                               str] | None:
+    exe = shutil.which("mitmdump") or os.environ.get("MITMDUMP")
+    if not exe or not os.path.exists(exe):
+        return None
+    port = free_port()
+    addon = tmp / "redirect.py"
+    addon.write_text(
+        "from mitmproxy import http\n"
+        "def server_connect(data):\n"
+        f"    data.server.address = ('127.0.0.1', {upstream_port})\n"
+        "def request(flow: http.HTTPFlow):\n"
+        "    flow.request.headers['Authorization'] = 'Bearer bench-token'\n"
+    )
+    confdir = tmp / "mitm"
+    proc = subprocess.Popen(
+        [exe, "-q", "--listen-host", "127.0.0.1", "-p", str(port), "--set", f"confdir={confdir}",
+         "--set", f"ssl_verify_upstream_trusted_ca={ca}", "--set", "stream_large_bodies=1m",
+         "-s", str(addon)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_port(port, 30)
+    return proc, f"http://127.0.0.1:{port}", str(confdir / "mitmproxy-ca-cert.pem")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_port(port: int, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise SystemExit(f"nothing listens on {port}")
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+# --- figure 3: idle tunnels ----------------------------------------------------------
+
+
+async def hold_tunnels(proxy_port: int, target: str, n: int) -> tuple[int, int]:
+    """Open n tunnels, hold them all, then use each; (opened, answered)."""
+    conns: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+
+    async def open_one() -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        try:
+            r, w = await asyncio.open_connection("127.0.0.1", proxy_port)
+            w.write(f"CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n".encode())
+            head = await asyncio.wait_for(r.readuntil(b"\r\n\r\n"), 30)
+            if not head.startswith(b"HTTP/1.1 200") and not head.startswith(b"HTTP/1.0 200"):
+                w.close()
+                return None
+            return r, w
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            return None
+
+    for batch in range(0, n, 100):
+        opened = await asyncio.gather(*(open_one() for _ in range(min(100, n - batch))))
+        conns += [c for c in opened if c is not None]
+    await asyncio.sleep(1.0)
+
+    async def use(i: int, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> bool:
+        msg = f"ping {i}\n".encode()
+        try:
+            w.write(msg)
+            await w.drain()
+            return await asyncio.wait_for(r.readexactly(len(msg)), 30) == msg
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            return False
+
+    answered = await asyncio.gather(*(use(i, r, w) for i, (r, w) in enumerate(conns)))
+    for _, w in conns:
+        w.close()
+    return len(conns), sum(answered)
+
+
+# --- figure 4: leaf issuance -------------------------------------------------------
+
+
+def timed_request(proxy_port: int, host: str, cafile: str) -> float:
+    ctx = ssl.create_default_context(cafile=cafile)
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", proxy_port)) as s:
+        s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        with ctx.wrap_socket(s, server_hostname=host) as tls:
+            tls.sendall(f"GET /16 HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+            got = b""
+            while not got.endswith(b"x" * 16):
+                got += tls.recv(4096)
+    return time.perf_counter() - start
+
+
+# --- the run -------------------------------------------------------------------------
+
+
+def mbps(seconds: float, size: int) -> float:
+    return size / seconds / 1e6
+
+
+def row(label: str, seconds: float | None, size: int, base: float) -> None:
+    if seconds is None:
+        print(f"  {label:<28} skipped")
+        return
+    print(f"  {label:<28} {mbps(seconds, size):8.0f} MB/s   {base / seconds:5.2f}x direct")
+
+
+def main() -> None:
+    if shutil.which("curl") is None:
+        raise SystemExit("bench/egress.py needs curl")
+    tmp = Path(tempfile.mkdtemp(prefix="egress-bench-"))
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "download.test", *LEAF_HOSTS)
+    cafile, certfile, keyfile = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    cert.cert_chain_pems[0].write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    port = download_server(str(certfile), str(keyfile))
+    echo = echo_server()
+    # Tunnels name the server by address: tinyproxy would otherwise ask DNS.
+    resolve = f"download.test:{port}:127.0.0.1"
+    print(f"egress bench: download {SIZE // MIB} MiB (tunnel), {SIZE // 2 // MIB} MiB "
+          f"(injected), best of {ROUNDS}; {TUNNELS} idle tunnels; load {os.getloadavg()[0]:.1f}")
+
+    pins = [f"--resolve=download.test:127.0.0.1:{port}"]
+    pins += [f"--resolve={h}:127.0.0.1:{port}" for h in LEAF_HOSTS]
+    proxy = start_proxy([f"--allow=127.0.0.1:{port},127.0.0.1:{echo}",
+                         "--allow-cidr=127.0.0.1/32", "--max-conns=4096", "--log=/dev/null"])
+    inject = start_proxy(["--inject=download.test," + ",".join(LEAF_HOSTS), *pins,
+                          f"--upstream-ca={cafile}", f"--egress-dir={tmp / 'egress'}",
+                          "--token-command=echo bench-token", "--log=/dev/null"])
+    tiny = tinyproxy(tmp)
+    mitm = mitmdump(tmp, port, str(cafile))
+    try:
+        url = f"https://127.0.0.1:{port}/{SIZE}"
+        direct = curl_download(url, resolve, str(cafile), None)
+        ours = curl_download(url, resolve, str(cafile), proxy.http)
+        theirs = curl_download(url, resolve, str(cafile), tiny[1]) if tiny else None
+        print("1. CONNECT tunnel (curl)")
+        row("direct", direct, SIZE, direct)
+        row("egress-proxy (splice)", ours, SIZE, direct)
+        row("tinyproxy", theirs, SIZE, direct)
+        if theirs:
+            print(f"  egress-proxy / tinyproxy     {theirs / ours:5.2f}x")
+
+        half = SIZE // 2
+        iurl = f"https://download.test/{half}"
+        idirect = curl_download(f"https://download.test:{port}/{half}", resolve, str(cafile),
+                                None)
+        iours = curl_download(iurl, "download.test:443:127.0.0.1",
+                              str(tmp / "egress" / "bundle.pem"), inject.http)
+        imitm = None
+        if mitm:
+            imitm = curl_download(iurl, "download.test:443:127.0.0.1", mitm[2], mitm[1])
+        print("2. Injected path (TLS terminated + re-originated)")
+        row("direct", idirect, half, idirect)
+        row("egress-proxy", iours, half, idirect)
+        if mitm is None:
+            print("  mitmdump                     skipped: not installed (PATH or $MITMDUMP)")
+        else:
+            row("mitmdump", imitm, half, idirect)
+            if imitm:
+                print(f"  egress-proxy / mitmdump      {imitm / iours:5.2f}x")
+
+        print(f"3. {TUNNELS} idle tunnels held, then all used")
+        before = peak_rss_mib(proxy.proc.pid)
+        opened, answered = asyncio.run(hold_tunnels(proxy.port, f"127.0.0.1:{echo}", TUNNELS))
+        print(f"  egress-proxy   opened {opened}, answered {answered}, dropped "
+              f"{TUNNELS - answered}; peak RSS {peak_rss_mib(proxy.proc.pid):.1f} MiB "
+              f"(before {before:.1f})")
+        if tiny:
+            t_open, t_ans = asyncio.run(hold_tunnels(int(tiny[1].rsplit(":", 1)[1]),
+                                                     f"127.0.0.1:{echo}", TUNNELS))
+            print(f"  tinyproxy      opened {t_open}, answered {t_ans}, dropped "
+                  f"{TUNNELS - t_ans}")
+
+        print("4. Leaf issuance (first request to a new inject host vs cached, median)")
+        bundle = str(tmp / "egress" / "bundle.pem")
+        timed_request(inject.port, "download.test", bundle)  # warm the upstream path
+        first, cached = [], []
+        for host in LEAF_HOSTS:
+            first.append(timed_request(inject.port, host, bundle))
+            cached.append(timed_request(inject.port, host, bundle))
+        f_med, c_med = statistics.median(first), statistics.median(cached)
+        print(f"  first {f_med * 1000:6.1f} ms   cached {c_med * 1000:6.1f} ms   "
+              f"issuance cost {(f_med - c_med) * 1000:+5.1f} ms (target <= 10 ms)")
+    finally:
+        for p in (proxy, inject):
+            p.stop()
+        for other in (tiny, mitm):
+            if other:
+                other[0].terminate()
+                other[0].wait()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
