@@ -52,11 +52,26 @@ def under(path: str, base: str) -> bool:
 def candidates(raw: str, cwd: str, home: str) -> list[str]:
     """The absolute (not yet cleaned) paths ``raw`` may mean to the harness.
 
-    ``~`` is ambiguous (the harness may or may not expand it), so both readings
-    count; ``~user`` likewise.
+    A reading the harness might or might not apply counts either way: ``~``
+    and ``~user`` expanded or taken as names, ``$VAR`` expanded (from the
+    environment the harness handed the hook) or taken literally.
     """
     if "\x00" in raw:
         raise Unresolvable("the path contains a NUL byte")
+    readings = [raw]
+    if "$" in raw:
+        expanded = os.path.expandvars(raw)
+        if expanded != raw:
+            readings.append(expanded)
+    out: list[str] = []
+    for reading in readings:
+        for candidate in _candidates(reading, cwd, home):
+            if candidate not in out:
+                out.append(candidate)
+    return out
+
+
+def _candidates(raw: str, cwd: str, home: str) -> list[str]:
     if raw.startswith("/"):
         return [raw]
     relative = os.path.join(cwd, raw)

@@ -77,6 +77,9 @@ READ = [
     ("{P}/loop1", DENY, "too many levels"),
     ("{P}/to_self_root/id", DENY, "under home"),
     ("{P}/a\x00b", DENY, "NUL"),
+    ("$HOME_OF_TEST/.ssh/id", DENY, "under home"),
+    ("${HOME_OF_TEST}/.ssh/id", DENY, "under home"),
+    ("$NOT_SET_ANYWHERE/x", ALLOW, "under write"),
 ]
 
 WRITE = [
@@ -125,6 +128,12 @@ SEARCH = [
     ("{P}/..", DENY, "under home"),
     ("~", DENY, "under home"),
 ]
+
+
+@pytest.fixture(autouse=True)
+def _home_variable(world: tuple[Path, Policy], monkeypatch: pytest.MonkeyPatch) -> None:
+    """$HOME_OF_TEST is home, as a variable the harness might hand the hook."""
+    monkeypatch.setenv("HOME_OF_TEST", world[1].home)
 
 
 def _expand(template: str, root: Path, policy: Policy) -> str:
