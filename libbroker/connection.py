@@ -31,12 +31,13 @@ from libbroker.wire import (
     CLIENT_CHANNELS,
     MAX_PAYLOAD,
     Channel,
-    FrameDecoder,
+    FrameBuffer,
     Request,
     decode_signal,
     encode_error,
     encode_exit,
     frame_header,
+    lazy_buffer,
     parse_request,
 )
 
@@ -46,7 +47,8 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT = 30.0
 STDIN_BACKLOG = 4 * MAX_PAYLOAD  # stop reading the socket beyond this much unwritten stdin
 _F_SETPIPE_SZ = 1031
-_PIPE_SIZE = MAX_PAYLOAD  # big pipes: fewer, larger reads and frames
+_PIPE_SIZE = MAX_PAYLOAD
+SOCKET_BUFFER = 4 * MAX_PAYLOAD  # big pipes: fewer, larger reads and frames
 
 
 @dataclass
@@ -81,20 +83,21 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
-class Connection(asyncio.Protocol):
+class Connection(asyncio.BufferedProtocol):
     """The server side of one connection."""
 
     def __init__(self, settings: Settings) -> None:
         self.s = settings
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
-        self.decoder = FrameDecoder(accept=CLIENT_CHANNELS)
+        self.frames = FrameBuffer(accept=CLIENT_CHANNELS)
         self.peer = (0, -1)  # pid, uid
         self.request: Request | None = None
         self.child: Child | None = None
         self.pidfd: int | None = None
         self.outputs: dict[int, Channel] = {}
         self.stdin_fd: int | None = None
+        self.outbuf = lazy_buffer(MAX_PAYLOAD)
         self.stdin_buf: list[bytes] = []
         self.stdin_size = 0
         self.stdin_eof = False
@@ -115,6 +118,10 @@ class Connection(asyncio.Protocol):
         self.s.connections.add(self)
         transport.set_write_buffer_limits(high=2 * MAX_PAYLOAD, low=MAX_PAYLOAD // 2)
         sock = transport.get_extra_info("socket")
+        # A deep socket buffer lets a whole 1 MiB frame go in one send, so the
+        # two ends do not wake each other every 200 KiB (capped by wmem_max).
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         fmt = "3i"
         pid, uid, _gid = struct.unpack(
             fmt, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
@@ -125,35 +132,33 @@ class Connection(asyncio.Protocol):
             return
         self.timer = self.loop.call_later(REQUEST_TIMEOUT, self._request_timeout)
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self.frames.space()
+
+    def buffer_updated(self, nbytes: int) -> None:
         if self.finished:
             return
+        self.frames.filled(nbytes)
         try:
-            frames = self.decoder.feed(data)
+            for channel, payload in self.frames.frames():
+                if self.finished:
+                    return
+                if self.request is None:
+                    if channel is not Channel.REQUEST:
+                        self.refuse("protocol error: the first frame must be a request")
+                        return
+                    self._on_request(bytes(payload))
+                elif channel is Channel.STDIN:
+                    self._on_stdin(payload)
+                elif channel is Channel.SIGNAL:
+                    signum = decode_signal(bytes(payload))
+                    if self.child is not None and self.pidfd is not None:
+                        self.child.send_signal(signum)
+                else:
+                    self.refuse("protocol error: only one request per connection")
+                    return
         except ProtocolError as exc:
             self.refuse(f"protocol error: {exc}")
-            return
-        for channel, payload in frames:
-            if self.finished:
-                return
-            if self.request is None:
-                if channel is not Channel.REQUEST:
-                    self.refuse("protocol error: the first frame must be a request")
-                    return
-                self._on_request(payload)
-            elif channel is Channel.STDIN:
-                self._on_stdin(payload)
-            elif channel is Channel.SIGNAL:
-                try:
-                    signum = decode_signal(payload)
-                except ProtocolError as exc:
-                    self.refuse(f"protocol error: {exc}")
-                    return
-                if self.child is not None and self.pidfd is not None:
-                    self.child.send_signal(signum)
-            else:
-                self.refuse("protocol error: only one request per connection")
-                return
 
     def eof_received(self) -> bool:
         return False  # close our side too: a client that stops sending is gone
@@ -251,13 +256,26 @@ class Connection(asyncio.Protocol):
 
     # --- stdin --------------------------------------------------------------
 
-    def _on_stdin(self, payload: bytes) -> None:
+    def _on_stdin(self, payload: memoryview) -> None:
         if self.stdin_fd is None:
             return  # no stdin asked for, or the command closed it: discard
         if not payload:
             self.stdin_eof = True
+        elif not self.stdin_buf:
+            # The usual case: straight from the receive buffer into the pipe;
+            # only what the pipe cannot take now is copied.
+            try:
+                written = os.write(self.stdin_fd, payload)
+            except BlockingIOError:
+                written = 0
+            except OSError:
+                self._close_stdin()  # the command closed its stdin: drop the rest
+                return
+            if written < len(payload):
+                self.stdin_buf.append(bytes(payload[written:]))
+                self.stdin_size += len(payload) - written
         else:
-            self.stdin_buf.append(payload)
+            self.stdin_buf.append(bytes(payload))
             self.stdin_size += len(payload)
         self._write_stdin()
         if self.stdin_size > STDIN_BACKLOG and not self.reading_paused and self.transport:
@@ -322,17 +340,23 @@ class Connection(asyncio.Protocol):
 
     # --- output and exit ----------------------------------------------------
 
-    def _read_output(self, fd: int, channel: Channel) -> None:
+    def _read_output(self, fd: int, channel: Channel) -> bool:
+        """Move one read's worth from a pipe to the client; False at EOF or nothing to read."""
         try:
-            data = os.read(fd, MAX_PAYLOAD)
+            count = os.readv(fd, [self.outbuf])
         except BlockingIOError:
-            return
+            return False
         except OSError:
-            data = b""
-        if data:
-            self._send(frame_header(channel, len(data)), data)
-        else:
+            count = 0
+        if not count:
             self._close_output(fd)
+            return False
+        self._send(frame_header(channel, count), memoryview(self.outbuf)[:count])
+        if self.transport is not None and self.transport.get_write_buffer_size():
+            # The transport may keep a reference to what it could not send
+            # yet (Python >= 3.12 does): the next read needs a buffer of its own.
+            self.outbuf = lazy_buffer(MAX_PAYLOAD)
+        return True
 
     def _close_output(self, fd: int) -> None:
         self.loop.remove_reader(fd)
@@ -366,17 +390,12 @@ class Connection(asyncio.Protocol):
         self._finish(exit_status=exit_status)
 
     def _drain(self, fd: int, channel: Channel) -> None:
-        while True:
-            try:
-                data = os.read(fd, MAX_PAYLOAD)
-            except (BlockingIOError, OSError):
-                break
-            if not data:
-                break
-            self._send(frame_header(channel, len(data)), data)
-        self._close_output(fd)
+        while fd in self.outputs and self._read_output(fd, channel):
+            pass
+        if fd in self.outputs:
+            self._close_output(fd)
 
-    def _send(self, *parts: bytes) -> None:
+    def _send(self, *parts: bytes | memoryview) -> None:
         if self.client_gone or self.transport is None or self.transport.is_closing():
             return
         for part in parts:

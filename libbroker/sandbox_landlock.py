@@ -8,9 +8,10 @@ command; the fork and the ruleset cost well under a millisecond each.
 What the ruleset grants: the profile's read paths read-only (system dirs and
 Python's prefixes by default), its write paths and the workdir read-write, a
 fresh private directory named by TMPDIR (the host's /tmp is not granted), a
-few /dev nodes, and the command's own /proc/PID.  All of /proc is NOT granted:
-a process reading /proc/<server pid>/environ would see the server's whole
-environment.  Network: TCP bind/connect are refused, except connect to the
+few /dev nodes, and /proc read-only.  The child drops every capability and
+sets no_new_privs first: with CAP_SYS_PTRACE (a root server) it could read
+/proc/<server pid>/environ; without it Landlock's ptrace scoping refuses.
+Network: TCP bind/connect are refused, except connect to the
 proxy port in proxy mode (Landlock matches the port on any address).
 
 Limits, stated honestly (bwrap has none of them):
@@ -72,6 +73,10 @@ def landlock_rules(profile: Profile, workdir: str) -> list[Rule]:
         elif os.path.exists(path):
             rules.append((path, mode, False))
     rules += [(node, mode, False) for node, mode in DEV_NODES if os.path.exists(node)]
+    # /proc read-only: what matters in it (environ, mem, fd/ of processes
+    # outside the sandbox) is behind ptrace checks, which Landlock scopes to
+    # the command's own domain once capabilities are dropped.
+    rules.append(("/proc", "r", True))
     return rules
 
 
@@ -92,6 +97,7 @@ class LandlockExecutor(Executor):
         self.nono: Any = nono_py
         self.profile = profile
         self.rules = landlock_rules(profile, workdir)
+        self.caps = self._static_caps()
         self.allow = profile.env_allow
         self.server_env = dict(server_env)
         self.tmp_base = tempfile.mkdtemp(prefix="agent-broker-tmp-")
@@ -146,7 +152,12 @@ class LandlockExecutor(Executor):
             _report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
         _exec_or_exit(argv, env)
 
-    def _apply(self, tmp: str) -> None:
+    def _static_caps(self) -> Any:
+        """The ruleset part shared by every command, built once in the server.
+
+        Each forked child inherits a copy and adds its own tmp and /proc entry,
+        so a spawn does not re-validate a dozen paths.
+        """
         nono = self.nono
         caps = nono.CapabilitySet()
         modes = {"r": nono.AccessMode.READ, "rw": nono.AccessMode.READ_WRITE}
@@ -155,12 +166,15 @@ class LandlockExecutor(Executor):
                 caps.allow_path(path, modes[mode])
             else:
                 caps.allow_file(path, modes[mode])
-        caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
-        # Resolves to /proc/<this pid>: the command's own entry, nobody else's.
-        caps.allow_path("/proc/self", nono.AccessMode.READ)
         caps.block_network()
         if self.profile.proxy_port is not None:
             caps.allow_tcp_connect_port(self.profile.proxy_port)
+        return caps
+
+    def _apply(self, tmp: str) -> None:
+        nono = self.nono
+        caps = self.caps
+        caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
         drop_privileges()
         nono.apply_landlock_with_abi(caps, self.abi)
 

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import enum
 import json
+import mmap
 import struct
+from collections.abc import Iterator
 from typing import NamedTuple
 
 from libbroker.errors import ProtocolError, RequestRefused
@@ -167,14 +169,15 @@ class FrameDecoder:
         pos = 0
         end = len(buf)
         try:
-            while end - pos >= HEADER_SIZE:
-                raw_channel, length = HEADER.unpack_from(buf, pos)
-                channel = self._check(raw_channel, length)
-                if end - pos - HEADER_SIZE < length:
-                    break
-                start = pos + HEADER_SIZE
-                frames.append(Frame(channel, bytes(buf[start : start + length])))
-                pos = start + length
+            with memoryview(buf) as view:
+                while end - pos >= HEADER_SIZE:
+                    raw_channel, length = HEADER.unpack_from(buf, pos)
+                    channel = self._check(raw_channel, length)
+                    if end - pos - HEADER_SIZE < length:
+                        break
+                    start = pos + HEADER_SIZE
+                    frames.append(Frame(channel, view[start : start + length].tobytes()))
+                    pos = start + length
         finally:
             # Deleting a prefix of a bytearray is cheap (CPython moves its start).
             del buf[:pos]
@@ -185,19 +188,85 @@ class FrameDecoder:
 
     def _check(self, raw_channel: int, length: int) -> Channel:
         try:
-            channel = Channel(raw_channel)
-        except ValueError:
-            self._error = ProtocolError(f"unknown channel {raw_channel}")
-            raise self._error from None
-        if self._accept is not None and channel not in self._accept:
-            self._error = ProtocolError(f"channel {channel.name.lower()} is not allowed here")
-            raise self._error
-        if length > MAX_PAYLOAD:
-            self._error = ProtocolError(
-                f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit"
-            )
-            raise self._error
-        return channel
+            return check_header(raw_channel, length, self._accept)
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+
+
+def lazy_buffer(size: int) -> mmap.mmap:
+    """A zeroed buffer whose pages cost nothing until touched.
+
+    ``bytearray(n)`` writes all n bytes up front (~3 ms and 2 MiB of memory per
+    receive buffer, on every client start and every server connection).
+    """
+    return mmap.mmap(-1, size)
+
+
+class FrameBuffer:
+    """A fixed receive buffer in which frames are parsed in place, without copies.
+
+    The I/O shell reads into :meth:`space` (``recv_into``, ``readv``, asyncio's
+    BufferedProtocol), reports the count with :meth:`filled`, then iterates
+    :meth:`frames`.  Each payload is a memoryview into the buffer, valid until
+    the iteration ends; copy it (``bytes(view)``) to keep it.  The buffer holds
+    two maximal frames, so a partial frame moved to the front always has room.
+    A header is checked as soon as its 5 bytes are in: a hostile length is
+    refused before anything is buffered for it.
+    """
+
+    __slots__ = ("_accept", "_buf", "_end", "_start", "_view")
+
+    def __init__(self, accept: frozenset[Channel] | None = None) -> None:
+        self._accept = accept
+        self._buf = lazy_buffer(2 * (HEADER_SIZE + MAX_PAYLOAD))
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+
+    def space(self) -> memoryview:
+        """Where the next read goes (never empty)."""
+        return self._view[self._end :]
+
+    def filled(self, count: int) -> None:
+        """``count`` bytes were read into :meth:`space`."""
+        self._end += count
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held (0 at a frame boundary)."""
+        return self._end - self._start
+
+    def frames(self) -> Iterator[tuple[Channel, memoryview]]:
+        """Every whole frame received so far; ProtocolError on a bad header."""
+        buf, view = self._buf, self._view
+        while self._end - self._start >= HEADER_SIZE:
+            raw_channel, length = HEADER.unpack_from(buf, self._start)
+            channel = check_header(raw_channel, length, self._accept)
+            begin = self._start + HEADER_SIZE
+            if self._end - begin < length:
+                break
+            self._start = begin + length
+            yield channel, view[begin : begin + length]
+        start, end = self._start, self._end
+        if start == end:
+            self._start = self._end = 0
+        elif len(buf) - start < HEADER_SIZE + MAX_PAYLOAD:
+            buf[: end - start] = buf[start:end]
+            self._start, self._end = 0, end - start
+
+
+def check_header(raw_channel: int, length: int, accept: frozenset[Channel] | None) -> Channel:
+    """Validate a decoded header: a known channel, allowed here, a length within the limit."""
+    try:
+        channel = Channel(raw_channel)
+    except ValueError:
+        raise ProtocolError(f"unknown channel {raw_channel}") from None
+    if accept is not None and channel not in accept:
+        raise ProtocolError(f"channel {channel.name.lower()} is not allowed here")
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit")
+    return channel
 
 
 # --- requests ---------------------------------------------------------------

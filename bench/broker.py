@@ -1,0 +1,203 @@
+"""Broker benchmark: the five figures of issue 2, side by side with their baselines.
+
+Run: python3 bench/broker.py [--sandbox=nono|bwrap|both] [--mib=N] [--runs=N]
+
+1. `broker-client -- true` median wall vs `python3 -c pass`      (goal <= 2.5x)
+2. sandboxed spawn+wait of `true` in the server vs a plain spawn   (goal <= +10 ms)
+3. `broker-client -- cat F` > /dev/null vs `cat F | cat`           (goal >= 0.8x throughput)
+4. `cat F | broker-client -- wc -c` vs `cat F | wc -c`             (goal >= 0.6x)
+5. 100 concurrent `sh -c 'sleep 0.5; echo $0' N`: outputs right, wall (goal <= 1.5 s)
+
+F is --mib MiB (default 1024: a 256 MiB page-cached file read 4 times).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from libbroker import client  # noqa: E402
+from libbroker.profile import default_profile  # noqa: E402
+from libbroker.wire import Request  # noqa: E402
+
+BIN = os.path.dirname(sys.executable)
+CLIENT = os.path.join(BIN, "broker-client")
+SERVER = os.path.join(BIN, "broker-server")
+
+
+def median_wall(argv: list[str], runs: int, **kw: object) -> float:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run(argv, check=True, **kw)  # type: ignore[call-overload]
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def shell_wall(cmd: str, env: dict[str, str], runs: int = 3) -> float:
+    return median_wall(["bash", "-c", cmd], runs, env=env, stdout=subprocess.DEVNULL)
+
+
+class Server:
+    def __init__(self, sandbox: str, workdir: str) -> None:
+        self.path = os.path.join(workdir, ".broker.sock")
+        self.proc = subprocess.Popen(
+            [SERVER, f"--socket={self.path}", f"--workdir={workdir}", f"--sandbox={sandbox}"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line.startswith("listening"), line
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait()
+
+
+def spawn_cost(sandbox: str, workdir: str, runs: int) -> tuple[float, float]:
+    """Median ms of spawn+wait of `true`: in-process executor vs a plain posix_spawn."""
+    from libbroker.executor import make_executor
+
+    executor = make_executor(sandbox, default_profile(), workdir, os.environ)
+    null = os.open(os.devnull, os.O_RDWR)
+    true = shutil.which("true") or "/bin/true"
+    plain, boxed = [], []
+    try:
+        for _ in range(runs):
+            t = time.perf_counter()
+            pid = os.posix_spawn(true, ["true"], {}, file_actions=[(os.POSIX_SPAWN_DUP2, null, 1)])
+            os.waitpid(pid, 0)
+            plain.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            child = executor.spawn(("true",), workdir, (null, null, null))
+            os.waitpid(child.pid, 0)
+            boxed.append(time.perf_counter() - t)
+            child.release()
+    finally:
+        executor.close()
+        os.close(null)
+    return statistics.median(plain) * 1e3, statistics.median(boxed) * 1e3
+
+
+def concurrent(path: str, workdir: str, count: int) -> tuple[float, int]:
+    """`count` connections at once, each from its own thread; wall and wrong outputs."""
+    wrong = 0
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        nonlocal wrong
+        r, w = os.pipe()
+        req = Request(("sh", "-c", "sleep 0.5; echo $0", str(i)), workdir, with_stdin=False)
+        status = client.call(req, path=path, stdin_fd=None, stdout_fd=w, forward_signals=())
+        os.close(w)
+        out = os.read(r, 100)
+        os.close(r)
+        if status != 0 or out != f"{i}\n".encode():
+            with lock:
+                wrong += 1
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    t = time.perf_counter()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    return time.perf_counter() - t, wrong
+
+
+def concurrent_processes(env: dict[str, str], workdir: str, count: int) -> tuple[float, int]:
+    """`count` broker-client processes at once (Python start included)."""
+    t = time.perf_counter()
+    procs = [
+        subprocess.Popen(
+            [CLIENT, "-n", "--", "sh", "-c", "sleep 0.5; echo $0", str(i)],
+            stdout=subprocess.PIPE, env=env, cwd=workdir,
+        )
+        for i in range(count)
+    ]  # fmt: skip
+    outs = [p.communicate()[0] for p in procs]
+    wall = time.perf_counter() - t
+    wrong = sum(1 for i, o in enumerate(outs) if o != f"{i}\n".encode())
+    return wall, wrong
+
+
+def row(label: str, ours: str, base: str, ratio: str, goal: str) -> None:
+    print(f"  {label:<44} {ours:>12} {base:>12} {ratio:>9}   {goal}")
+
+
+def run(sandbox: str, mib: int, runs: int) -> None:
+    workdir = tempfile.mkdtemp(prefix="bench-broker-")
+    try:
+        _run(sandbox, mib, runs, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _run(sandbox: str, mib: int, runs: int, workdir: str) -> None:
+    server = Server(sandbox, workdir)
+    env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=server.path)
+    print(f"== sandbox {sandbox}")
+    row("figure", "broker", "baseline", "ratio", "goal")
+    try:
+        ours = median_wall([CLIENT, "-n", "--", "true"], runs, env=env, cwd=workdir)
+        base = median_wall([sys.executable, "-c", "pass"], runs)
+        row("1 broker-client -- true (ms, median)", f"{ours*1e3:.1f}", f"{base*1e3:.1f}",
+            f"{ours/base:.2f}x", "<= 2.5x")  # fmt: skip
+
+        plain, boxed = spawn_cost(sandbox, workdir, runs)
+        row("2 spawn+wait true in server (ms, median)", f"{boxed:.2f}", f"{plain:.2f}",
+            f"+{boxed-plain:.2f}ms", "<= +10 ms")  # fmt: skip
+
+        chunk = min(mib, 256)
+        reps = max(1, mib // chunk)
+        data = os.path.join(workdir, "data")
+        with open(data, "wb") as fh:
+            block = os.urandom(1 << 20)
+            for _ in range(chunk):
+                fh.write(block)
+        files = " ".join(["data"] * reps)
+        size = chunk * reps
+        cd = f"cd {workdir} && "
+        base = shell_wall(cd + f"cat {files} | cat >/dev/null", env)
+        ours = shell_wall(cd + f"{CLIENT} -n -- cat {files} >/dev/null", env)
+        row(f"3 cat {size} MiB out of the broker (MiB/s)", f"{size/ours:.0f}", f"{size/base:.0f}",
+            f"{base/ours:.2f}x", ">= 0.8x")  # fmt: skip
+        base = shell_wall(cd + f"cat {files} | wc -c", env)
+        ours = shell_wall(cd + f"cat {files} | {CLIENT} -- wc -c", env)
+        row(f"4 {size} MiB into the broker | wc -c (MiB/s)", f"{size/ours:.0f}",
+            f"{size/base:.0f}", f"{base/ours:.2f}x", ">= 0.6x")  # fmt: skip
+
+        wall, wrong = concurrent(server.path, workdir, 100)
+        row("5 100 concurrent sleep 0.5 (s, in-process)", f"{wall:.2f}", "0.50",
+            f"{wrong} wrong", "<= 1.5 s, 0 wrong")  # fmt: skip
+        wall, wrong = concurrent_processes(env, workdir, 100)
+        row("5b same, 100 broker-client processes (s)", f"{wall:.2f}", "0.50",
+            f"{wrong} wrong", "(Python start x100)")  # fmt: skip
+    finally:
+        server.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sandbox", default="both", choices=["nono", "bwrap", "both"])
+    parser.add_argument("--mib", type=int, default=1024)
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    print(f"bench/broker.py: {os.cpu_count()} cpus, load {os.getloadavg()[0]:.2f}")
+    for sandbox in (["nono", "bwrap"] if args.sandbox == "both" else [args.sandbox]):
+        run(sandbox, args.mib, args.runs)
+
+
+if __name__ == "__main__":
+    main()
