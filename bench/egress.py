@@ -30,7 +30,7 @@ from pathlib import Path
 import trustme
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "egress"))
-from egress_proxyproc import start_proxy  # noqa: E402
+from egress_proxyproc import start_proxy
 
 MIB = 1 << 20
 SIZE = int(os.environ.get("EGRESS_BENCH_MIB", "512")) * MIB
@@ -50,6 +50,7 @@ def download_server(cert: str, key: str) -> int:
     block = memoryview(b"x" * (4 * MIB))
 
     def handle(conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
             with ctx.wrap_socket(conn, server_side=True) as tls:
                 while True:

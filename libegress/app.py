@@ -177,7 +177,6 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         upstream_tls=upstream_context(options.upstream_ca),
         log=log,
     )
-    await tokens.refresh()
     server = ProxyServer(services)
     await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners],
                      announce_lines(listeners))

@@ -83,7 +83,8 @@ def route(policy: EgressPolicy, host: str, port: int, *, tls: bool) -> Route:
     raise Refused(BLOCKED_ALLOWLIST, f"{where} is not on the allow list")
 
 
-async def resolve(policy: EgressPolicy, host: str, port: int) -> list[tuple[IPAddress, int]]:
+async def resolve(policy: EgressPolicy, host: str, port: int,
+                  timeout: float = 10.0) -> list[tuple[IPAddress, int]]:
     """The checked addresses to dial for ``host``:``port``; raises Refused."""
     pin = policy.pins.get(host)
     if pin is not None:
@@ -94,7 +95,10 @@ async def resolve(policy: EgressPolicy, host: str, port: int) -> list[tuple[IPAd
     else:
         loop = asyncio.get_running_loop()
         try:
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            infos = await asyncio.wait_for(
+                loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), timeout)
+        except TimeoutError:
+            raise UpstreamFailed(504, f"resolving {host} timed out") from None
         except (socket.gaierror, UnicodeError) as exc:
             raise UpstreamFailed(502, f"{host} does not resolve: {exc}") from None
         candidates = []
@@ -139,4 +143,4 @@ async def connect(addresses: list[tuple[IPAddress, int]], timeout: float) -> soc
 
 async def dial(policy: EgressPolicy, host: str, port: int, timeout: float) -> socket.socket:
     """Resolve once, check, and connect to a checked address."""
-    return await connect(await resolve(policy, host, port), timeout)
+    return await connect(await resolve(policy, host, port, timeout), timeout)

@@ -74,11 +74,23 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
+        # The first token read comes before serving (bounded by the token run
+        # time), so the first GitHub request already carries it; a signal meanwhile
+        # still ends the proxy cleanly.
+        first = asyncio.create_task(self.services.tokens.refresh())
+        stop = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({first, stop}, return_when=asyncio.FIRST_COMPLETED)
+        if self._stop.is_set():
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            for sock, _ in listeners:
+                sock.close()
+            return
         keeper = asyncio.create_task(self.services.tokens.keep())
         accepts = [asyncio.create_task(self._accept(s, h)) for s, h in listeners]
         announce()
         try:
-            await self._stop.wait()
+            await stop
         finally:
             for task in accepts:
                 task.cancel()

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,3 +184,35 @@ def test_names_resolving_to_non_public_addresses_are_refused(hosts_file: Path,
         assert p.stop() == 0
     assert "host=internal.test port=80" in log.read_text()
     assert "RFC 1918" in log.read_text()
+
+
+def test_sigterm_during_the_first_token_read_exits_0(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    slow = f"sh -c 'touch {marker}; exec sleep 30'"
+    proc = subprocess.Popen(["egress-proxy", "--listen", "127.0.0.1:0", "--token-command", slow],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 15
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(10) == 0
+    assert proc.stdout is not None and proc.stdout.read() == b""
+    left = subprocess.run(["pgrep", "-f", f"touch {marker}"], capture_output=True, check=False)
+    assert left.stdout == b""
+
+
+def test_failing_token_command_still_serves_without_a_token(world: World, tmp_path: Path) -> None:
+    log = tmp_path / "log"
+    p = start_proxy(["--resolve", f"api.github.com:127.0.0.1:{world.api.port}", "--upstream-ca",
+                     str(world.ca_file), "--token-command", "false", "--egress-dir",
+                     str(tmp_path / "egress")], log=log)
+    try:
+        out = subprocess.run(["curl", "-sS", "--max-time", "10", "-x", p.http, "--cacert",
+                              str(tmp_path / "egress" / "bundle.pem"), "-H",
+                              "Authorization: token forged", "https://api.github.com/none"],
+                             capture_output=True, text=True, check=False)
+        assert json.loads(out.stdout)["authorization"] == []
+    finally:
+        assert p.stop() == 0
+    assert "token renewal failed: the token command exited with status 1; no token is held" in (
+        log.read_text())
