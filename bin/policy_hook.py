@@ -26,7 +26,6 @@ Options:
 
 from __future__ import annotations
 
-import contextlib
 import sys
 
 from libpolicy.hook import run_hook
@@ -65,8 +64,10 @@ def _hook(option: str | None) -> None:
         sys.stdout.flush()
     except (OSError, ValueError, AttributeError):
         status = 2
-    with contextlib.suppress(OSError, ValueError, AttributeError):
+    try:  # noqa: SIM105 - contextlib costs ms at a -S start-up
         sys.stderr.write(err)
+    except (OSError, ValueError, AttributeError):
+        pass
     raise SystemExit(status)
 
 

@@ -13,10 +13,12 @@ allow it only if every form is allowed.  Deny wins everywhere.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from libpolicy.model import Policy
 from libpolicy.paths import Unresolvable, forms, under
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # collections costs ms at a -S start-up; annotations only
+    from collections.abc import Callable
 
 Decision = tuple[bool, str]
 
