@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from libbroker.errors import ConfigError
@@ -51,7 +51,6 @@ class HostFacts:
     home: str
     cwd: str
     gh_present: bool
-    git_signing_key: str
 
 
 @dataclass(frozen=True)
@@ -67,7 +66,7 @@ class Config:
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    sign_key: str = ""
+    sign_key: str | None = None  # None: git's user.signingkey (resolve_sign_key)
     kubeconfig: str = ""
     env: tuple[str, ...] = ()
     resolve: tuple[str, ...] = ()
@@ -107,8 +106,19 @@ def default_path(home: str) -> str:
 
 
 def host_facts() -> HostFacts:
-    """Look at the host once: home, cwd, gh on PATH, git's signing key."""
+    """Look at the host once: home, cwd, gh on PATH."""
     home = os.path.expanduser("~")
+    return HostFacts(home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None)
+
+
+def resolve_sign_key(cfg: Config) -> Config:
+    """``cfg`` with its sign key decided: the config's, else git's user.signingkey.
+
+    Separate from loading because it runs git: the launcher does it while the
+    proxy starts, not before.
+    """
+    if cfg.sign_key is not None:
+        return cfg
     key = ""
     if shutil.which("git"):
         done = subprocess.run(
@@ -119,9 +129,7 @@ def host_facts() -> HostFacts:
             cwd="/",
         )
         key = done.stdout.strip() if done.returncode == 0 else ""
-    return HostFacts(
-        home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None, git_signing_key=key
-    )
+    return replace(cfg, sign_key=key)
 
 
 def load(
@@ -194,7 +202,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         read=tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ)),
         write=tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE)),
         deny=tuple(path(p, "deny") for p in get.strings("deny", ())),
-        sign_key=get.string("sign_key", facts.git_signing_key).strip(),
+        sign_key=get.string("sign_key", "").strip() if "sign_key" in data else None,
         kubeconfig=path(kube, "kubeconfig") if kube else "",
         env=env,
         resolve=tuple(_resolve_pin(r, source) for r in get.strings("resolve", ())),

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from libbroker.launcher.config import Config
+from libbroker.launcher.config import Config, resolve_sign_key
 
 OK, WARN, FAIL = "ok", "warn", "FAIL"
 _MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT/KEY/VALUE
@@ -253,6 +253,7 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
 
 
 def main(cfg: Config) -> int:
+    cfg = resolve_sign_key(cfg)
     failed = False
     for check in checks(cfg):
         for found in check():

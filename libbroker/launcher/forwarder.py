@@ -233,4 +233,6 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stderr.flush()
+    os._exit(code)  # no interpreter teardown: relay threads may still be in a splice

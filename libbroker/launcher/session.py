@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 
 from libbroker.errors import LaunchError, SandboxUnavailable
-from libbroker.launcher import agent_sandbox, runtime, supervise
+from libbroker.launcher import agent_sandbox, config, runtime, supervise
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.relay import Relay
@@ -164,6 +164,17 @@ def _write_private(path: str, data: str) -> None:
         fh.write(data)
 
 
+_T0 = time.monotonic()
+_TRACE = bool(os.environ.get("AGENT_SANDBOX_TRACE"))
+
+
+def _trace(what: str) -> None:
+    """With AGENT_SANDBOX_TRACE set: when each phase ended, in ms since start."""
+    if _TRACE:
+        ms = (time.monotonic() - _T0) * 1000
+        os.write(2, f"agent-sandbox: trace {ms:7.1f} ms {what}\n".encode())
+
+
 class Session:
     """One run: owns the runtime directory, the children and the relays."""
 
@@ -216,17 +227,22 @@ class Session:
             raise SandboxUnavailable(
                 "bwrap is not installed (apt-get install bubblewrap), or use --sandbox=nono"
             )
+        _trace("start")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
+        # The proxy is the slowest to start: first; the rest runs meanwhile.
+        proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
         host = host_facts(cfg, os.getcwd())
         _write_private(rt.profile, json.dumps(command_profile(cfg, host)))
-        proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
+        self.cfg = cfg = config.resolve_sign_key(cfg)
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
         broker_env = {**os.environ, "AGENT_SANDBOX": "1"}
         broker = self._spawn("broker-server", _broker_argv(cfg, rt, self.backend), env=broker_env)
         kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
         self._start_sandbox(host)
+        _trace("servers and sandbox spawned")
         found = self._wait_listening(proxy, broker, wake_r)
+        _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         if self.backend == "nono":
             kube = self._start_kubeconfig(rt, found.socks_port)
         if kube is not None:
@@ -245,6 +261,7 @@ class Session:
             os.write(self.control, b"g")
         else:
             self._send_landlock_spec(host, found)
+        _trace("go")
 
     def _spawn(
         self, name: str, argv: list[str], *, own_group: bool = False, **kw: object
@@ -477,6 +494,7 @@ class Session:
                     deadline = self._relay_signals(deadline)
                 elif fd == sandbox.pidfd:
                     status = self._status(sandbox.proc.wait())
+                    _trace(f"command ended: {status}")
                 elif fd in self._owners:
                     self._read_lines(fd)
                 else:
@@ -530,22 +548,29 @@ class Session:
         if self.control >= 0:
             os.close(self.control)
             self.control = -1
+        # Then the broker (its clients are gone with the sandbox), then the
+        # proxy.  A server with nothing in flight (no child process: no
+        # brokered command, no token command) holds no state of its own, so
+        # SIGKILL ends it at once; a busy one gets SIGTERM to end its work.
         servers = [c for c in self.children if c is not self.sandbox]
-        for child in reversed(servers):  # the broker (its client, CMD, is gone), then the proxy
-            child.send(signal.SIGTERM)
         for child in reversed(servers):
-            child.stop(signal.SIGTERM, 5.0)
+            child.send(signal.SIGTERM if child.busy() else signal.SIGKILL)
+        for child in reversed(servers):
+            if not child.wait(5.0):
+                child.stop(signal.SIGKILL, 0)
         for relay in self.relays:
             relay.close()
         self.relays = []
         for child in self.children:
             child.close()
         self.children = []
+        _trace("children ended")
         if self.rt is not None:
             runtime.remove(self.rt)
         if self.janitor is not None:
             self.janitor.dismiss()
             self.janitor = None
+        _trace("clean")
 
 
 def run(cfg: Config, cmd: list[str], backend: str) -> int:

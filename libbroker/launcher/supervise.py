@@ -78,6 +78,21 @@ class Child:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, sig)
 
+    def busy(self) -> bool:
+        """Whether the child has children of its own (work in flight)."""
+        try:
+            tasks = os.listdir(f"/proc/{self.pid}/task")
+        except OSError:
+            return False
+        for task in tasks:
+            try:
+                with open(f"/proc/{self.pid}/task/{task}/children") as fh:
+                    if fh.read().strip():
+                        return True
+            except OSError:
+                continue
+        return False
+
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the child to exit; reap it if so."""
         if self.proc.returncode is None:

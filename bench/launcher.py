@@ -1,0 +1,131 @@
+"""Benchmark: a whole session launch against its two servers' own start times.
+
+In one run, interleaved, N times each:
+
+- egress-proxy alone: spawn to both ``listening`` lines;
+- broker-server alone: spawn to its ``listening`` line;
+- ``agent-sandbox run -- true``: the whole session's wall time (start both,
+  build the sandbox, run ``true``, end everything, remove the runtime dir),
+  once per backend.
+
+Target (issue 6): the bwrap session's median <= 1.3x the slower server's
+median start.  Anthropic's ``srt -c true`` (~270 ms here) is printed when
+installed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+N = int(os.environ.get("BENCH_N", "15"))
+TARGET = 1.3
+
+
+def _until_listening(argv: list[str], lines: int, env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    seen = 0
+    while seen < lines:
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"{argv[0]} exited before listening")
+        seen += line.startswith(b"listening ")
+    took = time.perf_counter() - start
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    return took
+
+
+def _wall(argv: list[str], env: dict[str, str], cwd: str) -> float:
+    start = time.perf_counter()
+    done = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, check=False)
+    took = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)} failed: {done.stderr.decode(errors='replace')}")
+    return took
+
+
+def main() -> int:
+    tmp = tempfile.mkdtemp(prefix="bench-launcher-")
+    work = os.path.join(tmp, "work")
+    os.mkdir(work)
+    config = os.path.join(tmp, "config.toml")
+    with open(config, "w") as fh:
+        fh.write(f'workdir = "{work}"\ntoken_command = ""\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX")}
+    backends = ["bwrap", "nono"] if shutil.which("bwrap") else ["nono"]
+    times: dict[str, list[float]] = {"egress-proxy": [], "broker-server": []}
+    for b in backends:
+        times[f"session {b}"] = []
+    srt = shutil.which("srt")
+    if srt:
+        times["srt -c true"] = []
+    try:
+        for i in range(N):
+            egress = os.path.join(tmp, f"egress{i}")
+            times["egress-proxy"].append(
+                _until_listening(
+                    [
+                        "egress-proxy",
+                        "--listen=127.0.0.1:0",
+                        "--socks=127.0.0.1:0",
+                        f"--egress-dir={egress}",
+                    ],
+                    2,
+                    env,
+                )
+            )
+            sock = os.path.join(tmp, f"b{i}.sock")
+            times["broker-server"].append(
+                _until_listening(
+                    [
+                        "broker-server",
+                        f"--socket={sock}",
+                        f"--workdir={work}",
+                        f"--sandbox={backends[0]}",
+                    ],
+                    1,
+                    env,
+                )
+            )
+            for b in backends:
+                times[f"session {b}"].append(
+                    _wall(
+                        [
+                            "agent-sandbox",
+                            "run",
+                            f"--config={config}",
+                            f"--sandbox={b}",
+                            "--",
+                            "true",
+                        ],
+                        env,
+                        work,
+                    )
+                )
+            if srt:
+                times["srt -c true"].append(_wall([srt, "-c", "true"], env, work))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    med = {name: statistics.median(v) * 1000 for name, v in times.items()}
+    slower = max(med["egress-proxy"], med["broker-server"])
+    print(f"launcher bench: median of {N} runs each (ms)")
+    for name, ms in med.items():
+        print(f"  {name:<18} {ms:8.1f} ms   {ms / slower:5.2f}x the slower server")
+    ratio = med[f"session {backends[0]}"] / slower
+    verdict = "ok" if ratio <= TARGET else "OVER TARGET"
+    first = backends[0]
+    print(f"  session {first} / slower server start = {ratio:.2f}x (<= {TARGET}x): {verdict}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
