@@ -100,8 +100,10 @@ def call(
     with sock:
         try:
             sock.sendall(encode_request(request))
-        except OSError as exc:
-            raise BrokerUnavailable(f"the broker closed the connection: {exc.strerror}") from None
+        except OSError:
+            # Refused at once (another uid, shutting down): its error frame
+            # may already be waiting; the read side reports it.
+            request = request._replace(with_stdin=False)
         pump = stdin_fd if request.with_stdin else None
         return _Exchange(sock, pump, stdout_fd, stderr_fd).run(tuple(forward_signals))
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from libbroker.audit import AuditLog
 
 REQUEST_TIMEOUT = 30.0
+LINGER = 5.0  # how long a finished connection waits for the client to hang up
 STDIN_BACKLOG = 4 * MAX_PAYLOAD  # stop reading the socket beyond this much unwritten stdin
 _F_SETPIPE_SZ = 1031
 _PIPE_SIZE = MAX_PAYLOAD
@@ -434,8 +435,15 @@ class Connection(asyncio.BufferedProtocol):
                 self.child.release()
             else:
                 self.child.kill()  # still running: reaped and released through the pidfd
-        if self.transport is not None:
-            self.transport.close()
+        if self.transport is not None and not self.transport.is_closing():
+            # Half-close and let the client hang up first: closing with its
+            # unread bytes (stdin it is still sending) would reset the
+            # connection, and the client could lose our last frame.
+            if self.transport.can_write_eof() and not self.client_gone:
+                self.transport.write_eof()
+                self.loop.call_later(LINGER, self.transport.abort)
+            else:
+                self.transport.close()
         request = self.request
         fields: dict[str, object] = {
             "peer_pid": self.peer[0],

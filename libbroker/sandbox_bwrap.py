@@ -21,7 +21,8 @@ from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly
 from libbroker.profile import Profile, command_environment
 
-_EXEC_WRAPPER = ("/bin/sh", "-c", 'exec "$@"', "sh")
+# sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
+_EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
 
 
 def bwrap_args(profile: Profile, workdir: str, cwd: str, info_fd: int | None = None) -> list[str]:
