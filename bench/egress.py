@@ -36,7 +36,7 @@ MIB = 1 << 20
 SIZE = int(os.environ.get("EGRESS_BENCH_MIB", "512")) * MIB
 ROUNDS = int(os.environ.get("EGRESS_BENCH_ROUNDS", "2"))
 TUNNELS = int(os.environ.get("EGRESS_BENCH_TUNNELS", "500"))
-LEAF_HOSTS = [f"h{i}.bench.test" for i in range(15)]
+LEAF_HOSTS = [f"h{i}.bench.test" for i in range(31)]
 
 
 # --- the stand-in servers ------------------------------------------------------

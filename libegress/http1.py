@@ -242,10 +242,11 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
 
 async def _race(step: Coroutine[Any, Any, h11.Event], body: asyncio.Task[None]) -> h11.Event:
     """Await ``step`` while surfacing a failure of the body pump at once."""
-    task = asyncio.ensure_future(step)
     if body.done():
+        # The usual case once a request is sent whole: no second task needed.
         body.result()
-        return await task
+        return await step
+    task = asyncio.ensure_future(step)
     done, _ = await asyncio.wait({task, body}, return_when=asyncio.FIRST_COMPLETED)
     if task in done:
         return task.result()
