@@ -15,7 +15,7 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
-from libbroker.errors import ConfigError, SandboxUnavailable
+from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
 from libbroker.profile import Profile
 
 SANDBOX_KINDS = ("auto", "nono", "bwrap")
@@ -71,7 +71,7 @@ def make_executor(
     unsandboxed fallback: if nothing works, SandboxUnavailable.
     """
     if kind not in SANDBOX_KINDS:
-        raise ConfigError(f"--sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {kind!r}")
+        raise UsageError(f"--sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {kind!r}")
     if kind == "bwrap":
         return _bwrap(profile, workdir, server_env)
     if kind == "nono":
