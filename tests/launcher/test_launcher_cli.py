@@ -1,0 +1,107 @@
+"""agent-sandbox's command line: help, usage errors, doctor, render-settings,
+the forwarder's pump, and the kubeconfig a session gets."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+from launcher_world import World
+
+from libbroker.launcher.forwarder import pump
+
+
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["agent-sandbox", *args], capture_output=True, text=True, env=env, check=False, timeout=120
+    )
+
+
+def test_help_and_version_exit_0() -> None:
+    assert _cli("--help").returncode == 0
+    done = _cli("--version")
+    assert done.returncode == 0 and done.stdout.strip()
+
+
+def test_usage_errors_exit_2_with_the_usage() -> None:
+    done = _cli("run")
+    assert done.returncode == 2
+    assert "Usage:" in done.stderr
+    assert _cli("frobnicate").returncode == 2
+
+
+def test_a_bad_sandbox_kind_exits_2(world: World) -> None:
+    done = _cli("run", "--sandbox=docker", "--", "true", env=world.env())
+    assert done.returncode == 2
+    assert "sandbox must be one of" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_doctor_reports_one_line_per_check_and_passes_here(world: World) -> None:
+    done = _cli("doctor", f"--config={world.config()}", env=world.env())
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert any(line.startswith("ok   bwrap") for line in lines), lines
+    assert any("token: the token command prints a token" in line for line in lines)
+    assert any(line.startswith("warn managed settings") and "fix:" in line for line in lines)
+    assert "tok123" not in done.stdout + done.stderr
+
+
+def test_doctor_fails_without_a_usable_workdir(world: World, tmp_path: Path) -> None:
+    config = world.config(workdir=str(tmp_path / "missing"))
+    done = _cli("doctor", f"--config={config}", env=world.env())
+    assert done.returncode == 1
+    assert "FAIL workdir" in done.stdout
+
+
+def test_render_settings_prints_the_drop_in_and_how_to_install_it(world: World) -> None:
+    done = _cli("render-settings", f"--config={world.config()}", env=world.env())
+    assert done.returncode == 0, done.stderr
+    settings = json.loads(done.stdout)
+    assert settings["sandbox"]["enabled"] is True
+    assert settings["sandbox"]["network"]["httpProxyPort"] == 3128
+    assert "github.com" in settings["sandbox"]["network"]["allowedDomains"]
+    assert settings["hooks"]["PreToolUse"]
+    assert "managed-settings.d" in done.stderr and "install" in done.stderr
+
+
+def test_pump_relays_both_ways_and_half_closes() -> None:
+    a_out, a_in = socket.socketpair()
+    b_in, b_out = socket.socketpair()
+    pump(a_in, b_in)
+    payload = os.urandom(1 << 20)
+    sender = threading.Thread(target=lambda: (a_out.sendall(payload), a_out.shutdown(1)))
+    sender.start()
+    got = bytearray()
+    while chunk := b_out.recv(1 << 16):
+        got += chunk
+    sender.join()
+    assert bytes(got) == payload
+    b_out.sendall(b"reply")
+    b_out.shutdown(socket.SHUT_WR)
+    back = bytearray()
+    while chunk := a_out.recv(1 << 16):
+        back += chunk
+    assert bytes(back) == b"reply"
+
+
+def test_a_lab_kubeconfig_is_proxified_for_the_session(world: World) -> None:
+    kube = world.root / "lab.kubeconfig"
+    kube.write_text(
+        "apiVersion: v1\nkind: Config\nclusters:\n"
+        "- name: kind-lab\n  cluster:\n    server: https://127.0.0.1:6443\n"
+        "- name: remote\n  cluster:\n    server: https://k8s.example.com\n"
+        "contexts: []\nusers: []\n"
+    )
+    config = world.config(kubeconfig=str(kube))
+    done = world.run("sh", "-c", 'echo "KUBECONFIG=$KUBECONFIG"; cat "$KUBECONFIG"', config=config)
+    assert done.returncode == 0, done.stderr
+    assert "KUBECONFIG=" in done.stdout and "/kubeconfig" in done.stdout
+    assert "proxy-url: socks5://127.0.0.1:1080" in done.stdout
+    assert done.stdout.count("proxy-url") == 1
+    assert "proxy-url" not in kube.read_text()  # the user's file is untouched
+    assert world.leftovers() == []
