@@ -147,15 +147,16 @@ def make_handler(kind: str, seen: list[dict[str, Any]], token: str | None,
     return Handler
 
 
-def start(kind: str, cert_pem: str, key_pem: str, token: str | None = None,
+def start(kind: str, cert_pem: str | None, key_pem: str | None, token: str | None = None,
           git_root: str | None = None) -> Upstream:
-    """Start a TLS stand-in on 127.0.0.1 (a free port)."""
+    """Start a stand-in on 127.0.0.1 (a free port); TLS unless cert_pem is None."""
     seen: list[dict[str, Any]] = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(kind, seen, token, git_root))
     server.daemon_threads = True
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert_pem, key_pem)
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    if cert_pem is not None:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert_pem, key_pem)
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     return Upstream(kind, server.server_address[1], server, seen)

@@ -175,3 +175,40 @@ def test_token_reaches_inject_hosts_only(proxy: ProxyProc, world: World) -> None
     assert TOKEN not in proxy.log_text()
     b64 = base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
     assert b64 not in proxy.log_text()
+
+
+def _inside(proxy: ProxyProc, host: str, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", proxy.port), timeout=10) as s:
+        s.sendall(f"CONNECT {host}:443 HTTP/1.1\r\nHost: {host}:443\r\n\r\n".encode())
+        assert s.recv(4096).startswith(b"HTTP/1.1 200")
+        ctx = ssl.create_default_context(cafile=str(proxy.egress_dir / "ca.pem"))  # type: ignore[operator]
+        with ctx.wrap_socket(s, server_hostname=host) as tls:
+            tls.sendall(request)
+            data = b""
+            while chunk := tls.recv(65536):
+                data += chunk
+            return data
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status"),
+    [
+        (b"GET https://api.github.com/abs HTTP/1.1\r\nHost: api.github.com\r\n"
+         b"Connection: close\r\n\r\n", b"200"),
+        (b"GET https://evil.test/abs HTTP/1.1\r\nHost: api.github.com\r\n\r\n", b"421"),
+        (b"GET http://api.github.com/abs HTTP/1.1\r\nHost: api.github.com\r\n\r\n", b"421"),
+        (b"GET /x HTTP/1.1\r\nHost: api.github.com\r\nHost: evil.test\r\n\r\n", b"400"),
+        (b"GET /x HTTP/1.1\r\nHost: api.github.com:8443\r\n\r\n", b"421"),
+        (b"GET /x HTTP/1.0\r\n\r\n", b"421"),
+        (b"CONNECT evil.test:443 HTTP/1.1\r\nHost: api.github.com\r\n\r\n", b"405"),
+    ],
+)
+def test_requests_inside_the_tunnel_are_held_to_its_host(proxy: ProxyProc, world: World,
+                                                         request_bytes: bytes,
+                                                         status: bytes) -> None:
+    data = _inside(proxy, "api.github.com", request_bytes)
+    assert data.split(b" ", 2)[1] == status, data
+    if status == b"200":
+        assert json.loads(data.split(b"\r\n\r\n", 1)[1])["authorization"] == [f"Bearer {TOKEN}"]
+    else:
+        assert TOKEN.encode() not in data
