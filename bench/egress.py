@@ -34,7 +34,7 @@ from egress_proxyproc import start_proxy
 
 MIB = 1 << 20
 SIZE = int(os.environ.get("EGRESS_BENCH_MIB", "512")) * MIB
-ROUNDS = int(os.environ.get("EGRESS_BENCH_ROUNDS", "2"))
+ROUNDS = int(os.environ.get("EGRESS_BENCH_ROUNDS", "3"))
 TUNNELS = int(os.environ.get("EGRESS_BENCH_TUNNELS", "500"))
 LEAF_HOSTS = [f"h{i}.bench.test" for i in range(31)]
 
@@ -103,16 +103,23 @@ def echo_server() -> int:
 # --- clients and baselines -------------------------------------------------------
 
 
-def curl_download(url: str, resolve: str, cafile: str, proxy: str | None) -> float:
-    """Seconds curl takes to download url (best of ROUNDS)."""
-    best = float("inf")
+def curl_argv(url: str, resolve: str, cafile: str, proxy: str | None) -> list[str]:
+    argv = ["curl", "-sS", "-o", "/dev/null", "--cacert", cafile, "--resolve", resolve, url]
+    return argv + (["--proxy", proxy] if proxy else [])
+
+
+def best_times(contenders: dict[str, list[str] | None]) -> dict[str, float | None]:
+    """Best seconds of ROUNDS curl runs each, interleaved so load swings hit all alike."""
+    best: dict[str, float | None] = dict.fromkeys(contenders)
     for _ in range(ROUNDS):
-        argv = ["curl", "-sS", "-o", "/dev/null", "--cacert", cafile, "--resolve", resolve, url]
-        if proxy:
-            argv += ["--proxy", proxy]
-        start = time.perf_counter()
-        subprocess.run(argv, check=True)
-        best = min(best, time.perf_counter() - start)
+        for name, argv in contenders.items():
+            if argv is None:
+                continue
+            start = time.perf_counter()
+            subprocess.run(argv, check=True)
+            elapsed = time.perf_counter() - start
+            previous = best[name]
+            best[name] = elapsed if previous is None else min(previous, elapsed)
     return best
 
 
@@ -264,7 +271,8 @@ def main() -> None:
     # Tunnels name the server by address: tinyproxy would otherwise ask DNS.
     resolve = f"download.test:{port}:127.0.0.1"
     print(f"egress bench: download {SIZE // MIB} MiB (tunnel), {SIZE // 2 // MIB} MiB "
-          f"(injected), best of {ROUNDS}; {TUNNELS} idle tunnels; load {os.getloadavg()[0]:.1f}")
+          f"(injected), best of {ROUNDS} interleaved; {TUNNELS} idle tunnels; "
+          f"load {os.getloadavg()[0]:.1f}")
 
     pins = [f"--resolve=download.test:127.0.0.1:{port}"]
     pins += [f"--resolve={h}:127.0.0.1:{port}" for h in LEAF_HOSTS]
@@ -277,9 +285,12 @@ def main() -> None:
     mitm = mitmdump(tmp, port, str(cafile))
     try:
         url = f"https://127.0.0.1:{port}/{SIZE}"
-        direct = curl_download(url, resolve, str(cafile), None)
-        ours = curl_download(url, resolve, str(cafile), proxy.http)
-        theirs = curl_download(url, resolve, str(cafile), tiny[1]) if tiny else None
+        t = best_times({
+            "direct": curl_argv(url, resolve, str(cafile), None),
+            "ours": curl_argv(url, resolve, str(cafile), proxy.http),
+            "tiny": curl_argv(url, resolve, str(cafile), tiny[1]) if tiny else None,
+        })
+        direct, ours, theirs = t["direct"] or 1.0, t["ours"] or 1.0, t["tiny"]
         print("1. CONNECT tunnel (curl)")
         row("direct", direct, SIZE, direct)
         row("egress-proxy (splice)", ours, SIZE, direct)
@@ -289,13 +300,15 @@ def main() -> None:
 
         half = SIZE // 2
         iurl = f"https://download.test/{half}"
-        idirect = curl_download(f"https://download.test:{port}/{half}", resolve, str(cafile),
-                                None)
-        iours = curl_download(iurl, "download.test:443:127.0.0.1",
-                              str(tmp / "egress" / "bundle.pem"), inject.http)
-        imitm = None
-        if mitm:
-            imitm = curl_download(iurl, "download.test:443:127.0.0.1", mitm[2], mitm[1])
+        bundle = str(tmp / "egress" / "bundle.pem")
+        t = best_times({
+            "direct": curl_argv(f"https://download.test:{port}/{half}", resolve, str(cafile),
+                                None),
+            "ours": curl_argv(iurl, "download.test:443:127.0.0.1", bundle, inject.http),
+            "mitm": curl_argv(iurl, "download.test:443:127.0.0.1", mitm[2], mitm[1])
+            if mitm else None,
+        })
+        idirect, iours, imitm = t["direct"] or 1.0, t["ours"] or 1.0, t["mitm"]
         print("2. Injected path (TLS terminated + re-originated)")
         row("direct", idirect, half, idirect)
         row("egress-proxy", iours, half, idirect)
@@ -319,7 +332,6 @@ def main() -> None:
                   f"{TUNNELS - t_ans}")
 
         print("4. Leaf issuance (first request to a new inject host vs cached, median)")
-        bundle = str(tmp / "egress" / "bundle.pem")
         timed_request(inject.port, "download.test", bundle)  # warm the upstream path
         first, cached = [], []
         for host in LEAF_HOSTS:

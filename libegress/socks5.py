@@ -12,7 +12,9 @@ import contextlib
 import ipaddress
 import socket
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from libegress.context import Peer, Services
 from libegress.hosts import BadHost, canonical_host
@@ -20,6 +22,8 @@ from libegress.intercept import serve_intercepted
 from libegress.policy import Refused, Route, UpstreamFailed, dial, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
+
+T = TypeVar("T")
 
 VERSION = 5
 NO_AUTH = 0
@@ -102,7 +106,9 @@ def reply(code: int, bound: tuple[str, int] | None = None) -> bytes:
     return bytes([VERSION, code, 0, atyp]) + address.packed + struct.pack("!H", port)
 
 
-async def _read_until(raw: SocketStream, buf: bytearray, parse, timeout: float):  # type: ignore[no-untyped-def]
+async def _read_until(raw: SocketStream, buf: bytearray, parse: Callable[[bytes], T | None],
+                      timeout: float) -> T:
+    """Read into ``buf`` until ``parse`` finds a whole message in it."""
     while True:
         parsed = parse(bytes(buf))
         if parsed is not None:
@@ -128,7 +134,7 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
             raise SocksError(None, "the client offers no method without authentication")
         await raw.send(bytes([VERSION, NO_AUTH]))
-        request: ConnectRequest = await _read_until(raw, buf, parse_request, limits.head_timeout)
+        request = await _read_until(raw, buf, parse_request, limits.head_timeout)
         early = bytes(buf[request.size :])
         port = request.port
         host = request.host
