@@ -100,6 +100,9 @@ def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executo
     return LandlockExecutor(profile, workdir, env)
 
 
+_RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def restore_child_signals() -> None:
     """Undo what Python did to signal dispositions, in a forked child before exec.
 
@@ -107,6 +110,6 @@ def restore_child_signals() -> None:
     the server routes signals through a wake-up fd it shares with the child.
     """
     signal.set_wakeup_fd(-1)
-    for signum in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    for signum in _RESET_SIGNALS:
         signal.signal(signum, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    signal.pthread_sigmask(signal.SIG_SETMASK, ())

@@ -240,6 +240,17 @@ _CAP_VERSION_3 = 0x20080522
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as fh:
+            return int(fh.read())
+    except (OSError, ValueError):
+        return 63
+
+
+_LAST_CAP = _last_cap()
+
+
 class _CapHeader(ctypes.Structure):
     _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
 
@@ -260,10 +271,9 @@ def drop_privileges() -> None:
     """
     if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    for cap in range(64):
-        # EINVAL past the last capability; EPERM without CAP_SETPCAP (then
-        # there is nothing to drop: an unprivileged bounding set is inert
-        # under no_new_privs).
+    for cap in range(_LAST_CAP + 1):
+        # EPERM without CAP_SETPCAP: then there is nothing to drop (an
+        # unprivileged bounding set is inert under no_new_privs).
         if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
     _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
