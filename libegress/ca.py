@@ -54,8 +54,11 @@ def make_authority(permitted_hosts: list[str]) -> Authority:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agent-sandbox egress proxy CA")])
     now = _now()
+    # With no inject host the CA still permits one name only, under the reserved
+    # ".invalid" TLD (RFC 6761): an empty permitted list would mean no DNS limit.
+    permitted = permitted_hosts or ["no-inject-hosts.invalid"]
     constraints = x509.NameConstraints(
-        permitted_subtrees=[x509.DNSName(h) for h in permitted_hosts],
+        permitted_subtrees=[x509.DNSName(h) for h in permitted],
         excluded_subtrees=[
             x509.IPAddress(ipaddress.ip_network("0.0.0.0/0")),
             x509.IPAddress(ipaddress.ip_network("::/0")),

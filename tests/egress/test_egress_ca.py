@@ -104,3 +104,9 @@ def test_curl_rejects_a_leaf_outside_the_constraints(authority_files: tuple[obje
             assert out.returncode == 60, out.stderr
             assert "subtree" in out.stderr.lower() or "certificate" in out.stderr.lower()
         thread.join(5)
+
+
+def test_no_inject_hosts_still_constrains() -> None:
+    cert = make_authority([]).cert
+    names = cert.extensions.get_extension_for_class(x509.NameConstraints).value
+    assert [n.value for n in names.permitted_subtrees or []] == ["no-inject-hosts.invalid"]
