@@ -1,7 +1,7 @@
 """The Landlock backend's last step: apply the session's rules, then exec CMD.
 
-The launcher starts this helper (``python3 -I -m libbroker.launcher.landlock_exec
-FD``) at the very beginning of a session, so that importing nono-py (a 32 MB
+The launcher starts this helper (``main`` with the argument FD, through
+``session.python_argv``) at the very beginning of a session, so that importing nono-py (a 32 MB
 extension, ~0.2 s) overlaps the servers' start.  It then blocks on FD until
 the launcher writes the spec (:func:`agent_sandbox.landlock_spec`, JSON, which
 needs the proxy's ports) and closes it.  Applying Landlock is irreversible and
@@ -73,7 +73,8 @@ def apply(spec: dict[str, Any]) -> None:
     nono_py.apply_landlock(caps)
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or not argv[0].isdigit():
         sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec FD\n")
         return 125

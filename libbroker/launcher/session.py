@@ -67,10 +67,47 @@ def _exe(name: str) -> str:
     return path if os.access(path, os.X_OK) else name
 
 
-def host_facts(cfg: Config, cwd: str) -> Host:
+# Start our own Python executables without the site module: it processes
+# every .pth file of the installation, which costs each process tens of ms
+# of CPU while the three of them compete for the cores at session start.
+# sys.path gets exactly what site would add for our code and dependencies;
+# if the imports fail anyway, the console script itself is exec'd.
+_BOOT = """import sys
+sys.path[:0] = {paths!r}
+sys.argv[0] = {name!r}
+try:
+    from {module} import main
+except ImportError:
+    import os
+    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
+raise SystemExit(main())
+"""
+
+
+def project_dir() -> str:
     import libbroker
 
-    project = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+    return os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+
+
+def python_argv(name: str, module: str, fallback: list[str] | None = None) -> list[str]:
+    """argv that runs our console script ``name`` (``module``'s main) without site.
+
+    ``fallback`` (default: the console script) is exec'd if the imports fail.
+    """
+    import sysconfig
+
+    paths: list[str] = []
+    for p in (project_dir(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")):
+        if p not in paths:
+            paths.append(p)
+    python = os.path.realpath(sys.executable)
+    boot = _BOOT.format(paths=paths, name=name, module=module, fallback=fallback or [_exe(name)])
+    return [python, "-I", "-S", "-c", boot]
+
+
+def host_facts(cfg: Config, cwd: str) -> Host:
+    project = project_dir()
     prefixes: list[str] = []
     for p in (sys.prefix, sys.base_prefix):
         p = os.path.realpath(p)
@@ -94,7 +131,7 @@ def host_facts(cfg: Config, cwd: str) -> Host:
 
 def _proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
     argv = [
-        _exe("egress-proxy"),
+        *python_argv("egress-proxy", "bin.egress_proxy"),
         "--listen=127.0.0.1:0",
         "--socks=127.0.0.1:0",
         "--allow=" + ",".join(cfg.domains),
@@ -113,7 +150,7 @@ def _proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
 
 def _broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
     argv = [
-        _exe("broker-server"),
+        *python_argv("broker-server", "bin.broker_server"),
         "--socket=" + rt.broker_socket,
         "--workdir=" + cfg.workdir,
         "--sandbox=" + backend,
@@ -324,7 +361,9 @@ class Session:
                 if sec_fd is not None:
                     os.close(sec_fd)
         else:
-            argv = [host.python, "-I", "-m", "libbroker.launcher.landlock_exec", str(r)]
+            helper = "libbroker.launcher.landlock_exec"
+            slow = [host.python, "-I", "-m", helper]
+            argv = [*python_argv("agent-sandbox", helper, slow), str(r)]
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,
