@@ -19,7 +19,7 @@ import h11
 
 from libegress.context import Peer, Services
 from libegress.heads import forward_headers
-from libegress.hosts import BadHost, parse_authority
+from libegress.hosts import BadHost, format_authority, parse_authority
 from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
 from libegress.intercept import serve_intercepted
 from libegress.policy import Refused, Route, UpstreamFailed, dial, route
@@ -91,7 +91,13 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                     upstream = (host, port, UpstreamSide(
                         SocketStream(await _dial(services, host, port)),
                         services.limits.response_timeout))
-                headers = forward_headers(list(request.headers), drop_auth=False)
+                # RFC 9112 3.2.2: the target URI names the host, not a Host field
+                # the client may have set to something else.
+                headers = [(n, v) for n, v in forward_headers(list(request.headers),
+                                                              drop_auth=False)
+                           if n.lower() != b"host"]
+                authority = format_authority(host, port).removesuffix(":80")
+                headers.insert(0, (b"Host", authority.encode("ascii")))
                 outgoing = h11.Request(method=request.method, target=target, headers=headers)
                 await exchange(client, upstream[2], outgoing)
             except Refused as exc:

@@ -81,3 +81,13 @@ def test_bad_targets_get_400(loop_proxy: ProxyProc, head: bytes) -> None:
         s.sendall(head)
         data = s.recv(65536)
     assert data.startswith(b"HTTP/1.1 400"), data
+
+
+def test_host_comes_from_the_target(loop_proxy: ProxyProc, plain: Upstream) -> None:
+    with socket.create_connection(("127.0.0.1", loop_proxy.port), timeout=10) as s:
+        s.sendall(f"GET http://127.0.0.1:{plain.port}/h HTTP/1.1\r\nHost: internal.vhost\r\n"
+                  "Connection: close\r\n\r\n".encode())
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    assert json.loads(data.split(b"\r\n\r\n", 1)[1])["host"] == f"127.0.0.1:{plain.port}"
