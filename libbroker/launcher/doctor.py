@@ -123,6 +123,22 @@ def check_backend(kind: str) -> list[Check]:
     return [found[0], Check(OK if found[1].level == OK else WARN, found[1].what, found[1].fix)]
 
 
+def check_terminal() -> Check:
+    """Whether an interactive session can keep job control without TIOCSTI."""
+    import platform
+
+    from libbroker.launcher import seccomp
+
+    if seccomp.program() is None:
+        return Check(
+            WARN,
+            f"terminal: no TIOCSTI filter for {platform.machine()}: interactive sessions "
+            "run with --new-session (no job control)",
+            "use x86_64 or aarch64, or sysctl -w dev.tty.legacy_tiocsti=0",
+        )
+    return Check(OK, "terminal: TIOCSTI and TIOCLINUX refused in the sandbox (seccomp)")
+
+
 def check_executables() -> list[Check]:
     from libbroker.launcher.session import scripts_dir
 
@@ -244,6 +260,7 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     return [
         lambda: [check_workdir(cfg)],
         lambda: check_backend(cfg.sandbox),
+        lambda: [check_terminal()],
         check_executables,
         lambda: [check_git()],
         lambda: [check_signing(cfg)],

@@ -264,7 +264,8 @@ def test_an_unknown_config_key_is_named(world: World) -> None:
 # --- a tty passes through; TIOCSTI does not ------------------------------------
 
 
-def test_a_tty_passes_through_and_tiocsti_is_refused(world: World) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_tty_passes_through_and_tiocsti_is_refused(world: World, backend: str) -> None:
     import pty
 
     inject = (
@@ -278,7 +279,14 @@ def test_a_tty_passes_through_and_tiocsti_is_refused(world: World) -> None:
     )
     controller, terminal = pty.openpty()
     proc = world.launch(
-        "python3", "-c", inject, stdin=terminal, stdout=terminal, stderr=terminal, text=False
+        "python3",
+        "-c",
+        inject,
+        sandbox=backend,
+        stdin=terminal,
+        stdout=terminal,
+        stderr=terminal,
+        text=False,
     )
     os.close(terminal)
     out = b""
