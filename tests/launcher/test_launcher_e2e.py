@@ -349,3 +349,20 @@ def test_git_commit_s_signs_through_gpg_shim(world: World) -> None:
         assert "Good signature" in verify.stderr
     finally:
         subprocess.run(["gpgconf", "--kill", "all"], env=git_env, check=False)
+
+
+@pytest.mark.parametrize("server", ["egress-proxy", "broker-server"])
+def test_a_crashed_server_ends_the_session(world: World, server: str) -> None:
+    proc = world.launch(*_sleeper(world))
+    _wait_for(world.workdir / "started", proc)
+    victims = [
+        int(line.split()[1].rstrip(":"))
+        for line in world.leftovers()
+        if line.startswith("pid ") and f"sys.argv[0] = '{server}'" in line
+    ]
+    assert len(victims) == 1, world.leftovers()
+    os.kill(victims[0], signal.SIGKILL)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1
+    assert f"{server} exited unexpectedly" in err
+    assert _gone(world) == []
