@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -105,3 +106,27 @@ def test_a_lab_kubeconfig_is_proxified_for_the_session(world: World) -> None:
     assert done.stdout.count("proxy-url") == 1
     assert "proxy-url" not in kube.read_text()  # the user's file is untouched
     assert world.leftovers() == []
+
+
+def test_the_launcher_process_imports_nothing_heavy(world: World) -> None:
+    script = (
+        "import sys\n"
+        "sys.argv = ['agent-sandbox', 'run', sys.argv[1], '--', 'true']\n"
+        "from bin.agent_sandbox import main\n"
+        "try:\n"
+        "    main()\n"
+        "finally:\n"
+        "    heavy = {'cryptography', 'psutil', 'nono_py', 'yaml', 'h11', 'asyncio'}\n"
+        "    print('heavy:', sorted(heavy & set(sys.modules)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, f"--config={world.config()}"],
+        capture_output=True,
+        text=True,
+        env=world.env(),
+        cwd=str(world.workdir),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "heavy: []" in done.stdout
