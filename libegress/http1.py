@@ -228,11 +228,12 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
                 break
             else:
                 raise ConnectionResetError("the upstream ended the response early")
-        if not body.done():
-            # The response is whole; the client may still be sending (an early
-            # 4xx): give it its idle time, then drop the connection.
+        # The response is whole.  The client may still be sending (an early 4xx,
+        # or a refused ``Expect: 100-continue``): give it its idle time.  A body
+        # that then fails only means the connection cannot carry another request
+        # (h11's states say so), not that this exchange failed.
+        with contextlib.suppress(HttpError, OSError, TimeoutError, h11.LocalProtocolError):
             await asyncio.wait_for(asyncio.shield(body), client.limits.idle_timeout)
-        body.result()
     finally:
         if not body.done():
             body.cancel()

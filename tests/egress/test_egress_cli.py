@@ -216,3 +216,23 @@ def test_failing_token_command_still_serves_without_a_token(world: World, tmp_pa
         assert p.stop() == 0
     assert "token renewal failed: the token command exited with status 1; no token is held" in (
         log.read_text())
+
+
+def test_wrong_token_early_401_ends_the_exchange(world: World, tmp_path: Path) -> None:
+    # The stand-in answers 401 without reading the body: the proxy relays the
+    # answer and ends the connection instead of waiting for the rest.
+    p = start_proxy(["--resolve", f"github.com:127.0.0.1:{world.git.port}", "--upstream-ca",
+                     str(world.ca_file), "--token-command", "echo wrong-token", "--egress-dir",
+                     str(tmp_path / "egress")], log=tmp_path / "log")
+    body = tmp_path / "body"
+    body.write_bytes(b"0" * (8 << 20))
+    try:
+        out = subprocess.run(["curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                              "--max-time", "30", "-x", p.http, "--cacert",
+                              str(tmp_path / "egress" / "bundle.pem"), "-H",
+                              "Expect: 100-continue", "--data-binary", f"@{body}",
+                              "https://github.com/repo.git/git-receive-pack"],
+                             capture_output=True, text=True, check=False, timeout=60)
+        assert out.stdout == "401", out.stderr
+    finally:
+        assert p.stop() == 0
