@@ -8,8 +8,10 @@
 
 Everything runs on 127.0.0.1 against a local TLS download server with its own
 test CA.  Sizes: EGRESS_BENCH_MIB (default 512 for 1, half of it for 2).
-mitmdump is looked up on PATH, then in $MITMDUMP; install it in its own venv
-(it pins older h11/cryptography than this project).
+mitmdump is looked up in $MITMDUMP, on PATH, then in .venv-mitmproxy/: install
+it in its own venv (mitmproxy 11 pins h11 0.14 and cryptography < 45, older than
+this project's), e.g. ``python3 -m venv .venv-mitmproxy && .venv-mitmproxy/bin/pip
+install mitmproxy``.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ from pathlib import Path
 
 import trustme
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests" / "egress"))
-from egress_proxyproc import start_proxy
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "egress"))
+from egress_proxyproc import start_proxy  # noqa: E402
 
 MIB = 1 << 20
 SIZE = int(os.environ.get("EGRESS_BENCH_MIB", "512")) * MIB
@@ -140,8 +143,10 @@ def tinyproxy(tmp: Path) -> tuple[subprocess.Popen[bytes], str] | None:
 
 def mitmdump(tmp: Path, upstream_port: int, ca: str) -> tuple[subprocess.Popen[bytes], str,
                                                                str] | None:
-    exe = shutil.which("mitmdump") or os.environ.get("MITMDUMP")
-    if not exe or not os.path.exists(exe):
+    candidates = [os.environ.get("MITMDUMP"), shutil.which("mitmdump"),
+                  str(REPO / ".venv-mitmproxy" / "bin" / "mitmdump")]
+    exe = next((c for c in candidates if c and os.path.exists(c)), None)
+    if exe is None:
         return None
     port = free_port()
     addon = tmp / "redirect.py"
@@ -313,7 +318,8 @@ def main() -> None:
         row("direct", idirect, half, idirect)
         row("egress-proxy", iours, half, idirect)
         if mitm is None:
-            print("  mitmdump                     skipped: not installed (PATH or $MITMDUMP)")
+            print("  mitmdump                     skipped: not installed ($MITMDUMP, PATH, "
+                  ".venv-mitmproxy/)")
         else:
             row("mitmdump", imitm, half, idirect)
             if imitm:
