@@ -10,10 +10,9 @@ this on every call, verification included.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from libbroker.errors import UsageError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
