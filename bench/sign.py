@@ -86,6 +86,28 @@ def startup_ms(argv: list[str], env: dict[str, str]) -> float:
     return median_ms(times)
 
 
+SHOWN_IMPORTS = ("bin.gpg_shim", "libbroker.cli", "typing", "libbroker.gpg_args",
+                 "libbroker.gpg_shim", "libbroker.client", "libbroker.wire", "socket", "json",
+                 "enum")
+
+
+def sign_path_imports() -> list[tuple[str, int]]:
+    """Cumulative import time (us) of the modules gpg-shim loads to sign, best of 5."""
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import bin.gpg_shim, "
+            "libbroker.gpg_shim")
+    best: dict[str, int] = {}
+    for _ in range(5):
+        done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", code],
+                              capture_output=True, text=True, check=False)
+        for line in done.stderr.splitlines():
+            if "|" not in line or "self [us]" in line:
+                continue
+            _, cumulative, name = line[len("import time:"):].split("|")
+            if name.strip() in SHOWN_IMPORTS:
+                best[name.strip()] = min(best.get(name.strip(), 1 << 62), int(cumulative))
+    return [(name, best[name]) for name in SHOWN_IMPORTS if name in best]
+
+
 def main() -> None:
     for tool in ("git", "gpg", "gpgconf"):
         if shutil.which(tool) is None:
@@ -159,6 +181,9 @@ def main() -> None:
         bare = startup_ms([sys.executable, "-I", "-S", "-c", "pass"], sandbox_env)
         print(f"  (python -I -S -c pass: {bare:.1f} ms; gpg --version: "
               f"{startup_ms(['gpg', '--version'], sandbox_env):.1f} ms)")
+        print("imports of the signing path under python -I -S (best of 5, cumulative):")
+        for name, us in sign_path_imports():
+            print(f"  {us / 1000:6.1f} ms  {name}")
     finally:
         if broker is not None:
             broker.terminate()
