@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -49,8 +49,7 @@ PASS_ENV = (
 DEV_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/shm")
 
 
-@dataclass(frozen=True)
-class Host:
+class Host(NamedTuple):
     """Facts about this machine the sandbox's shape depends on."""
 
     python: str  # the interpreter that runs the forwarder

@@ -10,13 +10,10 @@ about the host it needs), so the rules are tested without files or processes.
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from libbroker.errors import ConfigError
 
@@ -44,8 +41,7 @@ FORBIDDEN_ENV_PREFIXES = ("NONO_", "AGENT_SANDBOX")
 FORBIDDEN_ENV = frozenset({"GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN", "LD_PRELOAD"})
 
 
-@dataclass(frozen=True)
-class HostFacts:
+class HostFacts(NamedTuple):
     """What the defaults depend on, gathered once (see :func:`host_facts`)."""
 
     home: str
@@ -53,8 +49,7 @@ class HostFacts:
     gh_present: bool
 
 
-@dataclass(frozen=True)
-class Config:
+class Config(NamedTuple):
     """One session's settings, every path absolute and every value checked."""
 
     workdir: str
@@ -73,7 +68,7 @@ class Config:
     upstream_ca: str = ""
     allow_cidr: tuple[str, ...] = ()
     start_timeout: float = 10.0
-    home: str = field(default="/")
+    home: str = "/"
     harness: str = ""
 
 
@@ -119,6 +114,8 @@ def resolve_sign_key(cfg: Config) -> Config:
     """
     if cfg.sign_key is not None:
         return cfg
+    import subprocess
+
     key = ""
     if shutil.which("git"):
         done = subprocess.run(
@@ -129,7 +126,7 @@ def resolve_sign_key(cfg: Config) -> Config:
             cwd="/",
         )
         key = done.stdout.strip() if done.returncode == 0 else ""
-    return replace(cfg, sign_key=key)
+    return cfg._replace(sign_key=key)
 
 
 def load(
@@ -278,6 +275,8 @@ def _resolve_pin(value: str, source: str) -> str:
         port = after[1:] if after.startswith(":") else after
     elif rest.count(":") == 1:
         ip, port = rest.split(":")
+    import ipaddress  # only when the config pins hosts
+
     try:
         ipaddress.ip_address(ip)
         ok = bool(sep and host) and (port == "" or (port.isdigit() and 0 < int(port) < 65536))
@@ -289,6 +288,8 @@ def _resolve_pin(value: str, source: str) -> str:
 
 
 def _cidr(value: str, source: str) -> str:
+    import ipaddress
+
     try:
         ipaddress.ip_network(value, strict=False)
     except ValueError:

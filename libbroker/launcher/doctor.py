@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.launcher.config import Config, resolve_sign_key
 
@@ -23,8 +23,7 @@ OK, WARN, FAIL = "ok", "warn", "FAIL"
 _MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT/KEY/VALUE
 
 
-@dataclass(frozen=True)
-class Check:
+class Check(NamedTuple):
     """One finding: a level, what was found, and the fix when not ok."""
 
     level: str

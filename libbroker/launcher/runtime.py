@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.errors import LaunchError
 
@@ -21,8 +21,7 @@ _SUN_PATH_MAX = 107
 _LONGEST_NAME = 48
 
 
-@dataclass(frozen=True)
-class Runtime:
+class Runtime(NamedTuple):
     """Paths of one session's runtime directory."""
 
     root: str

@@ -25,14 +25,16 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable
 from libbroker.launcher import agent_sandbox, config, runtime, supervise
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.config import Config
-from libbroker.launcher.relay import Relay
 from libbroker.launcher.runtime import Runtime
+
+if TYPE_CHECKING:
+    from libbroker.launcher.relay import Relay
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
@@ -40,11 +42,13 @@ BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-@dataclass
 class _Listening:
-    http_port: int = 0
-    socks_port: int = 0
-    broker: str = ""
+    """What the servers' ``listening`` lines said."""
+
+    def __init__(self) -> None:
+        self.http_port = 0
+        self.socks_port = 0
+        self.broker = ""
 
 
 def choose_backend(kind: str) -> str:
@@ -201,8 +205,22 @@ def _write_private(path: str, data: str) -> None:
         fh.write(data)
 
 
-_T0 = time.monotonic()
 _TRACE = bool(os.environ.get("AGENT_SANDBOX_TRACE"))
+
+
+def _process_start() -> float:
+    """This process's start on the monotonic clock (to trace the interpreter's own start)."""
+    now = time.monotonic()
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return now
+    return now - age
+
+
+_T0 = _process_start() if _TRACE else 0.0
 
 
 def _trace(what: str) -> None:
@@ -264,7 +282,7 @@ class Session:
             raise SandboxUnavailable(
                 "bwrap is not installed (apt-get install bubblewrap), or use --sandbox=nono"
             )
-        _trace("start")
+        _trace("session starts (interpreter, imports, config before this)")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
         # The proxy is the slowest to start: first; the rest runs meanwhile.
@@ -331,6 +349,7 @@ class Session:
         os.set_inheritable(r, True)
         if self.backend == "bwrap":
             from libbroker.launcher import seccomp
+            from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
 
             try:
                 self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]

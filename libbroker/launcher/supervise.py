@@ -24,7 +24,6 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 from libbroker.errors import LaunchError
 
@@ -47,17 +46,15 @@ def _pdeathsig(sig: int) -> Callable[[], None]:
     return preexec
 
 
-@dataclass
 class Child:
     """One child process the launcher owns."""
 
-    name: str
-    proc: subprocess.Popen[bytes]
-    pidfd: int
-    tail: collections.deque[str] = field(
-        default_factory=lambda: collections.deque(maxlen=_TAIL_LINES)
-    )
-    own_group: bool = False
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], pidfd: int) -> None:
+        self.name = name
+        self.proc = proc
+        self.pidfd = pidfd
+        self.tail: collections.deque[str] = collections.deque(maxlen=_TAIL_LINES)
+        self.own_group = False
 
     @property
     def pid(self) -> int:
