@@ -6,6 +6,7 @@ Run: python3 bench/broker.py [--sandbox=nono|bwrap|both] [--mib=N] [--runs=N]
 2. sandboxed spawn+wait of `true` in the server vs a plain spawn   (goal <= +10 ms)
 3. `broker-client -- cat F` > /dev/null vs `cat F | cat`           (goal >= 0.8x throughput)
 4. `cat F | broker-client -- wc -c` vs `cat F | wc -c`             (goal >= 0.6x)
+   (3 and 4: best of 3, ours and the baseline alternated; client start included)
 5. 100 concurrent `sh -c 'sleep 0.5; echo $0' N`: outputs right, wall (goal <= 1.5 s)
 
 F is --mib MiB (default 1024: a 256 MiB page-cached file read 4 times).
@@ -25,9 +26,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from libbroker import client  # noqa: E402
-from libbroker.profile import default_profile  # noqa: E402
-from libbroker.wire import Request  # noqa: E402
+from libbroker import client
+from libbroker.profile import default_profile
+from libbroker.wire import Request
 
 BIN = os.path.dirname(sys.executable)
 CLIENT = os.path.join(BIN, "broker-client")
@@ -43,8 +44,19 @@ def median_wall(argv: list[str], runs: int, **kw: object) -> float:
     return statistics.median(times)
 
 
-def shell_wall(cmd: str, env: dict[str, str], runs: int = 3) -> float:
-    return median_wall(["bash", "-c", cmd], runs, env=env, stdout=subprocess.DEVNULL)
+def best_pair(ours: str, base: str, env: dict[str, str], runs: int = 3) -> tuple[float, float]:
+    """Best wall of each shell command, run alternately so both meet the same load.
+
+    Best-of, not median: on a shared 2-core machine the best run is the one
+    least disturbed by other work, which is what a throughput figure means.
+    """
+    a, b = [], []
+    for _ in range(runs):
+        for cmd, out in ((ours, a), (base, b)):
+            t = time.perf_counter()
+            subprocess.run(["bash", "-c", cmd], env=env, stdout=subprocess.DEVNULL, check=True)
+            out.append(time.perf_counter() - t)
+    return min(a), min(b)
 
 
 class Server:
@@ -169,12 +181,14 @@ def _run(sandbox: str, mib: int, runs: int, workdir: str) -> None:
         files = " ".join(["data"] * reps)
         size = chunk * reps
         cd = f"cd {workdir} && "
-        base = shell_wall(cd + f"cat {files} | cat >/dev/null", env)
-        ours = shell_wall(cd + f"{CLIENT} -n -- cat {files} >/dev/null", env)
+        ours, base = best_pair(
+            cd + f"{CLIENT} -n -- cat {files} >/dev/null", cd + f"cat {files} | cat >/dev/null", env
+        )
         row(f"3 cat {size} MiB out of the broker (MiB/s)", f"{size/ours:.0f}", f"{size/base:.0f}",
             f"{base/ours:.2f}x", ">= 0.8x")  # fmt: skip
-        base = shell_wall(cd + f"cat {files} | wc -c", env)
-        ours = shell_wall(cd + f"cat {files} | {CLIENT} -- wc -c", env)
+        ours, base = best_pair(
+            cd + f"cat {files} | {CLIENT} -- wc -c", cd + f"cat {files} | wc -c", env
+        )
         row(f"4 {size} MiB into the broker | wc -c (MiB/s)", f"{size/ours:.0f}",
             f"{size/base:.0f}", f"{base/ours:.2f}x", ">= 0.6x")  # fmt: skip
 

@@ -68,12 +68,24 @@ async def serve(path: str, settings: Settings) -> None:
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    def accept() -> None:
+        while True:
+            try:
+                conn, _ = sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and the like: say so, keep serving
+                sys.stderr.write(f"broker-server: accept failed: {exc.strerror}\n")
+                return
+            Connection(conn, settings).start()
+
     try:
-        server = await loop.create_unix_server(lambda: Connection(settings), sock=sock)
+        loop.add_reader(sock.fileno(), accept)
         sys.stdout.write(f"listening unix:{path}\n")
         sys.stdout.flush()
         await stopping.wait()
-        server.close()
+        loop.remove_reader(sock.fileno())
+        sock.close()
         for conn in list(settings.connections):
             conn.stop()
         pending = [conn.done for conn in settings.connections]
