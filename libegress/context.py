@@ -9,7 +9,7 @@ from libegress.addresses import IPAddress
 from libegress.ca import LeafCache
 from libegress.eventlog import EventLog
 from libegress.http1 import Limits
-from libegress.peers import pid_of_inode
+from libegress.peers import PidFinder
 from libegress.policy import EgressPolicy
 from libegress.tokens import TokenKeeper
 
@@ -24,6 +24,7 @@ class Services:
     tokens: TokenKeeper
     upstream_tls: ssl.SSLContext
     log: EventLog
+    pids: PidFinder = field(default_factory=PidFinder)
 
 
 @dataclass
@@ -33,13 +34,12 @@ class Peer:
     address: IPAddress
     port: int
     inode: int | None = None
+    finder: PidFinder | None = field(default=None, repr=False)
     _pid: int | None = field(default=None, repr=False)
-    _looked: bool = field(default=False, repr=False)
 
     def pid(self) -> int | None:
-        if not self._looked and self.inode is not None:
-            self._pid = pid_of_inode(self.inode)
-            self._looked = True
+        if self._pid is None and self.inode is not None and self.finder is not None:
+            self._pid = self.finder.pid(self.inode)
         return self._pid
 
 

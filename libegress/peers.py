@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 from libegress.addresses import IPAddress
@@ -82,13 +83,13 @@ def _unmap(address: IPAddress) -> IPAddress:
     return address
 
 
-def pid_of_inode(inode: int, proc: str = "/proc") -> int | None:
-    """A process holding socket ``inode`` open, for log lines only."""
-    target = f"socket:[{inode}]"
+def socket_owners(proc: str = "/proc") -> dict[int, int]:
+    """Every socket inode open in a process under ``proc``, mapped to a pid."""
+    owners: dict[int, int] = {}
     try:
         pids = [p for p in os.listdir(proc) if p.isdigit()]
     except OSError:
-        return None
+        return owners
     for pid in pids:
         fd_dir = f"{proc}/{pid}/fd"
         try:
@@ -97,11 +98,39 @@ def pid_of_inode(inode: int, proc: str = "/proc") -> int | None:
             continue
         for fd in fds:
             try:
-                if os.readlink(f"{fd_dir}/{fd}") == target:
-                    return int(pid)
+                link = os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue
-    return None
+            if link.startswith("socket:["):
+                owners.setdefault(int(link[8:-1]), int(pid))
+    return owners
+
+
+class PidFinder:
+    """Peer pids for log lines, at a bounded cost.
+
+    A scan of /proc costs tens of milliseconds on a busy machine and runs on
+    the event loop, so a flood of refused connections must not trigger one
+    each: one scan answers every lookup, and an unknown inode rescans only
+    when the last scan is older than ``interval`` (else the pid is unknown).
+    """
+
+    def __init__(self, proc: str = "/proc", interval: float = 1.0) -> None:
+        self._proc = proc
+        self._interval = interval
+        self._owners: dict[int, int] = {}
+        self._scanned = -interval
+
+    def pid(self, inode: int) -> int | None:
+        found = self._owners.get(inode)
+        if found is not None:
+            return found
+        now = time.monotonic()
+        if now - self._scanned < self._interval:
+            return None
+        self._owners = socket_owners(self._proc)
+        self._scanned = now
+        return self._owners.get(inode)
 
 
 def is_loopback(address: IPAddress) -> bool:

@@ -144,7 +144,7 @@ class ProxyServer:
             return None
         peer_ip = ipaddress.ip_address(peer_host.split("%", 1)[0])
         our_ip = ipaddress.ip_address(our_host.split("%", 1)[0])
-        peer = Peer(peer_ip, peer_port)
+        peer = Peer(peer_ip, peer_port, finder=self.services.pids)
         if not is_loopback(peer_ip):
             self.services.log.line("refused", "-", 0, f"peer {peer_ip} is not on loopback", None)
             return None

@@ -6,7 +6,7 @@ import ipaddress
 import os
 import socket
 
-from libegress.peers import find_peer, is_loopback, peer_socket
+from libegress.peers import PidFinder, find_peer, is_loopback, peer_socket
 
 TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  \
 timeout inode
@@ -53,3 +53,13 @@ def test_is_loopback() -> None:
     assert is_loopback(ipaddress.ip_address("::1"))
     assert is_loopback(ipaddress.ip_address("::ffff:127.0.0.1"))
     assert not is_loopback(ipaddress.ip_address("192.168.0.1"))
+
+
+def test_pid_finder_names_the_holder_and_bounds_rescans() -> None:
+    finder = PidFinder(interval=60.0)
+    with socket.socket() as first:
+        assert finder.pid(os.fstat(first.fileno()).st_ino) == os.getpid()
+        with socket.socket() as later:
+            # Within the interval an unknown inode does not cost another scan.
+            assert finder.pid(os.fstat(later.fileno()).st_ino) is None
+    assert PidFinder(interval=0.0).pid(1) is None
