@@ -569,6 +569,8 @@ class Connection:
             self.child.kill()
         elif not self.finished:
             self.refuse("the broker is shutting down")
+        else:
+            self._close_socket()  # all said already: no need to wait for the hang-up
 
     def _client_gone(self) -> None:
         self.client_gone = True

@@ -56,8 +56,8 @@ class Executor(ABC):
 
 
 def killpg_quietly(pgid: int, signum: int) -> None:
-    """``killpg`` that ignores a group already gone."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
+    """``killpg`` that ignores a group already gone (and a signal number the kernel refuses)."""
+    with contextlib.suppress(OSError):
         os.killpg(pgid, signum)
 
 

@@ -162,3 +162,14 @@ def test_another_uid_is_refused(broker) -> None:
 
 def test_socket_is_private(broker) -> None:
     assert os.stat(broker.socket).st_mode & 0o777 == 0o600
+
+
+def test_odd_signal_numbers_and_silent_clients_do_no_harm(broker) -> None:
+    req = Request(("sh", "-c", "sleep 0.2; echo done"), broker.workdir, with_stdin=False)
+    frames = exchange(broker, encode_request(req) + bytes([6, 0, 0, 0, 1, 200]))
+    assert frames[-1][0] is Channel.EXIT and decode_exit(frames[-1][1]) == 0
+    assert (Channel.STDOUT, b"done\n") in frames
+    with socket.socket(socket.AF_UNIX) as sock:  # connects, says nothing, leaves
+        sock.connect(broker.socket)
+    [(channel, payload)] = exchange(broker, encode_request(Request((), "/", op="ping")))
+    assert channel is Channel.EXIT
