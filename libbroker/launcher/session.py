@@ -260,6 +260,9 @@ class Session:
                 self._start(wake_r)
             except BaseException:
                 self._teardown()
+                if self.signals:  # a signal ended the start: the shell's status for it
+                    os.write(2, b"agent-sandbox: interrupted while starting\n")
+                    return 128 + self.signals[0]
                 raise
             return self._supervise(wake_r)
         finally:
@@ -470,7 +473,7 @@ class Session:
                 if fd == wake_r:
                     os.read(wake_r, 512)
                     if self.signals:
-                        raise LaunchError(f"interrupted by signal {self.signals[0]} while starting")
+                        raise LaunchError("interrupted while starting")
                     continue
                 dead = next((c for c in self.children if c.pidfd == fd), None)
                 if dead is not None:

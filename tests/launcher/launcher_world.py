@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import ssl
 import subprocess
+import tempfile
 import threading
 import uuid
 from dataclasses import dataclass, field
@@ -150,16 +152,19 @@ def make_world(root: Path, standin: StandIn) -> World:
     (home / ".config" / "token").write_text(TOKEN + "\n")
     workdir = root / "work"
     workdir.mkdir()
-    rt = root / "xdg-runtime"
-    rt.mkdir(mode=0o700)
+    # Short, so that the session's sockets fit in sun_path and land here
+    # (a deep path makes the launcher fall back to /tmp, out of our sight).
+    rt = Path(tempfile.mkdtemp(prefix="as-rt-", dir="/tmp"))
     return World(root, home, workdir, rt, standin, mark=f"as-mark-{uuid.uuid4().hex}")
 
 
 def kill_leftovers(w: World) -> None:
+    """Kill whatever a failed test left behind; remove the runtime parent."""
     for line in w.leftovers():
         if line.startswith("pid "):
             with contextlib.suppress(OSError):
                 os.kill(int(line.split()[1].rstrip(":")), 9)
+    shutil.rmtree(w.runtime_parent, ignore_errors=True)
 
 
 def start_standin(tmp: Path) -> tuple[StandIn, ThreadingHTTPServer]:

@@ -60,6 +60,8 @@ echo "file_token=$(grep -rls "$TOKEN_PROBE" /tmp "$HOME" "$WORKDIR" "$RUNTIME" 2
 echo "github_token_env=${GITHUB_TOKEN:-unset}"
 echo "policy=$(test -r "$AGENT_SANDBOX_POLICY" && echo readable)"
 echo "bundle=$(test -r "$SSL_CERT_FILE" && echo readable)"
+echo "hook=$(policy-hook check read "$HOME/.ssh/id_rsa" "$WORKDIR/inside" \
+    | cut -d' ' -f1 | tr '\n' ,)"
 """
 
 
@@ -164,6 +166,11 @@ def test_the_session_files_are_readable(probe: Probe) -> None:
     assert _one(r, "policy") == "readable"
     assert _one(r, "bundle") == "readable"
     assert _one(r, "tty") == "no"
+
+
+def test_the_policy_hook_reads_the_session_policy(probe: Probe) -> None:
+    _, r = probe
+    assert _one(r, "hook") == "deny,allow,"
 
 
 # --- exit status and cleanup ---------------------------------------------------
@@ -365,4 +372,18 @@ def test_a_crashed_server_ends_the_session(world: World, server: str) -> None:
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert f"{server} exited unexpectedly" in err
+    assert _gone(world) == []
+
+
+def test_a_signal_while_starting_ends_everything(world: World) -> None:
+    proc = world.launch("true", sandbox="nono")
+    sessions = world.runtime_parent / "agent-sandbox"
+    deadline = time.monotonic() + 30
+    while not (sessions.exists() and any(sessions.iterdir())):  # the start is under way
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode in (143, 0), err  # 0 only if the whole session beat the signal
+    assert "Traceback" not in err
     assert _gone(world) == []
