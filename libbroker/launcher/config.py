@@ -166,6 +166,9 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         return _abs_path(p, facts, source=source, key=key)
 
     workdir = path(get.string("workdir", facts.cwd), "workdir")
+    if facts.home == workdir or facts.home.startswith(workdir.rstrip("/") + "/"):
+        # A writable home (or /) would hand the sandbox every credential file.
+        raise ConfigError(f"{source}: workdir {workdir} contains the home directory")
     sandbox = get.string("sandbox", "auto")
     if sandbox not in SANDBOX_KINDS:
         raise ConfigError(

@@ -70,6 +70,8 @@ def test_every_unknown_key_is_refused_by_name(key: str) -> None:
         ({"env": ["AGENT_SANDBOX_POLICY"]}, "may not be passed"),
         ({"env": ["1BAD"]}, "not a variable name"),
         ({"workdir": "a\0b"}, "NUL"),
+        ({"workdir": "/home/u"}, "contains the home directory"),
+        ({"workdir": "/"}, "contains the home directory"),
     ],
 )
 def test_bad_values_are_refused_with_the_key(data: dict[str, object], message: str) -> None:
