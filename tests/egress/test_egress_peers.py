@@ -6,7 +6,14 @@ import ipaddress
 import os
 import socket
 
-from libegress.peers import PidFinder, find_peer, is_loopback, peer_socket
+from libegress.peers import (
+    PidFinder,
+    diag_reply,
+    diag_request,
+    find_peer,
+    is_loopback,
+    peer_socket,
+)
 
 TABLE = """  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  \
 timeout inode
@@ -63,3 +70,17 @@ def test_pid_finder_names_the_holder_and_bounds_rescans() -> None:
             # Within the interval an unknown inode does not cost another scan.
             assert finder.pid(os.fstat(later.fileno()).st_ino) is None
     assert PidFinder(interval=0.0).pid(1) is None
+
+
+def test_diag_request_and_reply_shapes() -> None:
+    lo = ipaddress.ip_address("127.0.0.1")
+    req = diag_request((lo, 0xD431), (lo, 0x1F90), 7)
+    assert len(req) == 72
+    assert req[16:18] == bytes([socket.AF_INET, socket.IPPROTO_TCP])
+    assert req[24:28] == b"\xd4\x31\x1f\x90"
+    reply = bytearray(16 + 72)
+    reply[4:6] = (20).to_bytes(2, "little")
+    reply[16 + 64 : 16 + 72] = (1000).to_bytes(4, "little") + (222).to_bytes(4, "little")
+    found = diag_reply(bytes(reply))
+    assert found is not None and (found.uid, found.inode) == (1000, 222)
+    assert diag_reply(b"\x00" * 36) is None
