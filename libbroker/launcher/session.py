@@ -299,17 +299,15 @@ class Session:
         kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
         self._start_sandbox(host)
         _trace("servers and sandbox spawned")
+        if self.backend == "bwrap":  # the in-sandbox ports are fixed: write it meanwhile
+            _write_private(rt.policy, policy_json(cfg, rt, HTTP_PORT, SOCKS_PORT))
         found = self._wait_listening(proxy, broker, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         if self.backend == "nono":
             kube = self._start_kubeconfig(rt, found.socks_port)
+            _write_private(rt.policy, policy_json(cfg, rt, found.http_port, found.socks_port))
         if kube is not None:
             self._finish_kubeconfig(kube)
-        if self.backend == "bwrap":
-            ports = (HTTP_PORT, SOCKS_PORT)
-        else:
-            ports = (found.http_port, found.socks_port)
-        _write_private(rt.policy, policy_json(cfg, rt, *ports))
         self._live = True
         if self._early:
             os.write(2, "".join(line + "\n" for line in self._early).encode())
