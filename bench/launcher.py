@@ -82,6 +82,10 @@ def main() -> int:
     srt = shutil.which("srt")
     if srt:
         times["srt -c true"] = []
+    # The floor under any Python launcher: its own interpreter start (with
+    # site, as a console script runs) and the version of ours.
+    times["python3 -c pass"] = []
+    times["agent-sandbox --version"] = []
     try:
         for i in range(N):
             egress = os.path.join(tmp, f"egress{i}")
@@ -127,6 +131,10 @@ def main() -> int:
                 )
             if srt:
                 times["srt -c true"].append(_wall([srt, "-c", "true"], env, work))
+            times["python3 -c pass"].append(_wall([sys.executable, "-c", "pass"], env, work))
+            times["agent-sandbox --version"].append(
+                _wall(["agent-sandbox", "--version"], env, work)
+            )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     med = {name: statistics.median(v) * 1000 for name, v in times.items()}
@@ -138,6 +146,11 @@ def main() -> int:
     verdict = "ok" if ratio <= TARGET else "OVER TARGET"
     first = backends[0]
     print(f"  session {first} / slower server start = {ratio:.2f}x (<= {TARGET}x): {verdict}")
+    own = med[f"session {first}"] - slower
+    floor = med["agent-sandbox --version"]
+    print(f"  the session adds {own:.0f} ms to the slower server's start; the launcher's own")
+    print(f"  interpreter start (agent-sandbox --version) is {floor:.0f} ms of that")
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores; figures scale with it)")
     return 0
 
 
