@@ -3,7 +3,8 @@
 ``bwrap --new-session --die-with-parent --unshare-all --cap-drop ALL``, the
 system directories bound read-only, the workdir read-write at its own path, a
 fresh /proc, /dev and /tmp, nothing of home but what the profile names.  With
-``--unshare-all`` the command has its own network namespace: no network at all.
+``--unshare-all`` the command has its own network namespace: no network at all,
+or in proxy mode just the proxy port, relayed (see :mod:`libbroker.netns_relay`).
 
 The command runs as ``sh -c 'exec "$@"'`` so that "not found" and "not
 executable" come back as 127 and 126 (bwrap itself reports both as 1).
@@ -16,20 +17,29 @@ import os
 import shutil
 import subprocess
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly
 from libbroker.profile import Profile, command_environment
 
+if TYPE_CHECKING:
+    from libbroker.netns_relay import ProxyRelay
+
 # sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
 _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
 
 
-def bwrap_args(profile: Profile, workdir: str, cwd: str, info_fd: int | None = None) -> list[str]:
+def bwrap_args(
+    profile: Profile, workdir: str, cwd: str, info_fd: int | None = None,
+    block_fd: int | None = None,
+) -> list[str]:  # fmt: skip
     """The bwrap options (everything before ``--``) for one command.  Pure but for stat."""
     args = ["--new-session", "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
     if info_fd is not None:
         args += ["--info-fd", str(info_fd)]
+    if block_fd is not None:
+        args += ["--block-fd", str(block_fd)]
     for path in profile.read:
         if _under_any(path, profile.deny):
             continue
@@ -68,11 +78,6 @@ class BwrapExecutor(Executor):
             raise SandboxUnavailable(
                 "bwrap backend: bubblewrap is not installed (apt install bubblewrap)"
             )
-        if profile.proxy_port is not None:
-            raise SandboxUnavailable(
-                "bwrap backend: network mode 'proxy' is not supported (its network namespace "
-                "cannot reach the host's proxy); use --sandbox=nono"
-            )
         self.bwrap = bwrap
         self.profile = profile
         self.workdir = workdir
@@ -103,25 +108,52 @@ class BwrapExecutor(Executor):
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        block_r, block_w = os.pipe2(os.O_CLOEXEC) if self.profile.proxy_port else (None, None)
+        passed = (info_w,) if block_r is None else (info_w, block_r)
         try:
             # Popen, not posix_spawn: it restores SIGPIPE to default in the child.
             proc = subprocess.Popen(
-                [self.bwrap, *bwrap_args(self.profile, self.workdir, cwd, info_w), "--",
+                [self.bwrap, *bwrap_args(self.profile, self.workdir, cwd, info_w, block_r), "--",
                  *_EXEC_WRAPPER, *argv],
                 stdin=stdio[0],
                 stdout=stdio[1],
                 stderr=stdio[2],
-                pass_fds=(info_w,),
+                pass_fds=passed,
                 start_new_session=True,
                 env=self.env,
             )  # fmt: skip
         except OSError as exc:
-            os.close(info_r)
+            for fd in (info_r, block_w):
+                if fd is not None:
+                    os.close(fd)
             raise SpawnError(f"cannot start bwrap: {exc.strerror}") from None
         finally:
-            os.close(info_w)
+            for fd in passed:
+                os.close(fd)
         proc.returncode = 0  # the server reaps it through a pidfd; silence Popen.__del__
-        return BwrapChild(proc.pid, info_r)
+        child = BwrapChild(proc.pid, info_r)
+        if block_w is not None:
+            self._connect_proxy(child, block_w)
+        return child
+
+    def _connect_proxy(self, child: BwrapChild, block_w: int) -> None:
+        """Open the proxy port inside the new namespace, then let bwrap exec the command."""
+        from libbroker.netns_relay import ProxyRelay, listen_in_netns
+
+        assert self.profile.proxy_port is not None
+        try:
+            inner = child.wait_inner()
+            listener = listen_in_netns(inner, self.profile.proxy_port)
+            child.relay = ProxyRelay(listener, self.profile.proxy_port)
+            os.write(block_w, b"go")
+        except BaseException:
+            # Killed before the block fd closes: bwrap must not run the command.
+            child.kill()
+            os.waitpid(child.pid, 0)
+            child.release()
+            raise
+        finally:
+            os.close(block_w)
 
 
 class BwrapChild(Child):
@@ -131,6 +163,21 @@ class BwrapChild(Child):
         self.pid = pid
         self._info_fd: int | None = info_fd
         self._inner: int | None = None
+        self.relay: ProxyRelay | None = None
+
+    def wait_inner(self) -> int:
+        """The sandbox init's host pid, waiting for bwrap to report it; SpawnError if it died."""
+        assert self._info_fd is not None
+        data = b""
+        while True:
+            chunk = os.read(self._info_fd, 4096)
+            data += chunk
+            try:
+                self._inner = int(json.loads(data)["child-pid"])
+                return self._inner
+            except (ValueError, KeyError, TypeError):
+                if not chunk:
+                    raise SpawnError("bwrap failed before starting the command") from None
 
     def _inner_pgid(self) -> int | None:
         """The host pid of the sandbox's init, from bwrap's --info-fd (read once, lazily)."""
@@ -159,6 +206,9 @@ class BwrapChild(Child):
         killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
 
     def release(self) -> None:
+        if self.relay is not None:
+            self.relay.close()
+            self.relay = None
         if self._info_fd is not None:
             os.close(self._info_fd)
             self._info_fd = None

@@ -171,5 +171,5 @@ def test_odd_signal_numbers_and_silent_clients_do_no_harm(broker) -> None:
     assert (Channel.STDOUT, b"done\n") in frames
     with socket.socket(socket.AF_UNIX) as sock:  # connects, says nothing, leaves
         sock.connect(broker.socket)
-    [(channel, payload)] = exchange(broker, encode_request(Request((), "/", op="ping")))
+    [(channel, _payload)] = exchange(broker, encode_request(Request((), "/", op="ping")))
     assert channel is Channel.EXIT

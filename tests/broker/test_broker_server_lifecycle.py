@@ -7,7 +7,9 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 
 import pytest
@@ -175,3 +177,48 @@ def test_client_without_a_broker_exits_125(tools) -> None:
     assert done.returncode == 125 and "AGENT_SANDBOX_BROKER_SOCKET" in done.stderr
     done = run([tools.client, "--socket=/nonexistent/sock", "--", "true"])
     assert done.returncode == 125 and "does not exist" in done.stderr
+
+
+@pytest.mark.parametrize("backend", ["nono", "bwrap"])
+def test_proxy_mode_reaches_the_proxy_port_only(place, tools, backend) -> None:
+    base, workdir, sock = place
+    proxy, other = socket.socket(), socket.socket()
+    for s in (proxy, other):
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+    proxy_port, other_port = proxy.getsockname()[1], other.getsockname()[1]
+    profile = os.path.join(base, "proxy.json")
+    with open(profile, "w") as fh:
+        json.dump({"network": {"mode": "proxy", "port": proxy_port}}, fh)
+    served: list[bytes] = []
+
+    def serve_one() -> None:
+        conn, _ = proxy.accept()
+        with conn:
+            data = conn.recv(100)
+            served.append(data)
+            conn.sendall(b"proxy says hi " + data)
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    code = (
+        "import socket,sys\n"
+        f"c = socket.create_connection(('127.0.0.1', {proxy_port}), timeout=5)\n"
+        "c.sendall(b'ping'); print(c.recv(100).decode())\n"
+        "try:\n"
+        f"    socket.create_connection(('127.0.0.1', {other_port}), timeout=3)\n"
+        "    print('other port reached')\n"
+        "except OSError:\n"
+        "    print('other port refused')\n"
+    )
+    proc = tools.start_server(backend, workdir, sock, f"--profile={profile}")
+    try:
+        env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=sock)
+        done = run([tools.client, "--", sys.executable, "-I", "-S", "-c", code], cwd=workdir,
+                   env=env)  # fmt: skip
+    finally:
+        tools.stop_server(proc)
+        proxy.close()
+        other.close()
+    assert done.stdout.split("\n")[:2] == ["proxy says hi ping", "other port refused"], done.stderr
+    assert served == [b"ping"]
