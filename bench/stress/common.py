@@ -187,6 +187,20 @@ def processes_with_arg(marker: str) -> list[int]:
     return found
 
 
+def commands_with_arg(marker: str, names: tuple[str, ...]) -> list[int]:
+    """Pids of processes named one of ``names`` (argv[0]) whose argv holds ``marker``."""
+    found = []
+    for pid in processes_with_arg(marker):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                argv0 = fh.read().split(b"\0", 1)[0].decode(errors="replace")
+        except OSError:
+            continue
+        if os.path.basename(argv0) in names:
+            found.append(pid)
+    return found
+
+
 def percentile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
