@@ -14,13 +14,18 @@ sets no_new_privs first: with CAP_SYS_PTRACE (a root server) it could read
 Network: TCP bind/connect are refused, except connect to the
 proxy port in proxy mode (Landlock matches the port on any address).
 
+Landlock alone leaves UDP and netlink sockets open, so the ruleset goes on
+with nono's seccomp network baseline (``apply_seccomp_with_abi``), which
+refuses them; abstract unix sockets and signals to processes outside the
+sandbox are refused by Landlock's scoping (ABI 6).
+
 Limits, stated honestly (bwrap has none of them):
 - Landlock grants are hierarchical and cannot subtract: a ``deny`` inside a
   granted tree cannot be enforced, so such a profile is refused for this
   backend.  A grant inside a denied tree is simply not made (deny wins).
-- Landlock does not filter UDP, nor connect() to a path-named unix socket
-  that the command can reach by path; the process group kill cannot catch a
-  command that calls setsid() itself.
+- connect() to a path-named unix socket is not mediated: a socket file the
+  command can name (outside the grants too) is reachable.  The process group
+  kill cannot catch a command that calls setsid() itself.
 """
 
 from __future__ import annotations
@@ -176,7 +181,9 @@ class LandlockExecutor(Executor):
         caps = self.caps
         caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
         drop_privileges()
-        nono.apply_landlock_with_abi(caps, self.abi)
+        # Landlock plus nono's seccomp network baseline: Landlock alone leaves
+        # UDP and netlink open; the baseline refuses them, TCP stays Landlock's.
+        nono.apply_seccomp_with_abi(caps, self.abi)
 
 
 class LandlockChild(Child):

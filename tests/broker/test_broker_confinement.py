@@ -173,3 +173,22 @@ def test_odd_signal_numbers_and_silent_clients_do_no_harm(broker) -> None:
         sock.connect(broker.socket)
     [(channel, _payload)] = exchange(broker, encode_request(Request((), "/", op="ping")))
     assert channel is Channel.EXIT
+
+
+def test_udp_to_a_loopback_listener_never_arrives(broker) -> None:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    code = (
+        "import socket\n"
+        "try:\n"
+        "    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n"
+        f"    s.sendto(b'leak', ('127.0.0.1', {port}))\n"
+        "except OSError as e:\n"
+        "    print('refused', e)\n"
+    )
+    broker.sh(f"broker-client -- {sys.executable} -I -S -c \"{code}\"")
+    with pytest.raises(TimeoutError):
+        listener.recvfrom(100)
+    listener.close()
