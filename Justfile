@@ -3,7 +3,7 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 
 # Debian packages the tools and tests use (bubblewrap for the sandbox; gpg, git,
 # curl, kubectl as real clients in the tests).
-debs := "bubblewrap gnupg git curl ca-certificates procps iproute2"
+debs := "bubblewrap gnupg git curl ca-certificates procps iproute2 util-linux"
 
 default:
     @just --list
@@ -27,7 +27,8 @@ lint:
 # Extra tools the benchmarks compare against (tinyproxy, mitmproxy).
 bench-setup:
     if [ "$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy hyperfine >/dev/null; fi
-    pip install -q --disable-pip-version-check mitmproxy || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
+    # mitmproxy pins older h11/cryptography: keep it in its own venv, never in ours.
+    [ -x .venv-mitmproxy/bin/mitmdump ] || { python3 -m venv .venv-mitmproxy && .venv-mitmproxy/bin/pip install -q mitmproxy; } || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
 
 # Every benchmark, each printing its figures side by side with its baseline.
 bench:
