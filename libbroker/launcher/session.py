@@ -567,6 +567,7 @@ class Session:
                         self._poller.unregister(fd)
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
+        self._drain_all()  # the servers' last log lines before they go
         self._teardown()
         if crash is not None:
             raise LaunchError(crash + "; the session was ended")
