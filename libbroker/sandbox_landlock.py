@@ -23,9 +23,12 @@ Limits, stated honestly (bwrap has none of them):
 - Landlock grants are hierarchical and cannot subtract: a ``deny`` inside a
   granted tree cannot be enforced, so such a profile is refused for this
   backend.  A grant inside a denied tree is simply not made (deny wins).
-- connect() to a path-named unix socket is not mediated: a socket file the
-  command can name (outside the grants too) is reachable.  The process group
-  kill cannot catch a command that calls setsid() itself.
+- connect() to a path-named unix socket is not mediated by Landlock (the
+  person's gpg-agent or docker socket would be reachable by name), so a
+  seccomp filter refuses creating unix sockets at all
+  (:mod:`libbroker.seccomp_unix`); socketpair() still works.  32-bit and x32
+  syscalls are refused with it.
+- The process group kill cannot catch a command that calls setsid() itself.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
+from libbroker import seccomp_unix
 from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly, restore_child_signals
 from libbroker.profile import Profile, command_environment
@@ -101,6 +105,10 @@ class LandlockExecutor(Executor):
             raise SandboxUnavailable(f"nono backend: Landlock is not available: {exc}") from None
         self.nono: Any = nono_py
         self.profile = profile
+        if not seccomp_unix.supported():
+            raise SandboxUnavailable(
+                "nono backend: no unix-socket seccomp filter for this machine; use bwrap"
+            )
         self.rules = landlock_rules(profile, workdir)
         self.caps = self._static_caps()
         self.allow = profile.env_allow
@@ -181,6 +189,7 @@ class LandlockExecutor(Executor):
         caps = self.caps
         caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
         drop_privileges()
+        seccomp_unix.install()
         # Landlock plus nono's seccomp network baseline: Landlock alone leaves
         # UDP and netlink open; the baseline refuses them, TCP stays Landlock's.
         nono.apply_seccomp_with_abi(caps, self.abi)

@@ -192,3 +192,28 @@ def test_udp_to_a_loopback_listener_never_arrives(broker) -> None:
     with pytest.raises(TimeoutError):
         listener.recvfrom(100)
     listener.close()
+
+
+def test_a_host_unix_socket_cannot_be_reached(broker) -> None:
+    home = os.path.expanduser("~")
+    path = os.path.join(home, f".broker-test-{uuid.uuid4().hex[:8]}.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    server.settimeout(0.5)
+    code = (
+        "import socket\n"
+        "a, b = socket.socketpair(); a.send(b'ok'); print(b.recv(2).decode())\n"
+        "try:\n"
+        f"    socket.socket(socket.AF_UNIX).connect({path!r}); print('connected')\n"
+        "except OSError as e:\n"
+        "    print('refused')\n"
+    )
+    try:
+        done = broker.sh(f"broker-client -- {sys.executable} -I -S -c \"{code}\"")
+        assert done.stdout.split() == [b"ok", b"refused"], done.stderr
+        with pytest.raises(TimeoutError):
+            server.accept()
+    finally:
+        server.close()
+        os.unlink(path)

@@ -96,3 +96,12 @@ def test_landlock_rules(tmp_path) -> None:
     assert not any(path.startswith("/usr") for path, _, _ in rules)
     with pytest.raises(ConfigError, match="cannot deny /usr/share"):
         landlock_rules(Profile(read=("/usr",), deny=("/usr/share",)), str(tmp_path / "w"))
+
+
+def test_unix_socket_filter_program() -> None:
+    from libbroker import seccomp_unix
+
+    prog = seccomp_unix.program("x86_64")
+    assert prog is not None and len(prog) == 11 * 8
+    assert seccomp_unix.program("aarch64") != prog
+    assert seccomp_unix.program("riscv64") is None
