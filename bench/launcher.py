@@ -66,6 +66,79 @@ def _compile_bytecode() -> None:
     )
 
 
+def _throughput(tmp: str, backends: list[str], env: dict[str, str]) -> None:
+    """MB/s of a 256 MiB TLS download: direct, via the proxy (Landlock), via the bridge (bwrap)."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    import trustme
+
+    work = os.path.join(tmp, "tp")
+    os.mkdir(work)
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(os.path.join(work, "ca.pem"))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("dl.test").configure_cert(ctx)
+    block = b"x" * (1 << 20)
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.0"
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            n = int(self.path.strip("/"))
+            self.send_response(200)
+            self.send_header("Content-Length", str(n << 20))
+            self.end_headers()
+            for _ in range(n):
+                self.wfile.write(block)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    config = os.path.join(tmp, "tp.toml")
+    with open(config, "w") as fh:
+        fh.write(f'workdir = "{work}"\ntoken_command = ""\ndomains = ["dl.test"]\n')
+        fh.write(f'resolve = ["dl.test:127.0.0.1:{port}"]\n')
+    curl = 'curl -s -o /dev/null --cacert ca.pem -w "%{speed_download}" https://dl.test/256'
+    direct = f"{curl} --connect-to dl.test:443:127.0.0.1:{port}"
+    rates = {
+        "direct": subprocess.run(
+            ["sh", "-c", direct], cwd=work, capture_output=True, text=True, check=False
+        ).stdout
+    }
+    for b in reversed(backends):
+        name = "via the bridge (bwrap)" if b == "bwrap" else "via the proxy (Landlock)"
+        done = subprocess.run(
+            [
+                "agent-sandbox",
+                "run",
+                f"--config={config}",
+                f"--sandbox={b}",
+                "--",
+                "sh",
+                "-c",
+                curl,
+            ],
+            cwd=work,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        rates[name] = done.stdout
+    server.shutdown()
+    base = float(rates["direct"] or 0) or 1.0
+    print("download throughput, 256 MiB over TLS from a local server (MB/s)")
+    for name, rate in rates.items():
+        mbs = float(rate or 0) / 1e6
+        print(f"  {name:<26} {mbs:8.0f} MB/s   {mbs * 1e6 / base:5.2f}x direct")
+
+
 def main() -> int:
     _compile_bytecode()
     tmp = tempfile.mkdtemp(prefix="bench-launcher-")
@@ -135,8 +208,9 @@ def main() -> int:
             times["agent-sandbox --version"].append(
                 _wall(["agent-sandbox", "--version"], env, work)
             )
-    finally:
+    except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        raise
     med = {name: statistics.median(v) * 1000 for name, v in times.items()}
     slower = max(med["egress-proxy"], med["broker-server"])
     print(f"launcher bench: median of {N} runs each (ms)")
@@ -151,6 +225,10 @@ def main() -> int:
     print(f"  the session adds {own:.0f} ms to the slower server's start; the launcher's own")
     print(f"  interpreter start (agent-sandbox --version) is {floor:.0f} ms of that")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores; figures scale with it)")
+    try:
+        _throughput(tmp, backends, env)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
