@@ -17,7 +17,6 @@ launcher does its own work while it waits.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import select
 import shutil
@@ -291,6 +290,8 @@ class Session:
         # The proxy is the slowest to start: first; the rest runs meanwhile.
         proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
         host = host_facts(cfg, os.getcwd())
+        import json  # after the proxy's spawn: nothing before it that need not be
+
         _write_private(rt.profile, json.dumps(command_profile(cfg, host)))
         self.cfg = cfg = config.resolve_sign_key(cfg)
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
@@ -410,6 +411,8 @@ class Session:
             tty=self.tty,
         )
         spec["env"] = self._env(host, found.http_port, found.socks_port, tmpdir)
+        import json
+
         data = json.dumps(spec).encode()
         view = memoryview(data)
         while view:
