@@ -14,7 +14,7 @@ import pytest
 
 from libbroker.wire import (
     Channel,
-    FrameBuffer,
+    FrameDecoder,
     Request,
     decode_error,
     decode_exit,
@@ -91,14 +91,13 @@ def exchange(broker, data: bytes) -> list[tuple[Channel, bytes]]:
         sock.connect(broker.socket)
         with contextlib.suppress(OSError):  # refused before reading: the frame is still there
             sock.sendall(data)
-        frames = FrameBuffer()
-        got = []
+        decoder = FrameDecoder()
+        got: list[tuple[Channel, bytes]] = []
         while True:
-            n = sock.recv_into(frames.space())
-            if not n:
+            data = sock.recv(1 << 16)
+            if not data:
                 return got
-            frames.filled(n)
-            got += [(c, bytes(p)) for c, p in frames.frames()]
+            got += decoder.feed(data)
 
 
 def test_env_field_is_refused(broker) -> None:
