@@ -30,7 +30,9 @@ session can run, 1 otherwise.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from typing import TYPE_CHECKING
 
 from libbroker.cli import Args, parse, run
@@ -68,7 +70,21 @@ def _main(args: Args) -> int:
 
 
 def main() -> None:
-    run(lambda: _main(parse(__doc__ or "", options_first=False)))
+    try:
+        run(lambda: _main(parse(__doc__ or "", options_first=False)))
+    except SystemExit as done:
+        # By now every child is reaped and the runtime directory removed:
+        # skip the interpreter's teardown (tens of ms on every session).
+        code = done.code
+        if not isinstance(code, int):
+            if code is not None:
+                sys.stderr.write(f"{code}\n")
+            code = 0 if code is None else 1
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+        os._exit(code)
 
 
 if __name__ == "__main__":
