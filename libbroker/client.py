@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import os
 import select
 import signal
 import socket
 import stat
-import struct
 from collections.abc import Iterable
 
 from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused
+from libbroker.pipes import available, read_exact, set_pipe_size
 from libbroker.wire import (
     HEADER,
     HEADER_SIZE,
@@ -44,8 +43,6 @@ from libbroker.wire import (
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 _READ_SIZE = MAX_PAYLOAD
-_F_SETPIPE_SZ = 1031
-_FIONREAD = 0x541B  # Linux; termios would be one more import per call
 _BLOCKED = -1
 _MORE = -2
 _SEND_BACKLOG = 4 * MAX_PAYLOAD  # stop reading stdin while this much waits to be sent
@@ -143,8 +140,7 @@ class _Exchange:
         if stdin_fd is not None:
             # A bigger pipe behind us means bigger reads and fewer frames; a
             # non-pipe stdin just refuses (harmless).
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(stdin_fd, _F_SETPIPE_SZ, _READ_SIZE)
+            set_pipe_size(stdin_fd, _READ_SIZE)
 
     def run(self, signals: tuple[int, ...]) -> int:
         wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
@@ -312,7 +308,7 @@ class _Exchange:
         """
         assert self.stdin_fd is not None
         try:
-            count = min(_available(self.stdin_fd), _READ_SIZE)
+            count = min(available(self.stdin_fd), _READ_SIZE)
         except OSError:
             count = 0
         if not count:  # EOF (or a spurious wake-up): the plain path tells which
@@ -329,7 +325,7 @@ class _Exchange:
             self._flush_failed()
             return
         if sent < len(header):
-            self._queue(header[sent:], _read_exact(self.stdin_fd, count))
+            self._queue(header[sent:], read_exact(self.stdin_fd, count))
             return
         try:
             moved = os.splice(self.stdin_fd, self.sock.fileno(), count,
@@ -343,7 +339,7 @@ class _Exchange:
             self.splice_from = False
             moved = 0
         if moved < count:
-            self._queue(_read_exact(self.stdin_fd, count - moved))
+            self._queue(read_exact(self.stdin_fd, count - moved))
 
     def _flush_failed(self) -> None:
         """The server went away; its exit or error frame may still be readable,
@@ -386,24 +382,6 @@ def _spliceable(fd: int, *, out: bool) -> bool:
     if stat.S_ISFIFO(mode):
         return blocking
     return out and blocking and (stat.S_ISREG(mode) or stat.S_ISCHR(mode))
-
-
-def _available(fd: int) -> int:
-    """Bytes waiting in a pipe (FIONREAD)."""
-    count: int = struct.unpack("i", fcntl.ioctl(fd, _FIONREAD, b"\0\0\0\0"))[0]
-    return count
-
-
-def _read_exact(fd: int, count: int) -> bytes:
-    """``count`` bytes that FIONREAD said the pipe holds."""
-    parts = []
-    while count:
-        chunk = os.read(fd, count)
-        if not chunk:
-            break
-        parts.append(chunk)
-        count -= len(chunk)
-    return b"".join(parts)
 
 
 def _note_signal(signum: int, frame: object) -> None:

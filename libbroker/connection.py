@@ -19,20 +19,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import select
 import socket
 import struct
-import subprocess
-import termios
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from libbroker.errors import ProtocolError, RequestRefused, SpawnError
-from libbroker.executor import Child, Executor, killpg_quietly
+from libbroker.executor import Child, Executor
+from libbroker.ops import checked_cwd, spawn_gpg
+from libbroker.pipes import SPLICE_FLAGS, available, read_exact, set_pipe_size
 from libbroker.wire import (
     CLIENT_CHANNELS,
     HEADER,
@@ -54,8 +53,6 @@ if TYPE_CHECKING:
 REQUEST_TIMEOUT = 30.0
 LINGER = 5.0  # how long a finished connection waits for the client to hang up
 SOCKET_BUFFER = 4 * MAX_PAYLOAD
-_F_SETPIPE_SZ = 1031
-_SPLICE = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
 
 
 @dataclass
@@ -71,43 +68,11 @@ class Settings:
     splice: bool = True  # cleared if the kernel refuses splice between pipe and socket
 
 
-class PlainChild(Child):
-    """A host process outside any sandbox (the gpg of the sign op)."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-
-    def send_signal(self, signum: int) -> None:
-        killpg_quietly(self.pid, signum)
-
-    def kill(self) -> None:
-        killpg_quietly(self.pid, 9)
-
-
 def _pipe() -> tuple[int, int]:
     """A pipe of 1 MiB (fewer, bigger frames), both ends close-on-exec."""
     r, w = os.pipe2(os.O_CLOEXEC)
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(w, _F_SETPIPE_SZ, MAX_PAYLOAD)
+    set_pipe_size(w, MAX_PAYLOAD)
     return r, w
-
-
-def _available(fd: int) -> int:
-    """Bytes waiting in a pipe (FIONREAD)."""
-    count: int = struct.unpack("i", fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0"))[0]
-    return count
-
-
-def _read_exact(fd: int, count: int) -> bytes:
-    """``count`` bytes known to be in the pipe ``fd`` (we are its only reader)."""
-    parts = []
-    while count:
-        chunk = os.read(fd, count)
-        if not chunk:
-            break
-        parts.append(chunk)
-        count -= len(chunk)
-    return b"".join(parts)
 
 
 class Connection:
@@ -254,7 +219,7 @@ class Connection:
             return self._stdin_copy_step()
         else:
             try:
-                moved = os.splice(self.fd, self.stdin_fd, self.remaining, flags=_SPLICE)
+                moved = os.splice(self.fd, self.stdin_fd, self.remaining, flags=SPLICE_FLAGS)
             except BlockingIOError:
                 if self._stdin_full():
                     # Wait for the command to read; meanwhile watch for a hang-up.
@@ -341,35 +306,12 @@ class Connection:
         except (RequestRefused, SpawnError) as exc:
             self.refuse(str(exc))
 
-    def _checked_cwd(self, cwd: str) -> str:
-        real = os.path.realpath(cwd)
-        root = self.s.workdir
-        if real != root and not real.startswith(root.rstrip("/") + "/"):
-            raise RequestRefused(f"cwd {cwd} is outside the workdir {root}")
-        if not os.path.isdir(real):
-            raise RequestRefused(f"cwd {cwd} is not a directory")
-        return real
-
     def _spawn_sandboxed(self, request: Request, stdio: tuple[int, int, int]) -> Child:
-        cwd = self._checked_cwd(request.cwd)
+        cwd = checked_cwd(request.cwd, self.s.workdir)
         return self.s.executor.spawn(request.argv, cwd, stdio)
 
     def _spawn_gpg(self, request: Request, stdio: tuple[int, int, int]) -> Child:
-        if request.key not in self.s.sign_keys:
-            raise RequestRefused(f"signing key {request.key!r} is not enabled on this broker")
-        if self.s.gpg is None:
-            raise SpawnError("gpg is not installed on the host")
-        # Outside any sandbox, as the person: only the key comes from the request.
-        try:
-            proc = subprocess.Popen(
-                [self.s.gpg, "--status-fd=2", "-bsau", str(request.key)],
-                stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
-                start_new_session=True, cwd="/",
-            )  # fmt: skip
-        except OSError as exc:
-            raise SpawnError(f"cannot start gpg: {exc.strerror}") from None
-        proc.returncode = 0  # reaped through the pidfd
-        return PlainChild(proc.pid)
+        return spawn_gpg(self.s.gpg, self.s.sign_keys, request.key, stdio)
 
     def _start(
         self, request: Request, spawn: Callable[[Request, tuple[int, int, int]], Child]
@@ -418,7 +360,7 @@ class Connection:
 
     def _on_output(self, fd: int, channel: Channel) -> None:
         """One frame from a pipe: header sent, payload spliced; the rest queued."""
-        count = min(_available(fd), MAX_PAYLOAD) if self.s.splice else 0
+        count = min(available(fd), MAX_PAYLOAD) if self.s.splice else 0
         if not count:
             self._copy_output(fd, channel)  # EOF, or a spurious wake-up
             return
@@ -431,10 +373,10 @@ class Connection:
             self._client_gone()
             return
         if sent < HEADER_SIZE:
-            self._queue(header[sent:], _read_exact(fd, count))
+            self._queue(header[sent:], read_exact(fd, count))
             return
         try:
-            moved = os.splice(fd, self.fd, count, flags=_SPLICE)
+            moved = os.splice(fd, self.fd, count, flags=SPLICE_FLAGS)
         except BlockingIOError:
             moved = 0
         except (BrokenPipeError, ConnectionResetError):
@@ -444,7 +386,7 @@ class Connection:
             self.s.splice = False  # not supported here: copy from now on
             moved = 0
         if moved < count:
-            self._queue(_read_exact(fd, count - moved))
+            self._queue(read_exact(fd, count - moved))
 
     def _copy_output(self, fd: int, channel: Channel) -> bool:
         """Read and queue what the pipe holds; False at EOF or when it is empty."""

@@ -1,0 +1,62 @@
+"""What the request ops may start, decided apart from the connection's I/O.
+
+``exec`` runs in the executor's sandbox, only inside the workdir; ``sign``
+runs the host's gpg for an enabled key, outside any sandbox, with nothing
+from the request on its command line but that key.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+from libbroker.errors import RequestRefused, SpawnError
+from libbroker.executor import Child, killpg_quietly
+
+
+def checked_cwd(cwd: str, workdir: str) -> str:
+    """``cwd`` with symlinks resolved, if it is ``workdir`` or inside it; else RequestRefused."""
+    real = os.path.realpath(cwd)
+    if real != workdir and not real.startswith(workdir.rstrip("/") + "/"):
+        raise RequestRefused(f"cwd {cwd} is outside the workdir {workdir}")
+    if not os.path.isdir(real):
+        raise RequestRefused(f"cwd {cwd} is not a directory")
+    return real
+
+
+class PlainChild(Child):
+    """A host process outside any sandbox (the gpg of the sign op)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def send_signal(self, signum: int) -> None:
+        killpg_quietly(self.pid, signum)
+
+    def kill(self) -> None:
+        killpg_quietly(self.pid, 9)
+
+
+def gpg_argv(gpg: str, key: str) -> list[str]:
+    """git's signing call: detached, armored, status lines on fd 2, as ``key``."""
+    return [gpg, "--status-fd=2", "-bsau", key]
+
+
+def spawn_gpg(
+    gpg: str | None, sign_keys: frozenset[str], key: str | None, stdio: tuple[int, int, int]
+) -> Child:
+    """Start the host's gpg for ``key``; RequestRefused unless the key is exactly enabled."""
+    if key is None or key not in sign_keys:
+        raise RequestRefused(f"signing key {key!r} is not enabled on this broker")
+    if gpg is None:
+        raise SpawnError("gpg is not installed on the host")
+    try:
+        proc = subprocess.Popen(
+            gpg_argv(gpg, key),
+            stdin=stdio[0], stdout=stdio[1], stderr=stdio[2],
+            start_new_session=True, cwd="/",
+        )  # fmt: skip
+    except OSError as exc:
+        raise SpawnError(f"cannot start gpg: {exc.strerror}") from None
+    proc.returncode = 0  # the connection reaps it through a pidfd; silence Popen.__del__
+    return PlainChild(proc.pid)
