@@ -110,14 +110,16 @@ def test_a_lab_kubeconfig_is_proxified_for_the_session(world: World) -> None:
 
 def test_the_launcher_process_imports_nothing_heavy(world: World) -> None:
     script = (
-        "import sys\n"
+        "import os, sys\n"
         "sys.argv = ['agent-sandbox', 'run', sys.argv[1], '--', 'true']\n"
-        "from bin.agent_sandbox import main\n"
-        "try:\n"
-        "    main()\n"
-        "finally:\n"
+        "real_exit = os._exit\n"
+        "def report(code):\n"
         "    heavy = {'cryptography', 'psutil', 'nono_py', 'yaml', 'h11', 'asyncio'}\n"
-        "    print('heavy:', sorted(heavy & set(sys.modules)))\n"
+        "    print('heavy:', sorted(heavy & set(sys.modules)), flush=True)\n"
+        "    real_exit(code)\n"
+        "os._exit = report\n"
+        "from bin.agent_sandbox import main\n"
+        "main()\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script, f"--config={world.config()}"],
