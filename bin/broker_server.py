@@ -20,7 +20,8 @@ Options:
   --env-allow=NAMES  Comma-separated variables passed from this server's environment
                      (overrides the profile's; default PATH,LANG,LC_ALL,TERM,HOME,USER,TZ).
   --sign-key=KEY     Enable op "sign" for exactly this gpg key (repeatable).
-  --audit=FILE       Append one JSON line per request to FILE.
+  --audit=FILE       Append one JSON line per request to FILE.  If a line cannot be
+                     written, new requests are refused until one can (fail closed).
   -h --help          Show this help.
   --version          Show the version.
 

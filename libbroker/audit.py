@@ -14,9 +14,17 @@ from typing import TextIO
 
 
 class AuditLog:
-    """Appends JSON lines to a file (0600) and mirrors refusals to stderr."""
+    """Appends JSON lines to a file (0600) and mirrors refusals to stderr.
+
+    Fail closed: once a line could not be written (disk full, I/O error), the
+    log is :attr:`broken` and the server refuses new requests until a line
+    (a refusal's) is written again; a command is never started unaudited
+    knowingly.  The command whose own line failed has already run; that is
+    said on stderr.
+    """
 
     def __init__(self, path: str | None) -> None:
+        self.broken: str | None = None
         self._file: TextIO | None = None
         if path is not None:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -33,10 +41,17 @@ class AuditLog:
         if self._file is not None:
             try:
                 self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                self._file.flush()
             except OSError as exc:
-                sys.stderr.write(f"broker-server: cannot write the audit log: {exc.strerror}\n")
+                self.broken = exc.strerror or str(exc)
+                sys.stderr.write(f"broker-server: cannot write the audit log: {self.broken}\n")
+            else:
+                self.broken = None
 
     def close(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError as exc:  # lines held back by a full disk are lost: say so
+                sys.stderr.write(f"broker-server: cannot write the audit log: {exc.strerror}\n")
             self._file = None

@@ -296,6 +296,11 @@ class Connection:
     def _on_request(self, payload: bytes) -> None:
         try:
             self.request = request = parse_request(payload)
+            if self.s.audit.broken is not None and request.op != "ping":
+                raise RequestRefused(
+                    f"the audit log cannot be written ({self.s.audit.broken}): "
+                    "refusing to run unaudited"
+                )
             if request.op == "ping":
                 self._queue(encode_exit(0))
                 self._finish(exit_status=0)

@@ -61,10 +61,27 @@ def bind_socket(path: str) -> socket.socket:
     return sock
 
 
+def remove_own_socket(path: str, identity: tuple[int, int]) -> None:
+    """Unlink ``path`` only if it is still the socket we bound (device, inode).
+
+    Someone may have replaced it meanwhile (another server after ``rm``, or
+    a plain file): that is theirs, not ours to remove.
+    """
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if stat.S_ISSOCK(st.st_mode) and (st.st_dev, st.st_ino) == identity:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+
+
 async def serve(path: str, settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; then end every command and remove the socket."""
     loop = asyncio.get_running_loop()
     sock = bind_socket(path)
+    st = os.lstat(path)
+    identity = (st.st_dev, st.st_ino)
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
@@ -92,8 +109,7 @@ async def serve(path: str, settings: Settings) -> None:
         if pending:
             await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
     finally:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+        remove_own_socket(path, identity)
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(signum)
 

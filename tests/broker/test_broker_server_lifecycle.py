@@ -222,3 +222,36 @@ def test_proxy_mode_reaches_the_proxy_port_only(place, tools, backend) -> None:
         other.close()
     assert done.stdout.split("\n")[:2] == ["proxy says hi ping", "other port refused"], done.stderr
     assert served == [b"ping"]
+
+
+def test_on_exit_only_its_own_socket_is_removed(place, tools) -> None:
+    _, workdir, sock = place
+    first = tools.start_server("bwrap", workdir, sock)
+    os.unlink(sock)
+    second = tools.start_server("bwrap", workdir, sock)
+    try:
+        assert tools.stop_server(first) == 0
+        assert os.path.exists(sock)  # the second server's socket stays
+    finally:
+        assert tools.stop_server(second) == 0
+    assert not os.path.exists(sock)
+    third = tools.start_server("bwrap", workdir, sock)
+    os.unlink(sock)
+    with open(sock, "w") as fh:
+        fh.write("someone else's")
+    assert tools.stop_server(third) == 0
+    assert os.path.exists(sock)
+
+
+def test_an_unwritable_audit_log_fails_closed(place, tools) -> None:
+    _, workdir, sock = place
+    proc = tools.start_server("nono", workdir, sock, "--audit=/dev/full")
+    env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=sock)
+    try:
+        first = run([tools.client, "--", "true"], cwd=workdir, env=env)
+        second = run([tools.client, "--", "true"], cwd=workdir, env=env)
+    finally:
+        assert tools.stop_server(proc) == 0
+    assert first.returncode == 0  # it ran; its own line is what failed
+    assert second.returncode == 125 and "audit log" in second.stderr
+    assert proc.stderr is not None and "cannot write the audit log" in proc.stderr.read()
