@@ -480,8 +480,10 @@ class Session:
                 if dead is not None:
                     self._drain_all()
                     code = dead.proc.wait()
+                    hint = " (agent-sandbox doctor tells why)" if dead is self.sandbox else ""
                     raise LaunchError(
-                        f"{dead.name} exited with status {code} while starting" + dead.error_tail()
+                        f"{dead.name} exited with status {code} while starting{hint}"
+                        + dead.error_tail()
                     )
                 for line in self._read_lines(fd):
                     child, kind = owners[fd]

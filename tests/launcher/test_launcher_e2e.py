@@ -387,3 +387,16 @@ def test_a_signal_while_starting_ends_everything(world: World) -> None:
     assert proc.returncode in (143, 0), err  # 0 only if the whole session beat the signal
     assert "Traceback" not in err
     assert _gone(world) == []
+
+
+def test_a_sandbox_that_cannot_start_is_reported(world: World, tmp_path: Path) -> None:
+    fake = tmp_path / "fakebin"
+    fake.mkdir()
+    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: no user namespaces' >&2\nexit 1\n")
+    (fake / "bwrap").chmod(0o755)
+    env = world.env(PATH=f"{fake}:{os.environ['PATH']}")
+    done = world.run("true", env=env)
+    assert done.returncode == 1
+    assert "sandbox exited with status 1 while starting" in done.stderr
+    assert "doctor" in done.stderr
+    assert _gone(world) == []
