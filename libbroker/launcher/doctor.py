@@ -139,7 +139,7 @@ def check_terminal() -> Check:
 
 
 def check_executables() -> list[Check]:
-    from libbroker.launcher.session import scripts_dir
+    from libbroker.launcher.plan import scripts_dir
 
     out = []
     for name, needed in (

@@ -22,12 +22,11 @@ import select
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable
-from libbroker.launcher import agent_sandbox, config, runtime, supervise
+from libbroker.launcher import agent_sandbox, config, plan, runtime, supervise
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -37,171 +36,7 @@ if TYPE_CHECKING:
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
-BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-class _Listening:
-    """What the servers' ``listening`` lines said."""
-
-    def __init__(self) -> None:
-        self.http_port = 0
-        self.socks_port = 0
-        self.broker = ""
-
-
-def choose_backend(kind: str) -> str:
-    """``auto`` is bwrap when installed, else Landlock (nono)."""
-    if kind != "auto":
-        return kind
-    return "bwrap" if shutil.which("bwrap") else "nono"
-
-
-def scripts_dir() -> str:
-    """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
-    import sysconfig
-
-    return sysconfig.get_path("scripts")
-
-
-def _exe(name: str) -> str:
-    """Our own executable ``name`` from this installation, else from PATH."""
-    path = os.path.join(scripts_dir(), name)
-    return path if os.access(path, os.X_OK) else name
-
-
-# Start our own Python executables without the site module: it processes
-# every .pth file of the installation, which costs each process tens of ms
-# of CPU while the three of them compete for the cores at session start.
-# sys.path gets exactly what site would add for our code and dependencies;
-# if the imports fail anyway, the console script itself is exec'd.
-_BOOT = """import sys
-sys.path[:0] = {paths!r}
-sys.argv[0] = {name!r}
-try:
-    from {module} import main
-except ImportError:
-    import os
-    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
-raise SystemExit(main())
-"""
-
-
-def project_dir() -> str:
-    import libbroker
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
-
-
-def python_argv(name: str, module: str, fallback: list[str] | None = None) -> list[str]:
-    """argv that runs our console script ``name`` (``module``'s main) without site.
-
-    ``fallback`` (default: the console script) is exec'd if the imports fail.
-    """
-    import sysconfig
-
-    paths: list[str] = []
-    for p in (project_dir(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")):
-        if p not in paths:
-            paths.append(p)
-    python = os.path.realpath(sys.executable)
-    boot = _BOOT.format(paths=paths, name=name, module=module, fallback=fallback or [_exe(name)])
-    return [python, "-I", "-S", "-c", boot]
-
-
-def host_facts(cfg: Config, cwd: str) -> Host:
-    project = project_dir()
-    prefixes: list[str] = []
-    for p in (sys.prefix, sys.base_prefix):
-        p = os.path.realpath(p)
-        if p not in prefixes:
-            prefixes.append(p)
-    candidates = agent_sandbox.bind_candidates(cfg)
-    symlinks = {d: os.readlink(d) for d in agent_sandbox.SYSTEM_DIRS if os.path.islink(d)}
-    existing = frozenset(p for p in candidates if os.path.lexists(p))
-    python = os.path.realpath(sys.executable)
-    return Host(
-        python=python,
-        python_dirs=tuple(prefixes),
-        project_dir=project,
-        forwarder=os.path.join(project, "libbroker", "launcher", "forwarder.py"),
-        bin_dir=scripts_dir(),
-        cwd=cwd,
-        symlinks=symlinks,
-        existing=existing,
-    )
-
-
-def _proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
-    argv = [
-        *python_argv("egress-proxy", "bin.egress_proxy"),
-        "--listen=127.0.0.1:0",
-        "--socks=127.0.0.1:0",
-        "--allow=" + ",".join(cfg.domains),
-        "--inject=" + ",".join(cfg.inject),
-        "--egress-dir=" + rt.egress_dir,
-        f"--token-every={cfg.token_every}",
-    ]
-    if cfg.token_command:
-        argv.append("--token-command=" + cfg.token_command)
-    argv += [f"--resolve={r}" for r in cfg.resolve]
-    argv += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
-    if cfg.upstream_ca:
-        argv.append("--upstream-ca=" + cfg.upstream_ca)
-    return argv
-
-
-def _broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
-    argv = [
-        *python_argv("broker-server", "bin.broker_server"),
-        "--socket=" + rt.broker_socket,
-        "--workdir=" + cfg.workdir,
-        "--sandbox=" + backend,
-        "--profile=" + rt.profile,
-    ]
-    if cfg.sign_key:
-        argv.append("--sign-key=" + cfg.sign_key)
-    return argv
-
-
-def command_profile(cfg: Config, host: Host) -> dict[str, object]:
-    """The broker's profile for commands it runs on the sandbox's behalf.
-
-    Network is ``none``: the broker starts alongside the proxy, before its port
-    exists, and a brokered command has no business bypassing the agent's proxy.
-    """
-    read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if os.path.exists(p))]
-    return {
-        "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
-        "network": {"mode": "none"},
-        "environment": {"allow_vars": [*BROKER_ENV_ALLOW, "AGENT_SANDBOX"]},
-    }
-
-
-def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> str:
-    """The session's policy JSON (DESIGN 2.3), through libpolicy's model and checks."""
-    from libpolicy.model import Policy
-
-    policy = Policy(
-        cfg.home,
-        runtime=rt.root,
-        read=cfg.read,
-        write=(cfg.workdir, *cfg.write),
-        deny=cfg.deny,
-        harness=cfg.harness,
-        tool_write=(),
-        domains=cfg.domains,
-        proxy_port=proxy_port,
-        socks_port=socks_port,
-        egress=rt.egress_dir,
-    )
-    return policy.to_json()
-
-
-def _write_private(path: str, data: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data)
 
 
 _TRACE = bool(os.environ.get("AGENT_SANDBOX_TRACE"))
@@ -235,7 +70,7 @@ class Session:
     def __init__(self, cfg: Config, cmd: list[str], backend: str) -> None:
         self.cfg = cfg
         self.cmd = cmd
-        self.backend = choose_backend(backend)
+        self.backend = plan.choose_backend(backend)
         self.tty = os.isatty(0)
         self.children: list[supervise.Child] = []
         self.relays: list[Relay] = []
@@ -288,25 +123,29 @@ class Session:
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
         # The proxy is the slowest to start: first; the rest runs meanwhile.
-        proxy = self._spawn("egress-proxy", _proxy_argv(cfg, rt))
-        host = host_facts(cfg, os.getcwd())
+        proxy = self._spawn("egress-proxy", plan.proxy_argv(cfg, rt))
+        host = plan.host_facts(cfg, os.getcwd())
         import json  # after the proxy's spawn: nothing before it that need not be
 
-        _write_private(rt.profile, json.dumps(command_profile(cfg, host)))
+        plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
         self.cfg = cfg = config.resolve_sign_key(cfg)
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
         broker_env = {**os.environ, "AGENT_SANDBOX": "1"}
-        broker = self._spawn("broker-server", _broker_argv(cfg, rt, self.backend), env=broker_env)
+        broker = self._spawn(
+            "broker-server", plan.broker_argv(cfg, rt, self.backend), env=broker_env
+        )
         kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
         self._start_sandbox(host)
         _trace("servers and sandbox spawned")
         if self.backend == "bwrap":  # the in-sandbox ports are fixed: write it meanwhile
-            _write_private(rt.policy, policy_json(cfg, rt, HTTP_PORT, SOCKS_PORT))
+            plan.write_private(rt.policy, plan.policy_json(cfg, rt, HTTP_PORT, SOCKS_PORT))
         found = self._wait_listening(proxy, broker, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         if self.backend == "nono":
             kube = self._start_kubeconfig(rt, found.socks_port)
-            _write_private(rt.policy, policy_json(cfg, rt, found.http_port, found.socks_port))
+            plan.write_private(
+                rt.policy, plan.policy_json(cfg, rt, found.http_port, found.socks_port)
+            )
         if kube is not None:
             self._finish_kubeconfig(kube)
         self._live = True
@@ -384,7 +223,7 @@ class Session:
         else:
             helper = "libbroker.launcher.landlock_exec"
             slow = [host.python, "-I", "-m", helper]
-            argv = [*python_argv("agent-sandbox", helper, slow), str(r)]
+            argv = [*plan.python_argv("agent-sandbox", helper, slow), str(r)]
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,
@@ -396,7 +235,7 @@ class Session:
             )
         os.close(r)
 
-    def _send_landlock_spec(self, host: Host, found: _Listening) -> None:
+    def _send_landlock_spec(self, host: Host, found: plan.Listening) -> None:
         assert self.rt is not None
         tmpdir = os.path.join(self.rt.root, "tmp")
         os.mkdir(tmpdir, 0o700)
@@ -434,7 +273,7 @@ class Session:
             ) from None
         url = f"socks5://127.0.0.1:{socks_port}"
         return subprocess.Popen(
-            [_exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
+            [plan.exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -446,8 +285,8 @@ class Session:
 
     def _wait_listening(
         self, proxy: supervise.Child, broker: supervise.Child, wake_r: int
-    ) -> _Listening:
-        found = _Listening()
+    ) -> plan.Listening:
+        found = plan.Listening()
         deadline = time.monotonic() + self.cfg.start_timeout
         poller = select.poll()
         owners: dict[int, tuple[supervise.Child, str]] = {}
@@ -488,7 +327,7 @@ class Session:
                 for line in self._read_lines(fd):
                     child, kind = owners[fd]
                     if kind == "out":
-                        self._parse_listening(child, line, found)
+                        plan.parse_listening(child.name, line, found)
         return found
 
     def _read_lines(self, fd: int) -> list[str]:
@@ -520,22 +359,6 @@ class Session:
         for fd in list(self._owners):
             with contextlib.suppress(OSError, KeyError):
                 self._read_lines(fd)
-
-    @staticmethod
-    def _parse_listening(child: supervise.Child, line: str, found: _Listening) -> None:
-        words = line.split()
-        if len(words) != 2 or words[0] != "listening":
-            return
-        addr = words[1]
-        if child.name == "broker-server" and addr.startswith("unix:"):
-            found.broker = addr[5:]
-        elif addr.startswith(("http://", "socks5://")):
-            port = addr.rsplit(":", 1)[-1].rstrip("/")
-            if port.isdigit():
-                if addr.startswith("http://"):
-                    found.http_port = int(port)
-                else:
-                    found.socks_port = int(port)
 
     # --- the session ---------------------------------------------------------
 

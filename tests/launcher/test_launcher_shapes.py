@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libbroker.launcher import agent_sandbox, seccomp
+from libbroker.launcher import agent_sandbox, plan, seccomp
 from libbroker.launcher.agent_sandbox import Host
 from libbroker.launcher.config import HostFacts, from_mapping
 from libbroker.launcher.runtime import Runtime
@@ -204,3 +204,63 @@ def test_landlock_spec_grants_reads_writes_and_the_two_ports() -> None:
     assert CFG.workdir in spec["write"]  # type: ignore[operator]
     assert spec["new_session"] is False
     assert spec["cwd"] == "/home/u/project/sub"
+
+
+# --- what the session starts -----------------------------------------------------
+
+
+def test_the_proxy_is_started_on_free_loopback_ports_with_the_config() -> None:
+    cfg = from_mapping(
+        {
+            "token_command": "gh auth token",
+            "resolve": ["github.com:127.0.0.1:8443"],
+            "allow_cidr": ["127.0.0.1/32"],
+            "upstream_ca": "/etc/ca.pem",
+        },
+        FACTS,
+    )
+    argv = plan.proxy_argv(cfg, RT)
+    assert "--listen=127.0.0.1:0" in argv and "--socks=127.0.0.1:0" in argv
+    assert f"--egress-dir={RT.egress_dir}" in argv
+    assert "--token-command=gh auth token" in argv
+    assert "--resolve=github.com:127.0.0.1:8443" in argv
+    assert "--allow-cidr=127.0.0.1/32" in argv
+    assert "--upstream-ca=/etc/ca.pem" in argv
+    assert "--allow=" + ",".join(cfg.domains) in argv
+
+
+def test_the_broker_gets_the_socket_workdir_profile_and_key() -> None:
+    cfg = from_mapping({"sign_key": "ABCD"}, FACTS)
+    argv = plan.broker_argv(cfg, RT, "bwrap")
+    for flag in (
+        f"--socket={RT.broker_socket}",
+        f"--workdir={cfg.workdir}",
+        "--sandbox=bwrap",
+        f"--profile={RT.profile}",
+        "--sign-key=ABCD",
+    ):
+        assert flag in argv
+    assert not any(a.startswith("--sign-key") for a in plan.broker_argv(CFG, RT, "bwrap"))
+
+
+def test_brokered_commands_get_no_network_and_see_agent_sandbox() -> None:
+    profile = plan.command_profile(CFG, HOST)
+    assert profile["network"] == {"mode": "none"}
+    assert "AGENT_SANDBOX" in profile["environment"]["allow_vars"]  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("name", "line", "field", "value"),
+    [
+        ("egress-proxy", "listening http://127.0.0.1:4711", "http_port", 4711),
+        ("egress-proxy", "listening socks5://127.0.0.1:4712", "socks_port", 4712),
+        ("broker-server", "listening unix:/run/x/broker.sock", "broker", "/run/x/broker.sock"),
+        ("egress-proxy", "listening unix:/evil", "broker", ""),
+        ("egress-proxy", "listening http://127.0.0.1:x", "http_port", 0),
+        ("egress-proxy", "log: listening http://127.0.0.1:1", "http_port", 0),
+    ],
+)
+def test_listening_lines(name: str, line: str, field: str, value: object) -> None:
+    found = plan.Listening()
+    plan.parse_listening(name, line, found)
+    assert getattr(found, field) == value

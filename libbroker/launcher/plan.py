@@ -1,0 +1,197 @@
+"""What a session starts, as data: each child's argv, the broker's profile, the policy.
+
+Pure functions of the config, the runtime directory and the host (plus the
+installation's paths), kept apart from :mod:`.session`, which runs them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from libbroker.launcher import agent_sandbox
+from libbroker.launcher.agent_sandbox import Host
+from libbroker.launcher.config import Config
+from libbroker.launcher.runtime import Runtime
+
+BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
+
+
+class Listening:
+    """What the servers' ``listening`` lines said."""
+
+    def __init__(self) -> None:
+        self.http_port = 0
+        self.socks_port = 0
+        self.broker = ""
+
+
+def choose_backend(kind: str) -> str:
+    """``auto`` is bwrap when installed, else Landlock (nono)."""
+    if kind != "auto":
+        return kind
+    return "bwrap" if shutil.which("bwrap") else "nono"
+
+
+def scripts_dir() -> str:
+    """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
+    import sysconfig
+
+    return sysconfig.get_path("scripts")
+
+
+def exe(name: str) -> str:
+    """Our own executable ``name`` from this installation, else from PATH."""
+    path = os.path.join(scripts_dir(), name)
+    return path if os.access(path, os.X_OK) else name
+
+
+# Start our own Python executables without the site module: it processes
+# every .pth file of the installation, which costs each process tens of ms
+# of CPU while the three of them compete for the cores at session start.
+# sys.path gets exactly what site would add for our code and dependencies;
+# if the imports fail anyway, the console script itself is exec'd.
+_BOOT = """import sys
+sys.path[:0] = {paths!r}
+sys.argv[0] = {name!r}
+try:
+    from {module} import main
+except ImportError:
+    import os
+    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
+raise SystemExit(main())
+"""
+
+
+def project_dir() -> str:
+    import libbroker
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+
+
+def python_argv(name: str, module: str, fallback: list[str] | None = None) -> list[str]:
+    """argv that runs our console script ``name`` (``module``'s main) without site.
+
+    ``fallback`` (default: the console script) is exec'd if the imports fail.
+    """
+    import sysconfig
+
+    paths: list[str] = []
+    for p in (project_dir(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")):
+        if p not in paths:
+            paths.append(p)
+    python = os.path.realpath(sys.executable)
+    boot = _BOOT.format(paths=paths, name=name, module=module, fallback=fallback or [exe(name)])
+    return [python, "-I", "-S", "-c", boot]
+
+
+def host_facts(cfg: Config, cwd: str) -> Host:
+    project = project_dir()
+    prefixes: list[str] = []
+    for p in (sys.prefix, sys.base_prefix):
+        p = os.path.realpath(p)
+        if p not in prefixes:
+            prefixes.append(p)
+    candidates = agent_sandbox.bind_candidates(cfg)
+    symlinks = {d: os.readlink(d) for d in agent_sandbox.SYSTEM_DIRS if os.path.islink(d)}
+    existing = frozenset(p for p in candidates if os.path.lexists(p))
+    python = os.path.realpath(sys.executable)
+    return Host(
+        python=python,
+        python_dirs=tuple(prefixes),
+        project_dir=project,
+        forwarder=os.path.join(project, "libbroker", "launcher", "forwarder.py"),
+        bin_dir=scripts_dir(),
+        cwd=cwd,
+        symlinks=symlinks,
+        existing=existing,
+    )
+
+
+def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
+    argv = [
+        *python_argv("egress-proxy", "bin.egress_proxy"),
+        "--listen=127.0.0.1:0",
+        "--socks=127.0.0.1:0",
+        "--allow=" + ",".join(cfg.domains),
+        "--inject=" + ",".join(cfg.inject),
+        "--egress-dir=" + rt.egress_dir,
+        f"--token-every={cfg.token_every}",
+    ]
+    if cfg.token_command:
+        argv.append("--token-command=" + cfg.token_command)
+    argv += [f"--resolve={r}" for r in cfg.resolve]
+    argv += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
+    if cfg.upstream_ca:
+        argv.append("--upstream-ca=" + cfg.upstream_ca)
+    return argv
+
+
+def broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
+    argv = [
+        *python_argv("broker-server", "bin.broker_server"),
+        "--socket=" + rt.broker_socket,
+        "--workdir=" + cfg.workdir,
+        "--sandbox=" + backend,
+        "--profile=" + rt.profile,
+    ]
+    if cfg.sign_key:
+        argv.append("--sign-key=" + cfg.sign_key)
+    return argv
+
+
+def command_profile(cfg: Config, host: Host) -> dict[str, object]:
+    """The broker's profile for commands it runs on the sandbox's behalf.
+
+    Network is ``none``: the broker starts alongside the proxy, before its port
+    exists, and a brokered command has no business bypassing the agent's proxy.
+    """
+    read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if os.path.exists(p))]
+    return {
+        "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
+        "network": {"mode": "none"},
+        "environment": {"allow_vars": [*BROKER_ENV_ALLOW, "AGENT_SANDBOX"]},
+    }
+
+
+def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> str:
+    """The session's policy JSON (DESIGN 2.3), through libpolicy's model and checks."""
+    from libpolicy.model import Policy
+
+    policy = Policy(
+        cfg.home,
+        runtime=rt.root,
+        read=cfg.read,
+        write=(cfg.workdir, *cfg.write),
+        deny=cfg.deny,
+        harness=cfg.harness,
+        tool_write=(),
+        domains=cfg.domains,
+        proxy_port=proxy_port,
+        socks_port=socks_port,
+        egress=rt.egress_dir,
+    )
+    return policy.to_json()
+
+
+def write_private(path: str, data: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+
+
+def parse_listening(name: str, line: str, found: Listening) -> None:
+    words = line.split()
+    if len(words) != 2 or words[0] != "listening":
+        return
+    addr = words[1]
+    if name == "broker-server" and addr.startswith("unix:"):
+        found.broker = addr[5:]
+    elif addr.startswith(("http://", "socks5://")):
+        port = addr.rsplit(":", 1)[-1].rstrip("/")
+        if port.isdigit():
+            if addr.startswith("http://"):
+                found.http_port = int(port)
+            else:
+                found.socks_port = int(port)
