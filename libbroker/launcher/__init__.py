@@ -4,9 +4,17 @@ It composes the other executables (egress-proxy, broker-server,
 kubeconfig-proxify) through subprocesses and pipes only, and runs the agent's
 command in a bwrap or Landlock sandbox whose only way out is the proxy.
 
-Modules: :mod:`.config` (TOML), :mod:`.runtime` (the session directory),
-:mod:`.supervise` (children: start, listening lines, ordered stop, janitor),
-:mod:`.agent_sandbox` (bwrap argv, Landlock spec, environment),
-:mod:`.forwarder` (in-sandbox, stdlib only), :mod:`.relay` (host side),
-:mod:`.session` (``run``), :mod:`.doctor`, :mod:`.settings`.
+Modules:
+
+- :mod:`.config`: the TOML config over built-in defaults;
+- :mod:`.runtime`: the session's private runtime directory;
+- :mod:`.plan`: what a session starts, as data (argv, broker profile, policy);
+- :mod:`.agent_sandbox`: the sandbox's shape (bwrap argv, Landlock spec, env);
+- :mod:`.seccomp`: the TIOCSTI/TIOCLINUX filter, as BPF bytes;
+- :mod:`.supervise`: children (pdeathsig, pidfds, ordered stop) and the janitor;
+- :mod:`.session`: ``run`` itself;
+- :mod:`.forwarder` (in the sandbox, stdlib only) and :mod:`.relay` (host side):
+  the network bridge into bwrap's network namespace;
+- :mod:`.landlock_exec`: the Landlock backend's apply-then-exec helper;
+- :mod:`.doctor`, :mod:`.settings`: ``doctor`` and ``render-settings``.
 """
