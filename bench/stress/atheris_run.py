@@ -15,11 +15,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import atheris  # noqa: E402
+import atheris
 
 with atheris.instrument_imports(include=["libbroker", "libegress", "libpolicy", "h11", "yaml",
                                          "stress"]):
-    from stress import fuzz_targets  # noqa: E402
+    from stress import fuzz_targets
 
 
 def main() -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stress import world  # noqa: E402
-from stress.common import HERE  # noqa: E402
+from stress import world
+from stress.common import HERE
 
 ADDRESSES_V4 = ["169.254.169.254", "10.0.0.1", "192.168.1.1", "172.16.0.1", "100.64.0.1"]
 ADDRESSES_V6 = ["fd00::1"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import random
 import re
 import subprocess
 import sys
@@ -35,6 +34,7 @@ from stress.common import (
     start_broker,
     start_proxy,
     traceback_in,
+    traceback_summary,
 )
 
 # --- input generators ------------------------------------------------------------
@@ -228,7 +228,7 @@ def run_hypothesis(name: str, examples: int, current: Path | None = None,
             pass
         except fuzz_targets.Broken as exc:
             crashes.append(f"invariant: {exc} on {data[:80]!r}")
-        except Exception as exc:  # noqa: BLE001 - this is what the fuzzing is for
+        except Exception as exc:
             crashes.append(f"{type(exc).__name__}: {str(exc)[:100]} on {data[:60]!r}"
                            f"{'...' if len(data) > 60 else ''} ({len(data)} bytes)")
 
@@ -290,7 +290,7 @@ def run_atheris(name: str, seconds: float, tmp: Path) -> dict[str, object]:
     done = re.findall(r"Done (\d+) runs", err)
     count = int(runs[-1]) if runs else int(done[-1]) if done else 0
     crash = "Uncaught Python exception" in err or "deadly signal" in err
-    hang = "ALARM: working on the last Unit" in err or "-timeout" in err and "Timeout" in err
+    hang = "ALARM: working on the last Unit" in err or ("-timeout" in err and "Timeout" in err)
     message = ""
     if crash or hang:
         start = err.find("=== Uncaught Python exception")
@@ -373,11 +373,16 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
         took = time.monotonic() - started
         cell = "ok"
         if crashes:
-            unique = sorted(set(c.split(" on ")[0] for c in crashes))
-            cell = finding("fuzz", f"{name}: exception escapes the decoder",
-                           f"python3 bench/stress.py --only fuzz (target {name})",
-                           "; ".join(unique[:3]) + f" (e.g. {crashes[0][:300]})",
-                           f"only {', '.join(e.__name__ for e in fuzz_targets.EXPECTED[name])}")
+            # One finding per distinct failure, each with an input that shows it.
+            firsts: dict[str, str] = {}
+            for crash in crashes:
+                firsts.setdefault(crash.split(" on ")[0], crash)
+            cells = [finding("fuzz", f"{name}: {sig[:80]}",
+                             f"python3 bench/stress.py --only fuzz (target {name})",
+                             example[:400],
+                             f"only {', '.join(e.__name__ for e in fuzz_targets.EXPECTED[name])}")
+                     for sig, example in firsts.items()]
+            cell = " ".join(sorted(set(cells)))
         table.add(name, tried if tried >= 0 else "(died)", len(crashes), 0,
                   f"{cell} ({took:.1f} s)")
 
@@ -466,20 +471,21 @@ def _closed_port() -> int:
 
 
 def _first_traceback(text: str) -> str:
-    for marker in ("Traceback (most recent call last)", "internal error"):
-        at = text.find(marker)
-        if at >= 0:
-            start = text.rfind("\n", 0, max(at - 200, 0)) + 1
-            return text[start:at + 900].strip()
-    return ""
+    return traceback_summary(text)
 
 
 def _cli_row(table: Table, what: str, runs: int, problems: list[str], hangs: int = 0) -> None:
     cell = "ok"
     if problems or hangs:
-        unique = sorted(set(p.split(" on ")[0] for p in problems))
-        cell = finding("fuzz", f"{what}: traceback, bad exit or hang", what,
-                       " | ".join(unique[:3])[:900] + (f"; {hangs} hangs" if hangs else ""),
-                       "a one-line message and the documented exit status")
+        firsts: dict[str, str] = {}
+        for problem in problems:
+            firsts.setdefault(problem.split(" on ")[0][:120], problem)
+        cells = [finding("fuzz", f"{what}: traceback or bad exit", what, example[:700],
+                         "a one-line message and the documented exit status")
+                 for example in firsts.values()]
+        if hangs:
+            cells.append(finding("fuzz", f"{what}: hang", what, f"{hangs} inputs hung",
+                                 "an answer or a close within the timeout"))
+        cell = " ".join(sorted(set(cells)))
     table.add(what, runs, len(problems), hangs, cell)
 

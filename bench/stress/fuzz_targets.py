@@ -18,7 +18,7 @@ from pathlib import Path
 import h11
 
 from libbroker.errors import AgentSandboxError, ProtocolError, RequestRefused
-from libbroker.wire import CLIENT_CHANNELS, OPS, FrameBuffer, FrameDecoder, parse_request
+from libbroker.wire import CLIENT_CHANNELS, OPS, FrameDecoder, parse_request
 from libegress import socks5
 from libegress.addresses import refusal
 from libegress.allowlist import parse_patterns
@@ -43,36 +43,31 @@ MAX_HEAD = 32 * 1024
 
 
 def frames(data: bytes) -> None:
-    """FrameDecoder and FrameBuffer over the same bytes, chunked by the first byte."""
+    """FrameDecoder over the same bytes chunked two ways (by the first byte, and whole)."""
     step = (data[0] % 7) + 1 if data else 1
     body = data[1:]
     chunks = [body[i:i + step] for i in range(0, len(body), step)]
     dec = FrameDecoder(accept=CLIENT_CHANNELS)
-    got_dec: list[tuple[int, bytes]] = []
-    dec_error = False
+    got: list[tuple[int, bytes]] = []
+    error = False
     try:
         for chunk in chunks:
-            got_dec += [(int(f.channel), f.payload) for f in dec.feed(chunk)]
+            got += [(int(f.channel), f.payload) for f in dec.feed(chunk)]
     except ProtocolError:
-        dec_error = True
-    buf = FrameBuffer(accept=CLIENT_CHANNELS)
-    got_buf: list[tuple[int, bytes]] = []
-    buf_error = False
+        error = True
+    whole = FrameDecoder(accept=CLIENT_CHANNELS)
     try:
-        for chunk in chunks:
-            space = buf.space()
-            if len(chunk) > len(space):
-                raise Broken("FrameBuffer offered less space than one small chunk")
-            space[: len(chunk)] = chunk
-            buf.filled(len(chunk))
-            got_buf += [(int(c), bytes(p)) for c, p in buf.frames()]
+        at_once = [(int(f.channel), f.payload) for f in whole.feed(body)]
+        whole_error = False
     except ProtocolError:
-        buf_error = True
-    if dec_error != buf_error:
-        raise Broken(f"decoder error={dec_error} but frame buffer error={buf_error}")
-    if got_buf[: len(got_dec)] != got_dec:
-        raise Broken("FrameDecoder and FrameBuffer disagree on the frames")
-    if dec_error:
+        at_once, whole_error = [], True
+    if error != whole_error:
+        raise Broken(f"chunked error={error} but whole error={whole_error}")
+    if not error and got != at_once:
+        raise Broken("chunking changes the frames decoded")
+    if not error and dec.buffered != len(body) - sum(5 + len(p) for _, p in got):
+        raise Broken("buffered count does not match the bytes not yet framed")
+    if error:
         try:
             dec.feed(b"")
         except ProtocolError:
