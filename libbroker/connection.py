@@ -23,6 +23,7 @@ import os
 import select
 import socket
 import struct
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -143,8 +144,8 @@ class Connection:
             self.refuse(f"protocol error: {exc}")
         except ConnectionError:
             self._client_gone()
-        except OSError as exc:  # anything else: end this connection, not the server
-            self.refuse(f"internal error: {exc}")
+        except Exception as exc:  # anything else: end this connection, not the server
+            self._internal_error(exc)
 
     def _read_step(self) -> bool:
         """Make progress on the incoming stream; False when nothing more can be done now."""
@@ -335,7 +336,7 @@ class Connection:
             for fd in (stdin_r, out_w, err_w):
                 os.close(fd)
         self.pidfd = os.pidfd_open(self.child.pid)
-        self.loop.add_reader(self.pidfd, self._on_child_exit)
+        self.loop.add_reader(self.pidfd, self._on_pidfd)
         for fd, channel in ((out_r, Channel.STDOUT), (err_r, Channel.STDERR)):
             os.set_blocking(fd, False)
             self.outputs[fd] = channel
@@ -364,6 +365,12 @@ class Connection:
         self.outputs_on = on
 
     def _on_output(self, fd: int, channel: Channel) -> None:
+        try:
+            self._output_frame(fd, channel)
+        except Exception as exc:  # end this connection, not the server
+            self._internal_error(exc)
+
+    def _output_frame(self, fd: int, channel: Channel) -> None:
         """One frame from a pipe: header sent, payload spliced; the rest queued."""
         count = min(available(fd), MAX_PAYLOAD) if self.s.splice else 0
         if not count:
@@ -421,6 +428,12 @@ class Connection:
         self.outq.extend(parts)
         self._flush()
 
+    def _on_writable(self) -> None:
+        try:
+            self._flush()
+        except Exception as exc:  # end this connection, not the server
+            self._internal_error(exc)
+
     def _flush(self) -> None:
         if self.closed:
             return
@@ -443,7 +456,7 @@ class Connection:
         if self.outq:
             self._read_outputs(False)  # nothing more from the command until this is sent
             if not self.writing:
-                self.loop.add_writer(self.fd, self._flush)
+                self.loop.add_writer(self.fd, self._on_writable)
                 self.writing = True
             return
         if self.writing:
@@ -471,6 +484,12 @@ class Connection:
         self.timers.append(self.loop.call_later(LINGER, self._close_socket))
 
     # --- the child ends -----------------------------------------------------
+
+    def _on_pidfd(self) -> None:
+        try:
+            self._on_child_exit()
+        except Exception as exc:  # end this connection, not the server
+            self._internal_error(exc)
 
     def _on_child_exit(self) -> None:
         assert self.child is not None and self.pidfd is not None
@@ -500,6 +519,16 @@ class Connection:
         self._finish(exit_status=exit_status)
 
     # --- endings ------------------------------------------------------------
+
+    def _internal_error(self, exc: Exception) -> None:
+        """A bug met on this connection: one line on stderr, an error frame, the command ended."""
+        sys.stderr.write(
+            f"broker-server: internal error on a connection: {type(exc).__name__}: {exc}\n"
+        )
+        if self.finished:
+            self._close_socket()
+        else:
+            self.refuse(f"internal error: {type(exc).__name__}")
 
     def refuse(self, message: str) -> None:
         """Answer with an error frame, close, and log the refusal."""

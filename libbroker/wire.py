@@ -262,6 +262,8 @@ def parse_request(payload: bytes) -> Request:
         body = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):
         raise RequestRefused("request is not a UTF-8 JSON object") from None
+    except RecursionError:  # [[[[... a megabyte deep
+        raise RequestRefused("request JSON is nested too deeply") from None
     if not isinstance(body, dict):
         raise RequestRefused("request is not a JSON object")
     if "env" in body:

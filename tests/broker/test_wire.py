@@ -152,6 +152,8 @@ def req(**fields: object) -> bytes:
         (b"[1,2]", "not a JSON object"),
         (b"\xff\xfe", "not a UTF-8 JSON object"),
         (b"{", "not a UTF-8 JSON object"),
+        (b"[" * 100_000, "nested too deeply"),
+        (b'{"a":' * 50_000, "nested too deeply|not a UTF-8 JSON"),
     ],
 )
 def test_request_refusals_name_the_field(payload: bytes, message: str) -> None:
