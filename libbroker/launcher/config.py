@@ -68,6 +68,7 @@ class Config(NamedTuple):
     upstream_ca: str = ""
     allow_cidr: tuple[str, ...] = ()
     start_timeout: float = 10.0
+    log_file: str = ""  # "": stderr, or the state dir's session.log when stderr is a tty
     home: str = "/"
     harness: str = ""
 
@@ -90,6 +91,7 @@ _KEYS = frozenset(
         "upstream_ca",
         "allow_cidr",
         "start_timeout",
+        "log_file",
     }
 )
 
@@ -191,6 +193,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
     if not 0 < timeout <= 300:
         raise ConfigError(f"{source}: start_timeout must be in (0, 300] seconds")
     kube = get.string("kubeconfig", "")
+    log = get.string("log_file", "")
     ca = get.string("upstream_ca", "")
     return Config(
         workdir=workdir,
@@ -209,6 +212,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         upstream_ca=path(ca, "upstream_ca") if ca else "",
         allow_cidr=tuple(_cidr(c, source) for c in get.strings("allow_cidr", ())),
         start_timeout=timeout,
+        log_file=path(log, "log_file") if log else "",
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )

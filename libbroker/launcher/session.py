@@ -64,6 +64,30 @@ def _trace(what: str) -> None:
         os.write(2, f"agent-sandbox: trace {ms:7.1f} ms {what}\n".encode())
 
 
+def _open_log(cfg: Config) -> int:
+    """Where the servers' log lines go once the session runs.
+
+    A full-screen agent owns an interactive terminal: the proxy's refusals
+    would scribble over it, so with stderr on a tty they go to a file under
+    the user's state directory (outside the sandbox's reach) unless the
+    config names one; otherwise (scripts, CI) to stderr.
+    """
+    path = cfg.log_file
+    if not path:
+        if not os.isatty(2):
+            return 2
+        base = os.environ.get("XDG_STATE_HOME") or os.path.join(cfg.home, ".local", "state")
+        path = os.path.join(base, "agent-sandbox", "session.log")
+    try:
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        os.write(
+            2, f"agent-sandbox: cannot open log {path} ({exc.strerror}); logging here\n".encode()
+        )
+        return 2
+
+
 class Session:
     """One run: owns the runtime directory, the children and the relays."""
 
@@ -79,7 +103,8 @@ class Session:
         self.janitor: supervise.Janitor | None = None
         self.sandbox: supervise.Child | None = None
         self.control = -1  # write end: go byte, then signal numbers (bwrap)
-        self._live = False  # servers' stderr is copied to ours once started
+        self._live = False  # servers' stderr is copied to the log once started
+        self._log = 2
         self._early: list[str] = []
 
     # --- the whole run -------------------------------------------------------
@@ -149,8 +174,9 @@ class Session:
         if kube is not None:
             self._finish_kubeconfig(kube)
         self._live = True
+        self._log = _open_log(self.cfg)
         if self._early:
-            os.write(2, "".join(line + "\n" for line in self._early).encode())
+            os.write(self._log, "".join(line + "\n" for line in self._early).encode())
         if self.backend == "bwrap":
             self.relays[0].start(found.http_port)
             self.relays[1].start(found.socks_port)
@@ -352,7 +378,7 @@ class Session:
                 # A server's log line goes to our stderr, never to our stdout
                 # (which belongs to CMD, e.g. in a pipeline).
                 with contextlib.suppress(OSError):
-                    os.write(2, (line + "\n").encode())
+                    os.write(self._log, (line + "\n").encode())
         return out
 
     def _drain_all(self) -> None:
@@ -458,6 +484,9 @@ class Session:
         if self.janitor is not None:
             self.janitor.dismiss()
             self.janitor = None
+        if self._log != 2:
+            os.close(self._log)
+            self._log = 2
         _trace("clean")
 
 

@@ -400,3 +400,15 @@ def test_a_sandbox_that_cannot_start_is_reported(world: World, tmp_path: Path) -
     assert "sandbox exited with status 1 while starting" in done.stderr
     assert "doctor" in done.stderr
     assert _gone(world) == []
+
+
+def test_server_logs_go_to_the_log_file_when_asked(world: World) -> None:
+    log = world.root / "session.log"
+    config = world.config(log_file=str(log))
+    done = world.run(
+        "sh", "-c", "curl -s -o /dev/null --max-time 20 http://denied.invalid/", config=config
+    )
+    assert done.returncode == 0, done.stderr
+    assert "denied.invalid" in log.read_text()
+    assert "denied.invalid" not in done.stderr
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
