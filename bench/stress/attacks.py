@@ -16,6 +16,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from libbroker.wire import Channel, Request, encode_frame, encode_request
@@ -330,7 +331,7 @@ def uid_cases(sock: str, workdir: str) -> Rows:
     return rows
 
 
-# --- the proxy, in its own network namespace -------------------------------------------------------
+# --- the proxy, in its own network namespace ------------------------------------------
 
 
 def proxy_cases(tmp: Path) -> Rows:
@@ -350,8 +351,11 @@ def proxy_cases(tmp: Path) -> Rows:
 
 
 def run(mode: Mode, tmp: Path) -> list[Table]:
-    parts = {"hook": lambda: hook_cases(tmp), "broker": lambda: broker_cases(mode, tmp),
-             "proxy": lambda: proxy_cases(tmp)}
+    parts: dict[str, Callable[[], Rows]] = {
+        "hook": lambda: hook_cases(tmp),
+        "broker": lambda: broker_cases(mode, tmp),
+        "proxy": lambda: proxy_cases(tmp),
+    }
     rows: Rows = []
     for name, part in parts.items():
         print(f"   attacks: {name}", flush=True)

@@ -71,7 +71,7 @@ def canaries() -> None:
 
         def accept(s: socket.socket = sock) -> None:
             while True:
-                conn, peer = s.accept()
+                conn, _ = s.accept()
                 HITS.append(f"{conn.getsockname()[0]}:{conn.getsockname()[1]}")
                 conn.close()
 
@@ -86,7 +86,7 @@ def row(area: str, case: str, expected: str, observed: str, passed: bool) -> Non
 
 
 async def connect_status(port: int, target: str) -> tuple[int, str]:
-    reader, writer, head = await world.connect(port, target)
+    _, writer, head = await world.connect(port, target)
     world.close(writer)
     return world.status_of(head), world.header(head, "x-proxy-error") or ""
 
@@ -285,8 +285,10 @@ async def exfiltration(proxy: world.Proxy, up: world.Upstreams, token: str) -> N
     def token_reached_other(since: int) -> list[str]:
         bad = []
         for rec in up.records()[since:]:
-            auth = " ".join(map(str, rec.get("authorization", [])))
-            hosts = [str(h).lower() for h in rec.get("host", [])]
+            auths = rec.get("authorization")
+            auth = " ".join(map(str, auths)) if isinstance(auths, list) else ""
+            named = rec.get("host")
+            hosts = [str(h).lower() for h in named] if isinstance(named, list) else []
             if any(f in auth for f in _token_forms(token)) and (
                     rec.get("server") != "tls" or len(hosts) != 1
                     or hosts[0].split(":")[0] not in ("github.com", "api.github.com")):
@@ -338,7 +340,7 @@ async def exfiltration(proxy: world.Proxy, up: world.Upstreams, token: str) -> N
     status, _, _ = await tunnel_request(proxy, "github.com:443", "github.com",
                                         world.get("github.com", "/redirect"))
     up_ctx = ssl.create_default_context(cafile=str(up.ca_file))
-    reader, writer, head = await world.connect(proxy.port, "other.stress.test:443")
+    reader, writer, _ = await world.connect(proxy.port, "other.stress.test:443")
     await world.start_tls(reader, writer, up_ctx, "other.stress.test")
     await world.request(reader, writer, world.get("other.stress.test", "/landing"))
     world.close(writer)

@@ -17,6 +17,7 @@ import signal
 import ssl
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from stress import brokerwire, world
@@ -75,15 +76,11 @@ def _kill_client(sock: str, workdir: str, variant: int, marker: str) -> str:
     else:  # a wire client: request sent, then the connection dropped without a word
         async def drop() -> None:
             from libbroker.wire import Request, encode_request
-            reader, writer = await asyncio.open_unix_connection(sock)
+            _, writer = await asyncio.open_unix_connection(sock)
             writer.write(encode_request(Request(("sleep", f"300.{marker}"), workdir, False)))
             await writer.drain()
             await asyncio.sleep(0.5)
-            transport = writer.transport
-            raw = transport.get_extra_info("socket")
-            if variant == 3 and raw is not None:
-                transport.pause_reading()
-            transport.abort()
+            writer.transport.abort()
         asyncio.run(drop())
     return ""
 
@@ -565,7 +562,7 @@ def sigterm_broker(mode: Mode, tmp: Path) -> list[list[str]]:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return results, started, running
 
-    results, started, running = asyncio.run(go())
+    results, started, _ = asyncio.run(go())
     try:
         status = server.proc.wait(30)
     except subprocess.TimeoutExpired:
@@ -650,7 +647,7 @@ def sigterm_proxy(mode: Mode, tmp: Path) -> list[list[str]]:
 
 def run(mode: Mode, tmp: Path) -> list[Table]:
     table = Table("Faults survived", COLUMNS)
-    parts = {
+    parts: dict[str, Callable[[], list[list[str]]]] = {
         "clients killed": lambda: clients_killed(mode, tmp),
         "upstream reset": lambda: upstream_reset(mode, tmp),
         "token command": lambda: token_faults(mode, tmp),

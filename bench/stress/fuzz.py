@@ -189,8 +189,10 @@ def nasty(name: str) -> list[bytes]:
         "proxy_head": [b"CONNECT " + b"a" * 70000 + b":443 HTTP/1.1\r\n\r\n",
                        b"GET http://example.com/ HTTP/1.1\r\nHost: x\r\n" + b"X: y\r\n" * 5000
                        + b"\r\n", b"CONNECT [::1]:443 HTTP/1.1\r\nHost: [::1]\r\n\r\n",
-                       b"CONNECT 0:443 HTTP/1.1\r\n\r\n", b"CONNECT 127.0.0.1:6443 HTTP/1.1\r\n\r\n"],
-        "socks": [b"\x05\x00", b"\x05\xff" + bytes(255), b"\x05\x01\x00\x05\x01\x00\x03\x00\x00\x50",
+                       b"CONNECT 0:443 HTTP/1.1\r\n\r\n",
+                       b"CONNECT 127.0.0.1:6443 HTTP/1.1\r\n\r\n"],
+        "socks": [b"\x05\x00", b"\x05\xff" + bytes(255),
+                  b"\x05\x01\x00\x05\x01\x00\x03\x00\x00\x50",
                   b"\x05\x01\x00\x05\x01\x00\x03\x05\xff\xfe\xfd\xfc\xfb\x00\x50"],
         "hook": [json.dumps({"tool_name": "Read", "cwd": "/", "tool_input":
                              {"file_path": home + "/proj/" + "../" * 5000 + home[1:] + "/.ssh/id"}
@@ -297,7 +299,8 @@ def run_atheris(name: str, seconds: float, tmp: Path) -> dict[str, object]:
         message = err[start:start + 900] if start >= 0 else err[-900:]
     return {"runs": count, "crash": crash, "hang": hang, "rc": proc.returncode,
             "message": message, "seconds": time.monotonic() - started,
-            "artifacts": [p.name for p in work.iterdir() if p.name.startswith(("crash", "timeout"))]}
+            "artifacts": [p.name for p in work.iterdir()
+                          if p.name.startswith(("crash", "timeout"))]}
 
 
 # --- the real executables --------------------------------------------------------
@@ -405,7 +408,7 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
                                str(res["message"])[:600], "no uncaught exception, no hang")
             elif res["rc"] not in (0,):
                 cell = f"exit {res['rc']}"
-            atheris_table.add(name, f"{float(res['seconds']):.0f}", res["runs"],
+            atheris_table.add(name, f"{float(str(res['seconds'])):.0f}", res["runs"],
                               int(bool(res["crash"])), int(bool(res["hang"])), cell)
 
     cli = Table("Fuzzing: the real executables (tracebacks reaching a user)",
@@ -431,7 +434,7 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
         b"\x05\x00\x00\x00\x05" + b"[" * 5, b"\x07\x00\x00\x00\x00",
     ]) + [bytes([5]) + len(d).to_bytes(4, "big") + d for d in
           _cli_inputs(STRATEGIES["request"], n // 2, [])]
-    answered, hung = asyncio.run(_broker_bytes(sock, blobs))
+    _, hung = asyncio.run(_broker_bytes(sock, blobs))
     alive = server.proc.poll() is None
     fds_after = open_fds(server.pid)
     server.stop()
@@ -450,7 +453,7 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
                                                         "api.github.com")]
     proxy, port, _, log = start_proxy(tmp, "--allow=example.com", "--idle-timeout=3", *pins)
     heads = _cli_inputs(STRATEGIES["proxy_head"], n, nasty("proxy_head"))
-    answered, hung = asyncio.run(_proxy_bytes(port, heads))
+    _, hung = asyncio.run(_proxy_bytes(port, heads))
     alive = proxy.proc.poll() is None
     proxy.stop()
     text = proxy.stderr_text() + log.read_text(errors="replace")

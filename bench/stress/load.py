@@ -348,7 +348,8 @@ def proxy(mode: Mode, tmp: Path) -> Table:
     for kind in ("tunnel open", "tunnel echo", "injected GET", "burst CONNECT"):
         lat = stats.latencies.get(kind, [])
         label = {"tunnel open": f"tunnel open (ramp, {RAMP_BATCH} at a time)",
-                 "burst CONNECT": f"burst: {burst} CONNECTs at once, {held} tunnels held"}.get(kind, kind)
+                 "burst CONNECT": f"burst: {burst} CONNECTs at once, {held} tunnels held",
+                 }.get(kind, kind)
         table.add(label, len(lat), stats.errors[kind], ms(percentile(lat, 50)),
                   ms(percentile(lat, 99)), f"{len(lat) / took:.1f}/s"
                   if kind in ("tunnel echo", "injected GET") else "-")
@@ -390,7 +391,8 @@ def proxy(mode: Mode, tmp: Path) -> Table:
         verdict = finding("load", "token in the proxy's log", "idem", "token text found",
                           "never logged")
     table.notes.append(
-        f"Tunnels held open at once: {held} (ramp {ramp:.1f} s). Proxy: RSS {mib(rss_before)} before, peak "
+        f"Tunnels held open at once: {held} (ramp {ramp:.1f} s). Proxy: RSS "
+        f"{mib(rss_before)} before, peak "
         f"{mib(max(peak, sampler.max_rss))}, {mib(rss_after)} after; open fds {fds_before} "
         f"before, {sampler.max_fds} at most, {fds_after} after (2 s after the last client "
         f"left); exit status after SIGTERM {status}. Every injected answer is checked for "

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import ssl
@@ -173,10 +174,8 @@ def get(host: str, path: str = "/small", extra: str = "") -> bytes:
 
 
 def close(writer: asyncio.StreamWriter) -> None:
-    try:
+    with contextlib.suppress(OSError, RuntimeError):
         writer.close()
-    except (OSError, RuntimeError):
-        pass
 
 
 def env_without_proxy() -> dict[str, str]:
