@@ -57,7 +57,7 @@ def run(body: Callable[[], int]) -> None:
         status = 141
     except SystemExit:
         raise
-    except Exception as exc:  # noqa: BLE001 - the last line of defence against tracebacks
+    except Exception as exc:  # the last line of defence against tracebacks
         sys.stderr.write(f"{prog}: internal error: {type(exc).__name__}: {exc}\n")
         status = 70
     try:
