@@ -124,14 +124,12 @@ def check_backend(kind: str) -> list[Check]:
 
 def check_terminal() -> Check:
     """Whether an interactive session can keep job control without TIOCSTI."""
-    import platform
-
     from libbroker.launcher import seccomp
 
     if seccomp.program() is None:
         return Check(
             WARN,
-            f"terminal: no TIOCSTI filter for {platform.machine()}: interactive sessions "
+            f"terminal: no TIOCSTI filter for {os.uname().machine}: interactive sessions "
             "run with --new-session (no job control)",
             "use x86_64 or aarch64, or sysctl -w dev.tty.legacy_tiocsti=0",
         )

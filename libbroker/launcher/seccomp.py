@@ -16,7 +16,7 @@ for bwrap's ``--seccomp FD`` and for ``prctl(PR_SET_SECCOMP)``.
 
 from __future__ import annotations
 
-import platform
+import os
 import struct
 
 TIOCSTI = 0x5412
@@ -50,7 +50,7 @@ def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
 
 def program(machine: str | None = None) -> bytes | None:
     """The filter for ``machine`` (default: this one), None when unsupported."""
-    machine = machine or platform.machine()
+    machine = machine or os.uname().machine  # not platform: it compiles regexes on import
     arches = _ARCHES.get(machine)
     if arches is None:
         return None

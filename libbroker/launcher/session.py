@@ -61,7 +61,8 @@ def _trace(what: str) -> None:
     """With AGENT_SANDBOX_TRACE set: when each phase ended, in ms since start."""
     if _TRACE:
         ms = (time.monotonic() - _T0) * 1000
-        os.write(2, f"agent-sandbox: trace {ms:7.1f} ms {what}\n".encode())
+        cpu = time.process_time() * 1000
+        os.write(2, f"agent-sandbox: trace {ms:7.1f} ms (cpu {cpu:5.1f} ms) {what}\n".encode())
 
 
 def _open_log(cfg: Config) -> int:
