@@ -134,9 +134,13 @@ class _Exchange:
         self.remaining = 0
         self.payload = bytearray()
         # splice needs a pipe or file that blocks (a full non-blocking one would spin)
-        self.splice_to = {fd: _spliceable(fd, out=True) for fd in (out_fd, err_fd)}
-        self.splice_from = stdin_fd is not None and _spliceable(stdin_fd, out=False)
-        self.inbuf = lazy_buffer(_READ_SIZE)
+        self.splice_to = {fd: _spliceable(fd) for fd in (out_fd, err_fd)}
+        # Files and /dev/null take splice from a pipe only: through one of ours.
+        self.via_pipe = {fd: _file_like(fd) for fd in (out_fd, err_fd)}
+        self.relay: tuple[int, int] | None = None
+        self.splice_from = stdin_fd is not None and _spliceable(stdin_fd)
+        self.inbuf = lazy_buffer(_READ_SIZE)  # stdin reads that cannot be spliced
+        self.outbuf = lazy_buffer(_READ_SIZE)  # output that cannot be spliced
         if stdin_fd is not None:
             # A bigger pipe behind us means bigger reads and fewer frames; a
             # non-pipe stdin just refuses (harmless).
@@ -160,6 +164,7 @@ class _Exchange:
                 signal.set_wakeup_fd(old_wakeup)
             os.close(wake_r)
             os.close(wake_w)
+            self.close()
 
     def _loop(self, wake_fd: int) -> int:
         poller = select.poll()
@@ -264,11 +269,54 @@ class _Exchange:
             if not moved:
                 raise BrokerUnavailable("the broker closed the connection without an exit status")
             return moved
-        data = self._recv(min(self.remaining, _READ_SIZE))
-        if data is None:
+        if self.via_pipe[fd]:
+            return self._relay_output(fd)
+        # Into a reused buffer: a fresh bytes object per read costs page faults.
+        view = memoryview(self.outbuf)[: min(self.remaining, _READ_SIZE)]
+        try:
+            count = self.sock.recv_into(view)
+        except BlockingIOError:
             return None
-        _write_all(fd, data)
-        return len(data)
+        except OSError as exc:
+            raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+        if not count:
+            raise BrokerUnavailable("the broker closed the connection without an exit status")
+        _write_all(fd, view[:count])
+        return count
+
+    def _relay_output(self, fd: int) -> int | None:
+        """socket -> our pipe -> ``fd``: two splices, no copy through user space."""
+        if self.relay is None:
+            self.relay = os.pipe2(os.O_CLOEXEC)
+            set_pipe_size(self.relay[1], _READ_SIZE)
+        r, w = self.relay
+        try:
+            moved = os.splice(self.sock.fileno(), w, min(self.remaining, _READ_SIZE),
+                              flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)  # fmt: skip
+        except BlockingIOError:
+            return None
+        except OSError as exc:
+            raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+        if not moved:
+            raise BrokerUnavailable("the broker closed the connection without an exit status")
+        left = moved
+        while left:
+            try:
+                left -= os.splice(r, fd, left, flags=os.SPLICE_F_MOVE)
+            except BrokenPipeError:
+                raise
+            except OSError:
+                # fd takes no splice after all (O_APPEND file, ...): copy from now on.
+                self.via_pipe[fd] = False
+                _write_all(fd, read_exact(r, left))
+                left = 0
+        return moved
+
+    def close(self) -> None:
+        if self.relay is not None:
+            for end in self.relay:
+                os.close(end)
+            self.relay = None
 
     def _recv(self, count: int) -> bytes | None:
         try:
@@ -372,16 +420,23 @@ class _Exchange:
                     sent = 0
 
 
-def _spliceable(fd: int, *, out: bool) -> bool:
-    """Whether splice suits ``fd``: a pipe (either way) or a file/device to write, blocking."""
+def _spliceable(fd: int) -> bool:
+    """Whether splice suits ``fd``: a pipe (splice needs one end to be a pipe,
+    the other end being our socket) that blocks (a full non-blocking one
+    would make us spin)."""
     try:
-        mode = os.fstat(fd).st_mode
-        blocking = os.get_blocking(fd)
+        return stat.S_ISFIFO(os.fstat(fd).st_mode) and os.get_blocking(fd)
     except OSError:
         return False
-    if stat.S_ISFIFO(mode):
-        return blocking
-    return out and blocking and (stat.S_ISREG(mode) or stat.S_ISCHR(mode))
+
+
+def _file_like(fd: int) -> bool:
+    """A regular file or a character device (/dev/null) that blocks: splice-able from a pipe."""
+    try:
+        mode = os.fstat(fd).st_mode
+        return (stat.S_ISREG(mode) or stat.S_ISCHR(mode)) and os.get_blocking(fd)
+    except OSError:
+        return False
 
 
 def _note_signal(signum: int, frame: object) -> None:
