@@ -45,6 +45,10 @@ PASS_ENV = (
     "TZ",
     "SHELL",
 )
+# Files in the workdir that run code on the host when the person next uses
+# git there (hooks; core.hooksPath, core.fsmonitor, aliases in .git/config):
+# read-only inside, so a sandboxed command cannot plant an escape (bwrap).
+PROTECTED_IN_WORKDIR = (".git/hooks", ".git/config")
 # Device files a command may write (Landlock; bwrap makes its own /dev).
 DEV_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/shm")
 
@@ -168,6 +172,9 @@ def bwrap_argv(
     for p in cfg.write:
         argv += ["--bind-try", p, p]
     argv += ["--bind", cfg.workdir, cfg.workdir]
+    for p in protected_paths(cfg):
+        if p in host.existing:
+            argv += ["--ro-bind", p, p]
     for p in cfg.deny:
         if p in host.existing:
             argv += ["--tmpfs", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
@@ -193,9 +200,14 @@ def bwrap_argv(
     return [*argv, "--", *cmd]
 
 
+def protected_paths(cfg: Config) -> list[str]:
+    """The workdir's files that stay read-only in the sandbox (PROTECTED_IN_WORKDIR)."""
+    return [os.path.join(cfg.workdir, rel) for rel in PROTECTED_IN_WORKDIR]
+
+
 def bind_candidates(cfg: Config) -> list[str]:
     """Every path whose existence :func:`bwrap_argv` asks about."""
-    return [*SYSTEM_DIRS, *MASKED_FILES, *cfg.deny]
+    return [*SYSTEM_DIRS, *MASKED_FILES, *cfg.deny, *protected_paths(cfg)]
 
 
 def landlock_spec(

@@ -6,6 +6,7 @@ installation's paths), kept apart from :mod:`.session`, which runs them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
@@ -84,6 +85,19 @@ def python_argv(name: str, module: str, fallback: list[str] | None = None) -> li
     python = os.path.realpath(sys.executable)
     boot = _BOOT.format(paths=paths, name=name, module=module, fallback=fallback or [exe(name)])
     return [python, "-I", "-S", "-c", boot]
+
+
+def prepare_workdir(cfg: Config) -> None:
+    """Create an empty ``.git/hooks`` in a repository that lacks one.
+
+    A missing directory cannot be bound read-only, and a command could
+    create it (and a hook in it); an empty one is harmless to git.
+    """
+    git = os.path.join(cfg.workdir, ".git")
+    if os.path.isdir(git) and not os.path.islink(git):
+        # Already there, or a read-only repository: the bind then does its job or skips.
+        with contextlib.suppress(OSError):
+            os.mkdir(os.path.join(git, "hooks"), 0o755)
 
 
 def host_facts(cfg: Config, cwd: str) -> Host:

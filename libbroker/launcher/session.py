@@ -150,6 +150,7 @@ class Session:
         self.janitor = supervise.Janitor(rt.root)
         # The proxy is the slowest to start: first; the rest runs meanwhile.
         proxy = self._spawn("egress-proxy", plan.proxy_argv(cfg, rt))
+        plan.prepare_workdir(cfg)
         host = plan.host_facts(cfg, os.getcwd())
         import json  # after the proxy's spawn: nothing before it that need not be
 

@@ -60,6 +60,9 @@ echo "file_token=$(grep -rls "$TOKEN_PROBE" /tmp "$HOME" "$WORKDIR" "$RUNTIME" 2
 echo "github_token_env=${GITHUB_TOKEN:-unset}"
 echo "policy=$(test -r "$AGENT_SANDBOX_POLICY" && echo readable)"
 echo "bundle=$(test -r "$SSL_CERT_FILE" && echo readable)"
+echo x >> "$WORKDIR/.git/config" 2>/dev/null; echo "write_git_config=$?"
+touch "$WORKDIR/.git/hooks/pre-commit" 2>/dev/null; echo "write_git_hook=$?"
+touch "$WORKDIR/.git/planted" 2>/dev/null; echo "write_git_other=$?"
 echo "hook=$(policy-hook check read "$HOME/.ssh/id_rsa" "$WORKDIR/inside" \
     | cut -d' ' -f1 | tr '\n' ,)"
 """
@@ -87,9 +90,12 @@ def probe(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, standin: StandIn
 ) -> Iterator[tuple[World, dict[str, list[str]]]]:
     w = make_world(tmp_path_factory.mktemp(f"probe-{request.param}"), standin)
+    subprocess.run(["git", "init", "-q", str(w.workdir)], check=True)
+    shutil.rmtree(w.workdir / ".git" / "hooks")  # the launcher must make it to protect it
     before = len(standin.seen)
     result = _probe(w, request.param)
     result["_seen"] = [json.dumps(s) for s in standin.seen[before:]]
+    result["_backend"] = [request.param]
     assert w.leftovers() == []
     yield w, result
     kill_leftovers(w)
@@ -166,6 +172,17 @@ def test_the_session_files_are_readable(probe: Probe) -> None:
     assert _one(r, "policy") == "readable"
     assert _one(r, "bundle") == "readable"
     assert _one(r, "tty") == "no"
+
+
+def test_git_hooks_and_config_cannot_be_planted(probe: Probe) -> None:
+    w, r = probe
+    if r["_backend"][0] == "nono":
+        pytest.skip("Landlock cannot make a path inside the writable workdir read-only")
+    assert _one(r, "write_git_config") != "0"
+    assert _one(r, "write_git_hook") != "0"
+    assert _one(r, "write_git_other") == "0"  # the rest of .git stays writable
+    assert not (w.workdir / ".git" / "hooks" / "pre-commit").exists()
+    assert "x" not in (w.workdir / ".git" / "config").read_text().splitlines()
 
 
 def test_the_policy_hook_reads_the_session_policy(probe: Probe) -> None:

@@ -264,3 +264,12 @@ def test_listening_lines(name: str, line: str, field: str, value: object) -> Non
     found = plan.Listening()
     plan.parse_listening(name, line, found)
     assert getattr(found, field) == value
+
+
+def test_git_hooks_and_config_are_bound_read_only_after_the_workdir() -> None:
+    git = ("/home/u/project/.git/hooks", "/home/u/project/.git/config")
+    host = HOST._replace(existing=HOST.existing | set(git))
+    argv = agent_sandbox.bwrap_argv(CFG, RT, host, ["true"], control_fd=4, seccomp_fd=5, tty=False)
+    after = argv[argv.index("/home/u/project", argv.index("--bind")) :]
+    for p in git:
+        assert (p, p) in _pairs(after, "--ro-bind")
