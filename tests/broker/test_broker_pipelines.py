@@ -156,3 +156,18 @@ def test_audit_lines(broker) -> None:
     last = [e for e in entries if e.get("argv") == ["sh", "-c", "exit 4"]][-1]
     assert last["exit"] == 4 and last["op"] == "exec" and last["cwd"] == broker.workdir
     assert {"time", "peer_pid", "peer_uid", "duration"} <= set(last)
+
+
+def test_output_into_files_and_append_mode_is_intact(broker) -> None:
+    data = os.urandom(3 << 20)
+    with open(os.path.join(broker.workdir, "blob3"), "wb") as fh:
+        fh.write(data)
+    done = broker.sh(
+        "broker-client -n -- cat blob3 > out.bin && printf x > app.bin && "
+        "broker-client -n -- cat blob3 >> app.bin && broker-client -n -- cat blob3 > /dev/null"
+    )
+    assert done.returncode == 0, done.stderr
+    with open(os.path.join(broker.workdir, "out.bin"), "rb") as fh:
+        assert fh.read() == data
+    with open(os.path.join(broker.workdir, "app.bin"), "rb") as fh:
+        assert fh.read() == b"x" + data
