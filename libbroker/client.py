@@ -1,12 +1,18 @@
 """The client side of the broker protocol: one request, frames both ways.
 
 Used by broker-client and gpg-shim, so it imports only the standard library
-and :mod:`libbroker.wire`: every import here is paid on every call.
+and :mod:`libbroker.wire` / :mod:`libbroker.pipes`: every import here is paid
+on every call.
 
 The I/O loop is a single ``poll`` over the socket, stdin and a signal wake-up
 pipe, never a blocking read of stdin.  That is what lets
 ``tail -f x | broker-client -- grep -m1 y`` end as soon as grep ends: the exit
 frame is acted on at once, whatever stdin is doing.
+
+Bulk data is spliced: a stdin pipe goes pipe -> socket (frames sized by
+FIONREAD, header first), and output payloads go socket -> stdout when stdout
+is a pipe, or socket -> a pipe of ours -> stdout when it is a file or
+/dev/null.  Only a terminal (or similar) gets a copy through Python.
 """
 
 from __future__ import annotations
