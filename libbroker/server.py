@@ -52,7 +52,7 @@ def bind_socket(path: str) -> socket.socket:
         sock.bind(path)
     except OSError as exc:
         sock.close()
-        raise SocketInUse(f"cannot bind {path}: {exc.strerror}") from None
+        raise SocketInUse(f"cannot bind {path}: {exc.strerror or exc}") from None
     finally:
         os.umask(old_umask)
     os.chmod(path, 0o600)
