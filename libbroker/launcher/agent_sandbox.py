@@ -202,6 +202,8 @@ def bwrap_argv(
 
 def protected_paths(cfg: Config) -> list[str]:
     """The workdir's files that stay read-only in the sandbox (PROTECTED_IN_WORKDIR)."""
+    if not cfg.protect_git:
+        return []
     return [os.path.join(cfg.workdir, rel) for rel in PROTECTED_IN_WORKDIR]
 
 

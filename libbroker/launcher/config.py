@@ -68,6 +68,7 @@ class Config(NamedTuple):
     upstream_ca: str = ""
     allow_cidr: tuple[str, ...] = ()
     start_timeout: float = 10.0
+    protect_git: bool = True  # .git/hooks and .git/config read-only (bwrap)
     log_file: str = ""  # "": stderr, or the state dir's session.log when stderr is a tty
     home: str = "/"
     harness: str = ""
@@ -92,6 +93,7 @@ _KEYS = frozenset(
         "allow_cidr",
         "start_timeout",
         "log_file",
+        "protect_git",
     }
 )
 
@@ -213,6 +215,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         allow_cidr=tuple(_cidr(c, source) for c in get.strings("allow_cidr", ())),
         start_timeout=timeout,
         log_file=path(log, "log_file") if log else "",
+        protect_git=get.boolean("protect_git", True),
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )
@@ -248,6 +251,12 @@ class _Getter:
         value = self._data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int):
             raise self._bad(key, "an integer")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._data.get(key, default)
+        if not isinstance(value, bool):
+            raise self._bad(key, "true or false")
         return value
 
     def number(self, key: str, default: float) -> float:

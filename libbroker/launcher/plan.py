@@ -94,7 +94,7 @@ def prepare_workdir(cfg: Config) -> None:
     create it (and a hook in it); an empty one is harmless to git.
     """
     git = os.path.join(cfg.workdir, ".git")
-    if os.path.isdir(git) and not os.path.islink(git):
+    if cfg.protect_git and os.path.isdir(git) and not os.path.islink(git):
         # Already there, or a read-only repository: the bind then does its job or skips.
         with contextlib.suppress(OSError):
             os.mkdir(os.path.join(git, "hooks"), 0o755)

@@ -69,6 +69,7 @@ def test_every_unknown_key_is_refused_by_name(key: str) -> None:
         ({"env": ["NONO_PROFILE"]}, "may not be passed"),
         ({"env": ["AGENT_SANDBOX_POLICY"]}, "may not be passed"),
         ({"env": ["1BAD"]}, "not a variable name"),
+        ({"protect_git": "yes"}, "protect_git must be true or false"),
         ({"workdir": "a\0b"}, "NUL"),
         ({"workdir": "/home/u"}, "contains the home directory"),
         ({"workdir": "/"}, "contains the home directory"),

@@ -273,3 +273,6 @@ def test_git_hooks_and_config_are_bound_read_only_after_the_workdir() -> None:
     after = argv[argv.index("/home/u/project", argv.index("--bind")) :]
     for p in git:
         assert (p, p) in _pairs(after, "--ro-bind")
+    off = CFG._replace(protect_git=False)
+    argv = agent_sandbox.bwrap_argv(off, RT, host, ["true"], control_fd=4, seccomp_fd=5, tty=False)
+    assert not any(p in argv for p in git)
