@@ -21,6 +21,7 @@ from libbroker.connection import Connection, Settings
 from libbroker.errors import SocketInUse
 
 SHUTDOWN_GRACE = 5.0
+ACCEPT_BACKOFF = 0.1
 
 
 def bind_socket(path: str) -> socket.socket:
@@ -91,10 +92,18 @@ async def serve(path: str, settings: Settings) -> None:
                 conn, _ = sock.accept()
             except (BlockingIOError, InterruptedError):
                 return
-            except OSError as exc:  # EMFILE and the like: say so, keep serving
+            except OSError as exc:
+                # EMFILE and the like: the socket stays readable, so pause
+                # accepting a moment instead of spinning; say so.
                 sys.stderr.write(f"broker-server: accept failed: {exc.strerror}\n")
+                loop.remove_reader(sock.fileno())
+                loop.call_later(ACCEPT_BACKOFF, resume)
                 return
             Connection(conn, settings).start()
+
+    def resume() -> None:
+        if not stopping.is_set():
+            loop.add_reader(sock.fileno(), accept)
 
     try:
         loop.add_reader(sock.fileno(), accept)
