@@ -29,8 +29,11 @@ SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "
 
 
 def toolchain_read() -> tuple[str, ...]:
-    """Python's own prefixes: often under $HOME (pyenv), needed to run python3."""
-    return tuple(sorted({sys.prefix, sys.base_prefix}))
+    """Python's own prefixes (often under $HOME with pyenv) and this project's
+    source tree (an editable install imports from there): what a command needs
+    to run python3 and our own console scripts."""
+    project = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return tuple(sorted({sys.prefix, sys.base_prefix, project}))
 
 
 @dataclass(frozen=True)
@@ -46,7 +49,7 @@ class Profile:
 
 
 def default_profile() -> Profile:
-    """The built-in profile: system dirs and Python's prefixes read-only, no network."""
+    """The built-in profile: system dirs, Python and the project read-only, no network."""
     return Profile(read=SYSTEM_READ + toolchain_read())
 
 
