@@ -4,12 +4,13 @@ The order is chosen for latency: everything slow starts at once and the
 launcher does its own work while it waits.
 
 1. runtime directory (0700) and the janitor (cleanup if we are SIGKILLed);
-2. start egress-proxy, broker-server and the sandbox itself in parallel: the
-   sandbox (bwrap + forwarder, or the Landlock helper importing nono-py) is
-   built and then waits for a go byte, so CMD never runs before the session
-   is whole;
+2. start egress-proxy first (the slowest), then broker-server and the sandbox
+   itself: the sandbox (bwrap + forwarder, or the Landlock helper importing
+   nono-py) is built and then waits for a go byte, so CMD never runs before
+   the session is whole; meanwhile write the broker's profile and (bwrap)
+   the policy JSON;
 3. read each server's ``listening`` line (timeout; its stderr in the error);
-4. write the policy JSON, proxify the kubeconfig, start the relays;
+4. (Landlock) write the policy JSON; proxify the kubeconfig; start relaying;
 5. go; then relay signals, watch for a crash, and end everything in order:
    the sandbox, the broker, the proxy; remove the runtime directory.
 """
