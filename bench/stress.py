@@ -7,8 +7,8 @@ run takes the issue's figures (200 broker clients and 1,000 proxy tunnels for
 60 s each, ...) and several minutes; --quick runs every part for a few
 seconds.  All traffic stays on loopback and every loop is bounded in count
 and time.  The report (one markdown table per area, then the findings) is
-printed and written to bench/results/stress.md (full run) or
-bench/results/stress-quick.md (--quick), or to --out.
+printed and written to bench/results/stress.md (full run; the committed
+report) or to $TMPDIR/stress-quick.md (--quick), or to --out.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from stress import common, report  # noqa: E402
+from stress import common, report
 
 AREAS = ("fuzz", "load", "faults", "attacks")
 
@@ -73,7 +73,7 @@ def main() -> int:
             print(f"== {name} ...", flush=True)
             try:
                 tables += _area(name, mode, tmp)
-            except Exception as exc:  # noqa: BLE001 - the report says what broke and goes on
+            except Exception as exc:
                 detail = traceback.format_exc(limit=6)
                 print(detail, file=sys.stderr)
                 table = common.Table(f"{name}: the harness itself failed", ["error"])
@@ -89,9 +89,12 @@ def main() -> int:
                          f"{platform.machine()}")
     print()
     print(text)
-    out = Path(args.out) if args.out else (
-        Path(__file__).resolve().parent / "results" /
-        ("stress-quick.md" if args.quick else "stress.md"))
+    if args.out:
+        out = Path(args.out)
+    elif args.quick:
+        out = Path(tempfile.gettempdir()) / "stress-quick.md"
+    else:
+        out = Path(__file__).resolve().parent / "results" / "stress.md"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text)
     print(f"report written to {out}")

@@ -132,7 +132,7 @@ def _frame_request(body: object) -> bytes:
     return encode_frame(Channel.REQUEST, payload)
 
 
-async def broker_async(sock: str, workdir: str, tmp: Path) -> Rows:
+async def broker_async(sock: str, workdir: str, server_pid: int) -> Rows:
     rows: Rows = []
     base = {"argv": ["true"], "cwd": workdir, "with_stdin": False}
     outside = Path(workdir).parent / (Path(workdir).name + "2")  # shares the workdir's prefix
@@ -208,11 +208,13 @@ async def broker_async(sock: str, workdir: str, tmp: Path) -> Rows:
                  "not visible on the host", f"exit {res.status}; on the host: "
                  f"{'PRESENT' if os.path.exists(marker) else 'absent'}",
                  not os.path.exists(marker)])
-    res = await brokerwire.run(sock, ["sh", "-c", f"cat /proc/{os.getppid()}/environ"],
-                               workdir)
-    rows.append(["broker confinement", "read a host process's environ via /proc",
-                 "fails", f"exit {res.status}, {res.stdout_len} bytes",
-                 res.status != 0 or res.stdout_len == 0])
+    # The server's own environment holds a marker variable the command must never see.
+    res = await brokerwire.run(sock, ["sh", "-c", f"cat /proc/{server_pid}/environ; "
+                                      f"cat /proc/{os.getpid()}/environ"], workdir)
+    seen = b"do-not-pass-me" in res.stdout_head or b"STRESS_SECRET" in res.stdout_head
+    rows.append(["broker confinement", "read the broker-server's (host) environ via /proc/PID",
+                 "its variables not readable", f"exit {res.status}; server's secret variable "
+                 f"{'READ' if seen else 'not seen'}", not seen])
     return rows
 
 
@@ -260,7 +262,7 @@ def broker_cases(mode: Mode, tmp: Path) -> Rows:
 
     async def go() -> Rows:
         slow = asyncio.create_task(broker_slowloris(sock, 40.0)) if not mode.quick else None
-        rows = await broker_async(sock, workdir, tmp)
+        rows = await broker_async(sock, workdir, server.pid)
         if slow is not None:
             rows.append(await slow)
         return rows

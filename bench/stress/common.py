@@ -109,6 +109,15 @@ KNOWN = (
      "kubeconfig-proxify: deeply nested YAML crashes the process (SIGSEGV in libyaml)"),
     ("groupdict", "kubeconfig-timestamp",
      "kubeconfig-proxify: a bad !!timestamp escapes as AttributeError (exit 70)"),
+    ("keeps its stdout open", "token-child",
+     "egress-proxy: a token command whose child keeps its stdout open wedges the token read "
+     "(start-up never completes, renewal stops), the child outlives the proxy"),
+    ("then the proxy gets SIGTERM", "token-child",
+     "egress-proxy: a token command whose child keeps its stdout open wedges the token read "
+     "(start-up never completes, renewal stops), the child outlives the proxy"),
+    ("Event loop is closed", "token-child",
+     "egress-proxy: a token command whose child keeps its stdout open wedges the token read "
+     "(start-up never completes, renewal stops), the child outlives the proxy"),
     ("slowloris", "proxy-slowloris",
      "egress-proxy: the head timeout is per read, so a slow sender is never cut off"),
 )

@@ -150,6 +150,7 @@ def broker(mode: Mode, tmp: Path) -> Table:
     audit = tmp / "load-audit.jsonl"
     try:
         asyncio.run(brokerwire.run(sock, ["true"], workdir))  # warm: first spawn paths
+        time.sleep(0.5)  # its audit line is written as the connection ends
         fds_before, rss_before = open_fds(server.pid), rss_kib(server.pid)
         audited_before = len(audit.read_text().splitlines())
         stats, sampler, took = asyncio.run(_broker_load(mode, sock, workdir, server.pid))

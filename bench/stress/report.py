@@ -19,6 +19,12 @@ def render(tables: list[Table], findings: list[Finding], mode: Mode,
         f"**Findings: {len(findings)}** (each marked FINDING n in the tables, listed at the "
         "end with the command, the input, what happened and what should have).\n",
     ]
+    parts.append("### Summary\n\n| table | rows | rows with a finding |\n|---|---|---|")
+    for t in tables:
+        flagged = sum(1 for r in t.rows if any("FINDING" in c for c in r))
+        flagged += sum(1 for n in t.notes if n.startswith("**FINDING"))
+        parts.append(f"| {t.title} | {len(t.rows)} | {flagged} |")
+    parts.append("")
     parts += [t.markdown() for t in tables]
     parts.append("## Findings\n")
     if findings:
