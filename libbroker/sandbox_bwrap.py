@@ -40,6 +40,9 @@ def bwrap_args(
         args += ["--info-fd", str(info_fd)]
     if block_fd is not None:
         args += ["--block-fd", str(block_fd)]
+    # The private /tmp comes first: a read or write path that lives under /tmp
+    # (a venv, a checkout) must be bound on top of it, not hidden beneath it.
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in profile.read:
         if _under_any(path, profile.deny):
             continue
@@ -48,7 +51,6 @@ def bwrap_args(
             args += ["--symlink", os.readlink(path), path]
         elif os.path.exists(path):
             args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in profile.write:
         if not _under_any(path, profile.deny):
             args += ["--bind-try", path, path]
