@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import secrets
 import shutil
 import ssl
 import subprocess
@@ -28,7 +29,9 @@ from typing import Any
 
 import trustme
 
-TOKEN = "tok123-launcher-SECRET"
+# Unique per run: a literal would also be found in this very file when the
+# checkout lives under a directory the probe searches (/tmp in some CI clones).
+TOKEN = "tok-" + secrets.token_hex(8) + "-launcher-SECRET"
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- launcher-test-secret"
 
 
