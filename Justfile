@@ -38,6 +38,10 @@ bench:
 stress:
     python3 bench/stress.py
 
-# A sandboxed session with the built-in default policy.
-run *CMD="sh -c 'echo hello from the sandbox: AGENT_SANDBOX=$AGENT_SANDBOX; id -un; pwd'":
+# A sandboxed session with the built-in default policy: what the sandbox sees.
+demo:
+    @agent-sandbox run -- sh -c 'echo "inside: AGENT_SANDBOX=$AGENT_SANDBOX, workdir $(pwd)"; echo "home ($HOME) shows only: $(ls -A "$HOME" 2>/dev/null | tr "\n" " ")"; curl -s -o /dev/null -w "example.com (not allowed): CONNECT answered %{http_connect} by the egress proxy\n" https://example.com/; broker-client -- sh -c "echo brokered command ran, exit status comes back"'
+
+# Any command in a sandboxed session: `just run bash`, `just run make test`.
+run +CMD:
     agent-sandbox run -- {{CMD}}
