@@ -54,7 +54,9 @@ def _main(argv: list[str]) -> int:
 
 
 def main() -> None:
-    run(lambda: _main(sys.argv[1:]))
+    # Everything gpg-shim writes is either flushed by run or written with
+    # os.write: nothing is lost by skipping the interpreter's teardown.
+    run(lambda: _main(sys.argv[1:]), skip_teardown=True)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ is a pipe, or socket -> a pipe of ours -> stdout when it is a file or
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import select
@@ -26,6 +25,7 @@ import socket
 import stat
 from collections.abc import Iterable
 
+from libbroker.dial import SOCKET_ENV_VAR, dial
 from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused
 from libbroker.pipes import available, read_exact, set_pipe_size
 from libbroker.wire import (
@@ -33,7 +33,6 @@ from libbroker.wire import (
     HEADER_SIZE,
     MAX_PAYLOAD,
     SERVER_CHANNELS,
-    SOCKET_ENV_VAR,
     Channel,
     Request,
     check_header,
@@ -69,24 +68,9 @@ def socket_path(explicit: str | None = None) -> str:
 
 def connect(path: str) -> socket.socket:
     """A connected socket to the broker at ``path``, or BrokerUnavailable."""
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(OSError):  # whole frames per send for stdin (see connection.py)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MAX_PAYLOAD)
-    try:
-        sock.connect(path)
-    except FileNotFoundError:
-        sock.close()
-        raise BrokerUnavailable(
-            f"broker socket {path} does not exist: is broker-server running?"
-        ) from None
-    except ConnectionRefusedError:
-        sock.close()
-        raise BrokerUnavailable(f"no broker is listening on {path}: restart the session") from None
-    except OSError as exc:
-        sock.close()
-        reason = exc.strerror or str(exc)
-        raise BrokerUnavailable(f"cannot reach the broker at {path}: {reason}") from None
-    return sock
+    # Whole frames per send for stdin (see connection.py).
+    raw = dial(path, send_buffer=4 * MAX_PAYLOAD)
+    return socket.socket(fileno=raw.detach())
 
 
 def call(

@@ -7,41 +7,49 @@ the person's agent and key live) and streams its output back.  What git reads
 is exactly what gpg wrote: the armored signature on stdout and gpg's status
 lines (``[GNUPG:] SIG_CREATED ...``, which git looks for) on the status fd.
 
-Only the standard library and the broker's wire and client modules are
-imported: git runs this once per signature.  Parsing lives in
-:mod:`libbroker.gpg_args`, verification in :mod:`libbroker.gpg_local`.
+Start-up is most of what a signature costs (git runs this once per
+signature), so the signing path imports C modules only (``_socket``,
+``_json``, ``select``) besides :mod:`libbroker.dial`, :mod:`libbroker.errors`
+and :mod:`libbroker.gpg_args`: no ``socket``, ``json``, ``enum`` or
+``typing``, and therefore not :mod:`libbroker.wire` either.  The few frame
+rules this side needs are restated below, and a test holds them equal to
+:mod:`libbroker.wire`.  Parsing lives in :mod:`libbroker.gpg_args`,
+verification in :mod:`libbroker.gpg_local`.
 """
 
 from __future__ import annotations
 
-import os
+# posix, not os: the very functions os re-exports, without os's own import
+# (os, stat, posixpath, _collections_abc: ~20% of a bare `python -I -S`).
+import posix
 import select
-import socket
+import sys
+from _json import encode_basestring_ascii as _json_string
 
-from libbroker.client import connect, socket_path
+from libbroker.dial import SOCKET_ENV_VAR, dial
 from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused, UsageError
 from libbroker.gpg_args import SignCall, StatusRouter
-from libbroker.wire import (
-    MAX_PAYLOAD,
-    SERVER_CHANNELS,
-    SOCKET_ENV_VAR,
-    Channel,
-    FrameDecoder,
-    Request,
-    decode_error,
-    decode_exit,
-    encode_request,
-    encode_stdin_eof,
-    frame_header,
-)
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    import _socket
 
 MAX_SIGN_PAYLOAD = 64 << 20
 """The largest payload signed (64 MiB): a commit or tag is far smaller."""
 
+# The wire format (DESIGN.md 2.2) as far as signing needs it; equal to
+# libbroker.wire's values (tests/signing/test_gpg_shim_wire.py).
+MAX_PAYLOAD = 1 << 20
+HEADER_SIZE = 5
+STDIN, STDOUT, STDERR, EXIT, ERROR, REQUEST = 0, 1, 2, 3, 4, 5
+CHANNEL_NAMES = ("stdin", "stdout", "stderr", "exit", "error", "request", "signal")
+SERVER_CHANNELS = frozenset({STDOUT, STDERR, EXIT, ERROR})
+
+
 def check_fd(fd: int) -> None:
     """UsageError unless ``fd`` is an open file descriptor of this process."""
     try:
-        os.fstat(fd)
+        posix.fstat(fd)
     except OSError:
         raise UsageError(f"--status-fd {fd} is not an open file descriptor") from None
 
@@ -51,13 +59,76 @@ def read_payload(fd: int = 0) -> bytes:
     chunks: list[bytes] = []
     size = 0
     while True:
-        chunk = os.read(fd, 1 << 20)
+        chunk = posix.read(fd, 1 << 20)
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > MAX_SIGN_PAYLOAD:
             raise UsageError(f"the payload to sign exceeds {MAX_SIGN_PAYLOAD >> 20} MiB")
         chunks.append(chunk)
+
+
+def sign_request(key: str, cwd: str) -> bytes:
+    """The request payload for op sign: the bytes libbroker.wire's encoder makes.
+
+    Strings are quoted by the json module's own C escaper (ASCII only, every
+    quote, backslash and control character escaped), so no key or path can
+    break out of its string.  argv is informative only: the server builds
+    gpg's command line itself, from the key alone.
+    """
+    k = _json_string(key)
+    return (
+        f'{{"argv":["gpg","--status-fd=2","-bsau",{k}],"cwd":{_json_string(cwd)},'
+        f'"with_stdin":true,"op":"sign","key":{k}}}'
+    ).encode("ascii")
+
+
+def frame(channel: int, payload: bytes = b"") -> bytes:
+    """One whole frame (``payload`` at most MAX_PAYLOAD bytes)."""
+    return bytes((channel,)) + len(payload).to_bytes(4, "big") + payload
+
+
+def sign_frames(key: str, cwd: str, payload: bytes) -> bytes:
+    """Everything gpg-shim sends: the request, the payload as stdin frames, EOF."""
+    parts = [frame(REQUEST, sign_request(key, cwd))]
+    for start in range(0, len(payload), MAX_PAYLOAD):
+        parts.append(frame(STDIN, payload[start : start + MAX_PAYLOAD]))
+    parts.append(frame(STDIN))
+    return b"".join(parts)
+
+
+def take_frames(buf: bytearray) -> list[tuple[int, bytes]]:
+    """Remove the whole server frames at the start of ``buf`` and return them.
+
+    Every header is checked as soon as its 5 bytes are there, so a channel a
+    server may not send or a length over MAX_PAYLOAD is a ProtocolError
+    before any of its payload is waited for.
+    """
+    frames: list[tuple[int, bytes]] = []
+    pos = 0
+    while len(buf) - pos >= HEADER_SIZE:
+        channel = buf[pos]
+        length = int.from_bytes(buf[pos + 1 : pos + HEADER_SIZE], "big")
+        if channel >= len(CHANNEL_NAMES):
+            raise ProtocolError(f"unknown channel {channel}")
+        if channel not in SERVER_CHANNELS:
+            raise ProtocolError(f"channel {CHANNEL_NAMES[channel]} is not allowed here")
+        if length > MAX_PAYLOAD:
+            raise ProtocolError(f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit")
+        end = pos + HEADER_SIZE + length
+        if end > len(buf):
+            break
+        frames.append((channel, bytes(buf[pos + HEADER_SIZE : end])))
+        pos = end
+    del buf[:pos]
+    return frames
+
+
+def exit_status(payload: bytes) -> int:
+    """The status in an exit frame's payload (4 bytes, big-endian, signed)."""
+    if len(payload) != 4:
+        raise ProtocolError(f"exit frame payload is {len(payload)} bytes, expected 4")
+    return int.from_bytes(payload, "big", signed=True)
 
 
 def sign(call: SignCall, *, stdin_fd: int = 0, path: str | None = None) -> int:
@@ -68,32 +139,23 @@ def sign(call: SignCall, *, stdin_fd: int = 0, path: str | None = None) -> int:
     """
     if call.status_fd is not None:
         check_fd(call.status_fd)
-    if path is None and not os.environ.get(SOCKET_ENV_VAR):
+    path = path or _environ(SOCKET_ENV_VAR)
+    if not path:
         raise BrokerUnavailable(
             f"cannot sign: {SOCKET_ENV_VAR} is not set (signing works inside an agent-sandbox "
             "session, through its broker)"
         )
-    with connect(socket_path(path)) as sock:
-        payload = read_payload(stdin_fd)
-        # argv is informative only: the server builds gpg's command line itself.
-        request = Request(
-            argv=("gpg", "--status-fd=2", "-bsau", call.key),
-            cwd=_cwd(),
-            with_stdin=True,
-            op="sign",
-            key=call.key,
-        )
-        outgoing = [encode_request(request)]
-        for start in range(0, len(payload), MAX_PAYLOAD):
-            chunk = payload[start : start + MAX_PAYLOAD]
-            outgoing += [frame_header(Channel.STDIN, len(chunk)), chunk]
-        outgoing.append(encode_stdin_eof())
-        return _exchange(sock, b"".join(outgoing), StatusRouter(call.status_fd))
+    sock = dial(path)
+    try:
+        outgoing = sign_frames(call.key, _cwd(), read_payload(stdin_fd))
+        return _exchange(sock, outgoing, StatusRouter(call.status_fd))
+    finally:
+        sock.close()
 
 
-def _exchange(sock: socket.socket, outgoing: bytes, router: StatusRouter) -> int:
+def _exchange(sock: _socket.socket, outgoing: bytes, router: StatusRouter) -> int:
     """Send everything while reading whatever comes back, until the exit frame."""
-    decoder = FrameDecoder(accept=SERVER_CHANNELS)
+    incoming = bytearray()
     pending = memoryview(outgoing)
     sock.setblocking(False)
     while True:
@@ -106,24 +168,26 @@ def _exchange(sock: socket.socket, outgoing: bytes, router: StatusRouter) -> int
             except OSError:
                 pending = pending[:0]  # gone: its error or exit frame may still be readable
         try:
-            data = sock.recv(MAX_PAYLOAD + 5)
+            data = sock.recv(MAX_PAYLOAD + HEADER_SIZE)
         except BlockingIOError:
             continue
         except OSError as exc:
             raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
         if not data:
             raise BrokerUnavailable("the broker closed the connection before gpg finished")
+        incoming += data
         try:
-            for channel, frame in decoder.feed(data):
-                if channel is Channel.STDOUT:
-                    _write_all(1, frame)
-                elif channel is Channel.STDERR:
-                    _write_routed(router.feed(frame))
-                elif channel is Channel.ERROR:
-                    raise RequestRefused(f"the broker refused to sign: {decode_error(frame)}")
+            for channel, payload in take_frames(incoming):
+                if channel == STDOUT:
+                    _write_all(1, payload)
+                elif channel == STDERR:
+                    _write_routed(router.feed(payload))
+                elif channel == ERROR:
+                    message = payload.decode("utf-8", "replace")
+                    raise RequestRefused(f"the broker refused to sign: {message}")
                 else:
                     _write_routed(router.flush())
-                    return decode_exit(frame) & 0xFF
+                    return exit_status(payload) & 0xFF
         except ProtocolError as exc:
             raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
 
@@ -136,12 +200,18 @@ def _write_routed(writes: list[tuple[int, bytes]]) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        view = view[posix.write(fd, view) :]
+
+
+def _environ(name: str) -> str:
+    """``os.environ.get(name, "")`` as this process started (posix keeps bytes)."""
+    value = posix.environ.get(name.encode())
+    return "" if value is None else value.decode(sys.getfilesystemencoding(), "surrogateescape")
 
 
 def _cwd() -> str:
     try:
-        return os.getcwd()
+        return posix.getcwd()
     except OSError:
         return "/"
 
@@ -152,20 +222,30 @@ def program_script(python: str, root: str) -> str:
     git runs ``gpg.program`` by path, once per signature and once per commit
     verified, so start-up is most of gpg-shim's cost.  The console script
     pays for ``site`` and every ``.pth`` file in the environment; gpg-shim
-    needs only the standard library and this project, so the script below
-    runs ``python -I -S`` with ``root`` (the directory holding ``libbroker``)
-    as its only addition to ``sys.path``.  ``$0`` becomes ``sys.argv[0]``, so
-    the shim still recognises itself on PATH when looking for the local gpg.
+    needs only the standard library and this project, so the script runs
+    ``python -I -S`` with ``root`` (the directory holding ``libbroker``) as its
+    only addition to ``sys.path``.  Where the kernel can take it, the script
+    is Python itself behind a ``#!PYTHON -IS`` line (no shell started first);
+    a ``python`` path with white space or too long for a ``#!`` line gets a
+    ``/bin/sh`` script that execs it.  Either way ``sys.argv[0]`` is the
+    script's path, so the shim still recognises itself on PATH when looking
+    for the local gpg.
     """
-    import json
+    # !a (ascii()) is a Python string literal of any path, in plain ASCII.
+    setup = f"import sys; sys.path.insert(0, {root!a}); "
+    start = "from bin.gpg_shim import main; main()"
+    comment = "# git's gpg.program: gpg-shim (agent-sandbox), started without site-packages.\n"
+    shebang = f"#!{python} -IS\n"
+    # One argument after the interpreter, and a line the kernel reads whole
+    # (BINPRM_BUF_SIZE was 128 bytes before Linux 5.1).
+    fits = len(shebang.encode()) < 128 and not any(c.isspace() for c in python)
+    if python.startswith("/") and fits:
+        return shebang + comment + setup + start + "\n"
     import shlex
 
-    code = (  # a JSON string is a valid Python string literal
-        f"import sys; sys.path.insert(0, {json.dumps(root)}); sys.argv[:2] = sys.argv[1:2]; "
-        "from bin.gpg_shim import main; main()"
-    )
+    code = setup + "sys.argv[:2] = sys.argv[1:2]; " + start  # argv[0]: "$0", the script
     return (
         "#!/bin/sh\n"
-        "# git's gpg.program: gpg-shim (agent-sandbox), started without site-packages.\n"
-        f'exec {shlex.quote(python)} -I -S -c {shlex.quote(code)} "$0" "$@"\n'
+        + comment
+        + f'exec {shlex.quote(python)} -I -S -c {shlex.quote(code)} "$0" "$@"\n'
     )

@@ -23,9 +23,8 @@ import mmap
 import struct
 from typing import NamedTuple
 
+from libbroker.dial import SOCKET_ENV_VAR as SOCKET_ENV_VAR
 from libbroker.errors import ProtocolError, RequestRefused
-
-SOCKET_ENV_VAR = "AGENT_SANDBOX_BROKER_SOCKET"
 
 MAX_PAYLOAD = 1 << 20
 """The largest payload either side accepts (1 MiB)."""
