@@ -37,6 +37,24 @@ class PlainChild(Child):
         killpg_quietly(self.pid, 9)
 
 
+def sign_key_problem(key: str) -> str | None:
+    """Why ``key`` cannot be a ``--sign-key``, or None when it can.
+
+    A key id, a fingerprint or a user id: git's default signing key (no
+    user.signingkey) is the committer, ``Name <email>``, spaces included.
+    It becomes one argument of gpg's command line, so it must not look like
+    an option, and it holds no control character (nothing a log line or a
+    terminal would show differently from what it is).
+    """
+    if not key:
+        return "is empty"
+    if key.startswith("-"):
+        return "starts with '-' (it would read as an option)"
+    if any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in key):
+        return "holds a control character"
+    return None
+
+
 def gpg_argv(gpg: str, key: str) -> list[str]:
     """git's signing call: detached, armored, status lines on fd 2, as ``key``."""
     return [gpg, "--status-fd=2", "-bsau", key]

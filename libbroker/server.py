@@ -139,6 +139,7 @@ def run_server(
     from libbroker.audit import AuditLog
     from libbroker.errors import ConfigError
     from libbroker.executor import make_executor
+    from libbroker.ops import sign_key_problem
     from libbroker.profile import default_profile, load_profile, with_env_allow
 
     real_workdir = os.path.realpath(workdir)
@@ -150,8 +151,9 @@ def run_server(
     if env_allow is not None:
         profile = with_env_allow(profile, [n for n in env_allow.split(",") if n])
     for key in sign_keys:
-        if not key or key.startswith("-") or any(c.isspace() for c in key):
-            raise ConfigError(f"--sign-key {key!r} is not a key id, fingerprint or user id")
+        problem = sign_key_problem(key)
+        if problem is not None:
+            raise ConfigError(f"--sign-key {key!r} {problem}: not a key id, fingerprint or user id")
     executor = make_executor(sandbox, profile, real_workdir, os.environ)
     audit = AuditLog(audit_path)
     settings = Settings(

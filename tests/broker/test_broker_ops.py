@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
+import unicodedata
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from libbroker.errors import RequestRefused
-from libbroker.ops import checked_cwd, gpg_argv, spawn_gpg
+from libbroker.ops import checked_cwd, gpg_argv, sign_key_problem, spawn_gpg
 
 
 def test_cwd_inside_the_workdir_only(tmp_path) -> None:
@@ -34,3 +37,35 @@ def test_sign_takes_only_an_enabled_key() -> None:
                 spawn_gpg("/usr/bin/gpg", frozenset({"ABCD"}), key, (null, null, null))
     finally:
         os.close(null)
+
+
+def test_a_sign_key_may_be_a_user_id_with_spaces() -> None:
+    """git's default signing key is the committer, ``Name <email>``."""
+    for key in ("ABCD", "0123456789ABCDEF", "Test Signer <signer@example.test>", "Zoë <z@x>"):
+        assert sign_key_problem(key) is None
+    assert "empty" in (sign_key_problem("") or "")
+    for key in ("-x", "--homedir=/x", "- x"):
+        assert "starts with '-'" in (sign_key_problem(key) or "")
+    for key in ("A\nB", "A\tB", "A\x00B", "A\x1bB", "A\x7fB", "A\x85B"):
+        assert "control character" in (sign_key_problem(key) or "")
+
+
+@given(st.text(max_size=40))
+def test_sign_key_rule(key: str) -> None:
+    """Refused exactly when empty, option-like, or holding a Unicode control (Cc) character."""
+    ok = bool(key) and not key.startswith("-")
+    ok = ok and not any(unicodedata.category(c) == "Cc" for c in key)
+    assert (sign_key_problem(key) is None) == ok
+
+
+def test_a_user_id_key_matches_only_exactly() -> None:
+    uid = "Test Signer <signer@example.test>"
+    null = os.open(os.devnull, os.O_RDWR)
+    try:
+        for key in (uid + " ", " " + uid, "Test Signer", "signer@example.test", uid.lower(),
+                    f"{uid} --export-secret-keys", "Test  Signer <signer@example.test>"):
+            with pytest.raises(RequestRefused, match="not enabled"):
+                spawn_gpg("/usr/bin/gpg", frozenset({uid}), key, (null, null, null))
+    finally:
+        os.close(null)
+    assert gpg_argv("/usr/bin/gpg", uid) == ["/usr/bin/gpg", "--status-fd=2", "-bsau", uid]

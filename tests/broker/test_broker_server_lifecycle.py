@@ -135,6 +135,9 @@ def _tmp(done: subprocess.CompletedProcess[str]) -> str:
         (["--bogus"], 2, "stderr", "Usage:"),
         (["--socket=/tmp/x", "--workdir=/nonexistent-dir-xyz"], 1, "stderr", "not a directory"),
         (["--socket=/tmp/x", "--workdir=/tmp", "--sandbox=chroot"], 2, "stderr", "--sandbox"),
+        (["--socket=/tmp/x", "--workdir=/tmp", "--sign-key=-x"], 1, "stderr", "starts with '-'"),
+        (["--socket=/tmp/x", "--workdir=/tmp", "--sign-key=A\nB"], 1, "stderr", "control char"),
+        (["--socket=/tmp/x", "--workdir=/tmp", "--sign-key="], 1, "stderr", "is empty"),
     ],
 )
 def test_server_command_line(tools, argv, code, where, text) -> None:

@@ -7,6 +7,7 @@ GNUPGHOME that only broker-server (the host side) is given.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -78,6 +79,12 @@ class Broker(NamedTuple):
 
 @pytest.fixture
 def broker(keys: Keys, tmp_path: Path) -> Iterator[Broker]:
+    with running_broker(keys, tmp_path, keys.fingerprint) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def running_broker(keys: Keys, tmp_path: Path, sign_key: str) -> Iterator[Broker]:
     workdir = tmp_path / "work"
     workdir.mkdir()
     sock = Path(tempfile.mkdtemp(prefix="gsb-", dir="/tmp")) / "broker.sock"
@@ -85,7 +92,7 @@ def broker(keys: Keys, tmp_path: Path) -> Iterator[Broker]:
     env.pop("AGENT_SANDBOX_BROKER_SOCKET", None)
     proc = subprocess.Popen(
         ["broker-server", f"--socket={sock}", f"--workdir={workdir}",
-         f"--sign-key={keys.fingerprint}"],
+         f"--sign-key={sign_key}"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env,
     )
     try:
@@ -317,3 +324,28 @@ def test_the_fast_program_script_signs_too(keys: Keys, broker: Broker, repo: Pat
     version = subprocess.run([str(script), "--version"], capture_output=True, text=True,
                              timeout=30, env=env)
     assert version.stdout.startswith("gpg-shim ")
+
+
+def test_git_default_key_the_committer_user_id_signs(keys: Keys, tmp_path: Path) -> None:
+    """Without user.signingkey git asks for ``-bsau 'Name <email>'``: a key with spaces."""
+    with running_broker(keys, tmp_path, UID) as started:
+        env = sandbox_env(keys, started, started.workdir)
+        path = started.workdir / "repo"
+        subprocess.run(["git", "init", "-q", str(path)], env=env, check=True, timeout=30)
+        for key, value in [("user.name", "Test Signer"), ("user.email", "signer@example.test"),
+                           ("gpg.program", "gpg-shim"), ("commit.gpgsign", "true")]:
+            assert git(path, env, "config", key, value).returncode == 0
+        commit = git(path, env, "commit", "--allow-empty", "-m", "default key")
+        assert commit.returncode == 0, commit.stderr
+        verify = git(path, sandbox_env(keys, None, started.workdir), "verify-commit", "HEAD")
+        assert verify.returncode == 0, verify.stderr
+        # Still an exact match: a near miss of the user id is refused.
+        for key in (UID + " ", "Test Signer", "signer@example.test", UID.upper()):
+            shim = subprocess.run(["gpg-shim", "--status-fd=2", "-bsau", key], input=b"payload",
+                                  env=env, capture_output=True, timeout=60)
+            assert shim.returncode == 1, (key, shim.stderr)
+            assert b"not enabled" in shim.stderr and shim.stdout == b""
+        other = git(path, env, "-c", "user.email=other@example.test", "commit",
+                    "--allow-empty", "-m", "another committer")
+        assert other.returncode != 0
+        assert "gpg failed to sign the data" in other.stderr
