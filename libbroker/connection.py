@@ -110,6 +110,10 @@ class Connection:
         self.outputs: dict[int, Channel] = {}
         self.outputs_on = False
         self.stdin_fd: int | None = None
+        # True while the command's stdin pipe is full: the loop watches the
+        # pipe for room instead of the socket for data.
+        self.stdin_stalled = False
+        self.watchdog: asyncio.TimerHandle | None = None
         self.closed = False
         self.client_gone = False
         self.finished = False
@@ -138,7 +142,9 @@ class Connection:
     def _on_readable(self) -> None:
         try:
             for _ in range(64):  # then let the other connections have a turn
-                if self.closed or not self.reading or not self._read_step():
+                if self.closed or not (self.reading or self.stdin_stalled):
+                    return
+                if not self._read_step():
                     return
         except ProtocolError as exc:
             self.refuse(f"protocol error: {exc}")
@@ -153,7 +159,7 @@ class Connection:
             try:
                 data = self.sock.recv(HEADER_SIZE - len(self.header))
             except BlockingIOError:
-                return False
+                return self._socket_empty()
             if not data:
                 self._client_gone()
                 return False
@@ -172,7 +178,7 @@ class Connection:
         try:
             data = self.sock.recv(self.remaining)
         except BlockingIOError:
-            return False
+            return self._socket_empty()
         if not data:
             self._client_gone()
             return False
@@ -211,7 +217,7 @@ class Connection:
             try:
                 data = self.sock.recv(min(self.remaining, MAX_PAYLOAD))
             except BlockingIOError:
-                return False
+                return self._socket_empty()
             if not data:
                 self._client_gone()
                 return False
@@ -223,11 +229,8 @@ class Connection:
                 moved = os.splice(self.fd, self.stdin_fd, self.remaining, flags=SPLICE_FLAGS)
             except BlockingIOError:
                 if self._stdin_full():
-                    # Wait for the command to read; meanwhile watch for a hang-up.
-                    self._read_socket(False)
-                    self.loop.add_writer(self.stdin_fd, self._stdin_writable)
-                    self._arm_watchdog()
-                return False
+                    return self._stall_stdin()
+                return self._socket_empty()
             except (BrokenPipeError, ConnectionResetError) as exc:
                 if isinstance(exc, ConnectionResetError):
                     raise
@@ -245,14 +248,11 @@ class Connection:
         """Without splice: recv and write (blocking the stream while the pipe is full)."""
         assert self.stdin_fd is not None
         if self._stdin_full():
-            self._read_socket(False)
-            self.loop.add_writer(self.stdin_fd, self._stdin_writable)
-            self._arm_watchdog()
-            return False
+            return self._stall_stdin()
         try:
             data = self.sock.recv(min(self.remaining, 1 << 16))
         except BlockingIOError:
-            return False
+            return self._socket_empty()
         if not data:
             self._client_gone()
             return False
@@ -271,17 +271,40 @@ class Connection:
         poller.register(self.stdin_fd, select.POLLOUT)
         return not poller.poll(0)
 
-    def _stdin_writable(self) -> None:
-        if self.stdin_fd is not None:
-            self.loop.remove_writer(self.stdin_fd)
-        self._read_socket(True)
-        self._on_readable()
+    def _stall_stdin(self) -> bool:
+        """The command's stdin pipe is full: wait for room in it, not for the socket.
+
+        The pipe stays watched until the socket runs dry (:meth:`_socket_empty`):
+        a command that reads slowly wakes us once per read, and each wake-up
+        goes straight to the next splice, with no re-registering in between.
+        """
+        if not self.stdin_stalled:
+            assert self.stdin_fd is not None
+            self._read_socket(False)
+            self.loop.add_writer(self.stdin_fd, self._on_readable)
+            self.stdin_stalled = True
+            self._arm_watchdog()  # meanwhile a hang-up goes unseen: poll for it now and then
+        return False
+
+    def _socket_empty(self) -> bool:
+        """Nothing to read: from now on wait for the socket (the pipe has room)."""
+        self._unstall_stdin()
+        return False
+
+    def _unstall_stdin(self) -> None:
+        if self.stdin_stalled:
+            self.stdin_stalled = False
+            if self.stdin_fd is not None:
+                self.loop.remove_writer(self.stdin_fd)
+            self._read_socket(not self.closed)
 
     def _arm_watchdog(self) -> None:
         """While the socket is not read a hang-up goes unseen; poll for it now and then."""
-        self.timers.append(self.loop.call_later(0.5, self._check_hangup))
+        if self.watchdog is None:
+            self.watchdog = self.loop.call_later(0.5, self._check_hangup)
 
     def _check_hangup(self) -> None:
+        self.watchdog = None
         if self.reading or self.closed:
             return
         poller = select.poll()
@@ -350,6 +373,7 @@ class Connection:
             self.loop.remove_writer(self.stdin_fd)
             os.close(self.stdin_fd)
             self.stdin_fd = None
+            self.stdin_stalled = False
             self._read_socket(not self.closed)
 
     # --- output -------------------------------------------------------------
@@ -606,5 +630,7 @@ class Connection:
         if self.finished and self.closed and self.pidfd is None and not self.done.done():
             for timer in self.timers:
                 timer.cancel()
+            if self.watchdog is not None:
+                self.watchdog.cancel()
             self.s.connections.discard(self)
             self.done.set_result(None)

@@ -171,3 +171,48 @@ def test_output_into_files_and_append_mode_is_intact(broker) -> None:
         assert fh.read() == data
     with open(os.path.join(broker.workdir, "app.bin"), "rb") as fh:
         assert fh.read() == b"x" + data
+
+
+def test_a_slow_reader_gets_all_of_a_stdin_larger_than_its_pipe(broker) -> None:
+    """The command's stdin pipe fills up again and again: nothing lost, nothing reordered."""
+    data = os.urandom(6 << 20)
+    with open(os.path.join(broker.workdir, "slow-blob"), "wb") as fh:
+        fh.write(data)
+    reader = ("import hashlib, sys, time\n"
+              "h = hashlib.sha256()\n"
+              "while chunk := sys.stdin.buffer.raw.read(8192):\n"
+              "    h.update(chunk)\n"
+              "    time.sleep(0.0001) if len(chunk) % 3 == 0 else None\n"
+              "print(h.hexdigest())\n")  # fmt: skip
+    done = broker.sh(f"cat slow-blob | broker-client -- python3 -c '{reader}'", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[0] == hashlib.sha256(data).hexdigest().encode()
+
+
+def test_a_client_gone_while_the_stdin_pipe_is_full_ends_the_command(broker) -> None:
+    """The server stops reading the socket while the pipe is full; it still notices a hang-up."""
+    marker = f"62.{os.getpid()}{len(broker.backend)}"
+    feeder = subprocess.Popen(["head", "-c", str(16 << 20), "/dev/zero"], stdout=subprocess.PIPE)
+    proc = subprocess.Popen(
+        ["broker-client", "--", "sh", "-c", f"echo started; sleep {marker}; :"],
+        cwd=broker.workdir, env=broker.env, stdin=feeder.stdout, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    assert feeder.stdout is not None
+    feeder.stdout.close()
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"started\n"
+        deadline = time.monotonic() + 10
+        while not _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _running(marker)
+        time.sleep(0.3)  # the stdin pipe (1 MiB) fills and the server waits for room in it
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _running(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(marker)
+    finally:
+        feeder.kill()
+        feeder.wait()
