@@ -16,11 +16,11 @@ from libbroker.errors import UsageError
 from libegress.addresses import parse_cidr
 from libegress.allowlist import parse_patterns
 from libegress.ca import LeafCache, make_authority
-from libegress.context import Services, upstream_context
+from libegress.context import Services
 from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
 from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
-from libegress.http1 import Limits
+from libegress.limits import Limits
 from libegress.policy import EgressPolicy, Pin
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
 from libegress.tokens import TokenKeeper, token_argv
@@ -174,9 +174,13 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         limits=options.limits,
         leaves=authority_cache,
         tokens=tokens,
-        upstream_tls=upstream_context(options.upstream_ca),
         log=log,
+        upstream_ca=options.upstream_ca,
     )
+    if options.upstream_ca:
+        # A named CA file is read now, so a bad one stops the start; the
+        # system's roots load on first use (Services.upstream_tls).
+        services.load_upstream_tls()
     server = ProxyServer(services)
     await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners],
                      announce_lines(listeners))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from libegress.addresses import IPAddress
 from libegress.ca import LeafCache
 from libegress.eventlog import EventLog
-from libegress.http1 import Limits
+from libegress.limits import Limits
 from libegress.peers import PidFinder
 from libegress.policy import EgressPolicy
 from libegress.tokens import TokenKeeper
@@ -22,9 +22,26 @@ class Services:
     limits: Limits
     leaves: LeafCache
     tokens: TokenKeeper
-    upstream_tls: ssl.SSLContext
     log: EventLog
+    upstream_ca: str | None = None  # --upstream-ca, else the system's roots
     pids: PidFinder = field(default_factory=PidFinder)
+    _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
+
+    @property
+    def upstream_tls(self) -> ssl.SSLContext:
+        """The verifying client context for inject hosts' upstreams, made on first use.
+
+        Loading the system's roots is start-up time the proxy need not pay
+        before it listens: many sessions never reach an inject host.
+        """
+        if self._upstream_tls is None:
+            self.load_upstream_tls()
+        assert self._upstream_tls is not None
+        return self._upstream_tls
+
+    def load_upstream_tls(self) -> None:
+        """Make the upstream context now (a bad ``upstream_ca`` file raises here)."""
+        self._upstream_tls = upstream_context(self.upstream_ca)
 
 
 @dataclass

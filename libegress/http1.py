@@ -14,27 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
-from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
 import h11
 
 from libegress.heads import Headers, forward_headers, head_end, smuggling_reason
+from libegress.limits import Limits as Limits  # re-exported: its old home
 from libegress.streams import Stream
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what one client may make the proxy hold or wait for."""
-
-    max_head: int = 32 * 1024  # request head bytes (431)
-    max_request_line: int = 8 * 1024  # (431)
-    idle_timeout: float = 120.0  # no request on a kept-alive connection (408)
-    head_timeout: float = 30.0  # a request head or TLS handshake in progress (408)
-    connect_timeout: float = 10.0  # resolving and connecting upstream (504)
-    response_timeout: float = 300.0  # no byte of the upstream's response (504)
-    max_connections: int = 1024  # client connections at once (503)
 
 
 class HttpError(Exception):

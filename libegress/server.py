@@ -18,14 +18,9 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-import h11
-
 from libbroker.errors import EgressError
 from libegress.context import Peer, Services
-from libegress.http1 import error_events
-from libegress.http_proxy import serve_http
 from libegress.peers import is_loopback, peer_socket
-from libegress.socks5 import serve_socks
 
 Handler = Callable[[Services, socket.socket, Peer], Awaitable[None]]
 
@@ -163,6 +158,10 @@ class ProxyServer:
         limit = self.services.limits.max_connections
         self.services.log.line("limit", "-", 0, f"503 more than {limit} connections", peer.pid())
         if handler is serve_http:
+            import h11
+
+            from libegress.http1 import error_events
+
             conn = h11.Connection(h11.SERVER)
             data = b"".join(conn.send(e) or b"" for e in
                             error_events(503, "too many connections", None))
@@ -177,6 +176,25 @@ def announce_lines(socks: list[tuple[socket.socket, str]]) -> Callable[[], None]
             sys.stdout.write(f"listening {url_of(sock, scheme)}\n")
         sys.stdout.flush()
     return announce
+
+
+# The protocol handlers (h11 and the HTTP machinery, SOCKS) load on the first
+# connection, not before the proxy says it listens: a session that makes no
+# request never pays for them.
+
+
+async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> None:
+    """The HTTP listener's handler (:func:`libegress.http_proxy.serve_http`)."""
+    from libegress.http_proxy import serve_http as serve
+
+    await serve(services, sock, peer)
+
+
+async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> None:
+    """The SOCKS5 listener's handler (:func:`libegress.socks5.serve_socks`)."""
+    from libegress.socks5 import serve_socks as serve
+
+    await serve(services, sock, peer)
 
 
 HANDLERS: dict[str, Handler] = {"http": serve_http, "socks5": serve_socks}
