@@ -37,9 +37,11 @@ from typing import TYPE_CHECKING
 
 from libbroker.cli import Args, parse, run
 from libbroker.errors import ConfigError, UsageError
+from libbroker.launcher import prestart
 
 if TYPE_CHECKING:
     from libbroker.launcher.config import Config
+    from libbroker.launcher.prestart import Servers
 
 
 def _config(args: Args) -> Config:
@@ -54,12 +56,12 @@ def _config(args: Args) -> Config:
         raise UsageError(str(exc)) from None
 
 
-def _main(args: Args) -> int:
+def _main(args: Args, servers: Servers | None) -> int:
     if args["run"]:
         from libbroker.launcher import session
 
         cfg = _config(args)
-        return session.run(cfg, list(args["CMD"]), cfg.sandbox)
+        return session.run(cfg, list(args["CMD"]), cfg.sandbox, servers)
     if args["doctor"]:
         from libbroker.launcher import doctor
 
@@ -70,9 +72,12 @@ def _main(args: Args) -> int:
 
 
 def main() -> None:
+    # run's servers start first, before parsing: see libbroker.launcher.prestart.
+    servers = prestart.try_start(sys.argv[1:])
     try:
-        run(lambda: _main(parse(__doc__ or "", options_first=False)))
+        run(lambda: _main(parse(__doc__ or "", options_first=False), servers))
     except SystemExit as done:
+        prestart.discard(servers)  # when no session took them
         # By now every child is reaped and the runtime directory removed:
         # skip the interpreter's teardown (tens of ms on every session).
         code = done.code

@@ -108,7 +108,7 @@ def environment(
             "GH_CONFIG_DIR": rt.gh_config,
         }
     )
-    git = [("gpg.program", os.path.join(bin_dir, "gpg-shim"))]
+    git = [("gpg.program", rt.gpg_program)]
     if cfg.sign_key:
         git.append(("user.signingkey", cfg.sign_key))
     env["GIT_CONFIG_COUNT"] = str(len(git))

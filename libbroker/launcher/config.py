@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError
+
+if TYPE_CHECKING:
+    import subprocess
 
 SANDBOX_KINDS = ("auto", "bwrap", "nono")
 
@@ -114,22 +117,35 @@ def resolve_sign_key(cfg: Config) -> Config:
     """``cfg`` with its sign key decided: the config's, else git's user.signingkey.
 
     Separate from loading because it runs git: the launcher does it while the
-    proxy starts, not before.
+    proxy starts, not before (:func:`ask_sign_key`, then :func:`take_sign_key`).
     """
-    if cfg.sign_key is not None:
-        return cfg
+    return take_sign_key(cfg, ask_sign_key(cfg))
+
+
+def ask_sign_key(cfg: Config) -> subprocess.Popen[str] | None:
+    """Start ``git config user.signingkey`` when the config names no key."""
+    if cfg.sign_key is not None or not shutil.which("git"):
+        return None
     import subprocess
 
+    return subprocess.Popen(
+        ["git", "config", "--global", "--get", "user.signingkey"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd="/",
+    )
+
+
+def take_sign_key(cfg: Config, git: subprocess.Popen[str] | None) -> Config:
+    """``cfg`` with the key ``git`` (from :func:`ask_sign_key`) printed, if any."""
+    if cfg.sign_key is not None:
+        return cfg
     key = ""
-    if shutil.which("git"):
-        done = subprocess.run(
-            ["git", "config", "--global", "--get", "user.signingkey"],
-            capture_output=True,
-            text=True,
-            check=False,
-            cwd="/",
-        )
-        key = done.stdout.strip() if done.returncode == 0 else ""
+    if git is not None:
+        out, _ = git.communicate()
+        key = out.strip() if git.returncode == 0 else ""
     return cfg._replace(sign_key=key)
 
 

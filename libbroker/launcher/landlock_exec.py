@@ -13,6 +13,7 @@ Exit 125 when it cannot sandbox (fail closed: the command never runs bare).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import os
@@ -78,6 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1 or not argv[0].isdigit():
         sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec FD\n")
         return 125
+    # Now, while the servers start: the import is most of this helper's
+    # cost, and the spec arrives only once they listen.  If it fails, apply() says so.
+    with contextlib.suppress(ImportError):
+        import nono_py  # noqa: F401
     with os.fdopen(int(argv[0]), "rb") as control:
         raw = control.read()
     if not raw:

@@ -52,7 +52,7 @@ def exe(name: str) -> str:
 # every .pth file of the installation, which costs each process tens of ms
 # of CPU while the three of them compete for the cores at session start.
 # sys.path gets exactly what site would add for our code and dependencies;
-# if the imports fail anyway, the console script itself is exec'd.
+# if the imports fail anyway, the program is run again with site.
 _BOOT = """import sys
 sys.path[:0] = {paths!r}
 sys.argv[0] = {name!r}
@@ -64,6 +64,44 @@ except ImportError:
 raise SystemExit(main())
 """
 
+# The servers' boot: import what the server needs first (interpreter start
+# and imports are most of a server's start), then read the arguments from
+# stdin, so the launcher can start both servers before it has parsed its own
+# command line and config.  The arguments come NUL-terminated, then a
+# newline; end of file before that means the launcher gave up: exit quietly.
+_BOOT_DEFERRED = """import sys
+sys.path[:0] = {paths!r}
+sys.argv[0] = {name!r}
+import os
+for warm in {warm!r}:
+    try:
+        __import__(warm)
+    except ImportError:
+        pass
+try:
+    from {module} import main
+except ImportError:
+    main = None
+data = b""
+while not data.endswith(b"\\n"):
+    chunk = os.read(0, 65536)
+    if not chunk:
+        os._exit(0)
+    data += chunk
+null = os.open(os.devnull, os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+sys.argv[1:] = [os.fsdecode(a) for a in data[:-1].split(b"\\0")[:-1]]
+if main is None:
+    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
+raise SystemExit(main())
+"""
+
+
+def encode_args(args: list[str]) -> bytes:
+    """Arguments as the deferred boot reads them from stdin."""
+    return b"".join(os.fsencode(a) + b"\0" for a in args) + b"\n"
+
 
 def project_dir() -> str:
     import libbroker
@@ -71,19 +109,48 @@ def project_dir() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
 
 
+def _import_paths() -> list[str]:
+    """The project, then the site-packages directories site would add."""
+    import site  # already imported by the console script's interpreter
+
+    paths = [project_dir()]
+    for p in site.getsitepackages():
+        if p not in paths and os.path.isdir(p):
+            paths.append(p)
+    return paths
+
+
+def _with_site(name: str, module: str) -> list[str]:
+    """argv that runs ``module``'s main with site, as its console script would."""
+    code = f"import sys; sys.argv[0] = {name!r}; from {module} import main; sys.exit(main())"
+    return [sys.executable, "-c", code]
+
+
 def python_argv(name: str, module: str, fallback: list[str] | None = None) -> list[str]:
     """argv that runs our console script ``name`` (``module``'s main) without site.
 
-    ``fallback`` (default: the console script) is exec'd if the imports fail.
+    ``fallback`` (default: the same with site) is exec'd if the imports fail.
     """
-    import sysconfig
-
-    paths: list[str] = []
-    for p in (project_dir(), sysconfig.get_path("purelib"), sysconfig.get_path("platlib")):
-        if p not in paths:
-            paths.append(p)
     python = os.path.realpath(sys.executable)
-    boot = _BOOT.format(paths=paths, name=name, module=module, fallback=fallback or [exe(name)])
+    fallback = fallback or _with_site(name, module)
+    boot = _BOOT.format(paths=_import_paths(), name=name, module=module, fallback=fallback)
+    return [python, "-I", "-S", "-c", boot]
+
+
+def deferred_python_argv(name: str, module: str, warm: tuple[str, ...]) -> list[str]:
+    """Like :func:`python_argv`, but the arguments come later on stdin (``encode_args``).
+
+    The process imports ``warm`` (missing modules skipped: the program
+    reports them itself) and ``module`` while it waits.
+    """
+    python = os.path.realpath(sys.executable)
+    boot = _BOOT_DEFERRED.format(
+        paths=_import_paths(),
+        name=name,
+        module=module,
+        warm=warm,
+        fallback=_with_site(name, module),
+    )
     return [python, "-I", "-S", "-c", boot]
 
 
@@ -123,9 +190,9 @@ def host_facts(cfg: Config, cwd: str) -> Host:
     )
 
 
-def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
-    argv = [
-        *python_argv("egress-proxy", "bin.egress_proxy"),
+def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
+    """egress-proxy's arguments for this session."""
+    args = [
         "--listen=127.0.0.1:0",
         "--socks=127.0.0.1:0",
         "--allow=" + ",".join(cfg.domains),
@@ -134,25 +201,33 @@ def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
         f"--token-every={cfg.token_every}",
     ]
     if cfg.token_command:
-        argv.append("--token-command=" + cfg.token_command)
-    argv += [f"--resolve={r}" for r in cfg.resolve]
-    argv += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
+        args.append("--token-command=" + cfg.token_command)
+    args += [f"--resolve={r}" for r in cfg.resolve]
+    args += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
     if cfg.upstream_ca:
-        argv.append("--upstream-ca=" + cfg.upstream_ca)
-    return argv
+        args.append("--upstream-ca=" + cfg.upstream_ca)
+    return args
 
 
-def broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
-    argv = [
-        *python_argv("broker-server", "bin.broker_server"),
+def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
+    return [*python_argv("egress-proxy", "bin.egress_proxy"), *proxy_args(cfg, rt)]
+
+
+def broker_args(cfg: Config, rt: Runtime, backend: str) -> list[str]:
+    """broker-server's arguments for this session."""
+    args = [
         "--socket=" + rt.broker_socket,
         "--workdir=" + cfg.workdir,
         "--sandbox=" + backend,
         "--profile=" + rt.profile,
     ]
     if cfg.sign_key:
-        argv.append("--sign-key=" + cfg.sign_key)
-    return argv
+        args.append("--sign-key=" + cfg.sign_key)
+    return args
+
+
+def broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
+    return [*python_argv("broker-server", "bin.broker_server"), *broker_args(cfg, rt, backend)]
 
 
 def command_profile(cfg: Config, host: Host) -> dict[str, object]:

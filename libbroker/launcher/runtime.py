@@ -47,6 +47,11 @@ class Runtime(NamedTuple):
         return os.path.join(self.root, "kubeconfig")
 
     @property
+    def gpg_program(self) -> str:
+        """git's gpg.program in the session: gpg-shim, as a script started without site."""
+        return os.path.join(self.root, "gpg-shim")
+
+    @property
     def http_relay(self) -> str:
         """The unix socket the in-sandbox forwarder reaches the HTTP proxy by."""
         return os.path.join(self.root, "http.sock")

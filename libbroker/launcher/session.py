@@ -23,14 +23,16 @@ import select
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable
-from libbroker.launcher import agent_sandbox, config, plan, runtime, supervise
+from libbroker.launcher import agent_sandbox, config, plan, prestart, runtime, supervise, trace
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
+from libbroker.launcher.trace import trace as _trace
 
 if TYPE_CHECKING:
     from libbroker.launcher.relay import Relay
@@ -38,32 +40,6 @@ if TYPE_CHECKING:
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
-
-
-_TRACE = bool(os.environ.get("AGENT_SANDBOX_TRACE"))
-
-
-def _process_start() -> float:
-    """This process's start on the monotonic clock (to trace the interpreter's own start)."""
-    now = time.monotonic()
-    try:
-        with open("/proc/self/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return now
-    return now - age
-
-
-_T0 = _process_start() if _TRACE else 0.0
-
-
-def _trace(what: str) -> None:
-    """With AGENT_SANDBOX_TRACE set: when each phase ended, in ms since start."""
-    if _TRACE:
-        ms = (time.monotonic() - _T0) * 1000
-        cpu = time.process_time() * 1000
-        os.write(2, f"agent-sandbox: trace {ms:7.1f} ms (cpu {cpu:5.1f} ms) {what}\n".encode())
 
 
 def _open_log(cfg: Config) -> int:
@@ -93,8 +69,11 @@ def _open_log(cfg: Config) -> int:
 class Session:
     """One run: owns the runtime directory, the children and the relays."""
 
-    def __init__(self, cfg: Config, cmd: list[str], backend: str) -> None:
+    def __init__(
+        self, cfg: Config, cmd: list[str], backend: str, servers: prestart.Servers | None = None
+    ) -> None:
         self.cfg = cfg
+        self.servers = servers
         self.cmd = cmd
         self.backend = plan.choose_backend(backend)
         self.tty = os.isatty(0)
@@ -140,6 +119,10 @@ class Session:
 
     def _start(self, wake_r: int) -> None:
         cfg = self.cfg
+        servers = self.servers
+        if servers is not None:  # ours from now on, whatever happens
+            servers.taken = True
+            self.children += [servers.proxy, servers.broker]
         if not os.path.isdir(cfg.workdir):
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
         if self.backend == "bwrap" and not shutil.which("bwrap"):
@@ -149,26 +132,35 @@ class Session:
         _trace("session starts (interpreter, imports, config before this)")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
-        # The proxy is the slowest to start: first; the rest runs meanwhile.
-        proxy = self._spawn("egress-proxy", plan.proxy_argv(cfg, rt))
+        if servers is None:
+            servers = prestart.start(self.backend)
+            servers.taken = True
+            self.children += [servers.proxy, servers.broker]
+        for child in self.children:
+            self.janitor.watch(child)
+        if self.backend == "nono":
+            self._start_landlock_helper()
+        proxy, broker = servers.proxy, servers.broker
+        git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
+        proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         plan.prepare_workdir(cfg)
         host = plan.host_facts(cfg, os.getcwd())
-        import json  # after the proxy's spawn: nothing before it that need not be
+        import json  # after the servers' spawn: nothing before it that need not be
 
         plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
-        self.cfg = cfg = config.resolve_sign_key(cfg)
-        # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
-        broker_env = {**os.environ, "AGENT_SANDBOX": "1"}
-        broker = self._spawn(
-            "broker-server", plan.broker_argv(cfg, rt, self.backend), env=broker_env
-        )
+        self.cfg = cfg = config.take_sign_key(cfg, git)
+        broker.send_args(plan.encode_args(plan.broker_args(cfg, rt, self.backend)))
+        _trace("servers have their arguments")
+        self._write_gpg_program(host)
         kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
-        self._start_sandbox(host)
+        if self.backend == "bwrap":
+            self._start_bwrap(host)
         _trace("servers and sandbox spawned")
         if self.backend == "bwrap":  # the in-sandbox ports are fixed: write it meanwhile
             plan.write_private(rt.policy, plan.policy_json(cfg, rt, HTTP_PORT, SOCKS_PORT))
         found = self._wait_listening(proxy, broker, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
+        trace.children({c.name: c.pid for c in self.children})
         if self.backend == "nono":
             kube = self._start_kubeconfig(rt, found.socks_port)
             plan.write_private(
@@ -198,6 +190,16 @@ class Session:
         self.janitor.watch(child)
         return child
 
+    def _write_gpg_program(self, host: Host) -> None:
+        """git's gpg.program for the session: gpg-shim, started without site."""
+        from libbroker.gpg_shim import program_script
+
+        assert self.rt is not None
+        path = self.rt.gpg_program
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(program_script(host.python, host.project_dir))
+
     def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
         assert self.rt is not None
         return agent_sandbox.environment(
@@ -211,48 +213,59 @@ class Session:
             tmpdir=tmpdir,
         )
 
-    def _start_sandbox(self, host: Host) -> None:
+    def _start_bwrap(self, host: Host) -> None:
+        """The bwrap sandbox: built now, CMD started by the forwarder on the go byte."""
         assert self.rt is not None
         rt = self.rt
         r, w = os.pipe()
         self.control = w
         os.set_inheritable(r, True)
-        if self.backend == "bwrap":
-            from libbroker.launcher import seccomp
-            from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
+        from libbroker.launcher import seccomp
+        from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
 
-            try:
-                self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
-            except OSError as exc:
-                raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
-            prog = seccomp.program()
-            sec_fd: int | None = None
-            if prog is not None:
-                sec_r, sec_w = os.pipe()
-                os.write(sec_w, prog)
-                os.close(sec_w)
-                sec_fd = sec_r
-            argv = agent_sandbox.bwrap_argv(
-                self.cfg, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd, tty=self.tty
+        try:
+            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
+        except OSError as exc:
+            raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
+        prog = seccomp.program()
+        sec_fd: int | None = None
+        if prog is not None:
+            sec_r, sec_w = os.pipe()
+            os.write(sec_w, prog)
+            os.close(sec_w)
+            sec_fd = sec_r
+        argv = agent_sandbox.bwrap_argv(
+            self.cfg, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd, tty=self.tty
+        )
+        fds = [r] if sec_fd is None else [r, sec_fd]
+        try:
+            self.sandbox = self._spawn(
+                "sandbox",
+                argv,
+                pdeathsig=None,  # bwrap's --die-with-parent
+                env=self._env(host, HTTP_PORT, SOCKS_PORT),
+                pass_fds=fds,
+                pipes=False,
+                ignore=(signal.SIGINT, signal.SIGQUIT) if self.tty else (),
             )
-            fds = [r] if sec_fd is None else [r, sec_fd]
-            try:
-                self.sandbox = self._spawn(
-                    "sandbox",
-                    argv,
-                    pdeathsig=None,  # bwrap's --die-with-parent
-                    env=self._env(host, HTTP_PORT, SOCKS_PORT),
-                    pass_fds=fds,
-                    pipes=False,
-                    ignore=(signal.SIGINT, signal.SIGQUIT) if self.tty else (),
-                )
-            finally:
-                if sec_fd is not None:
-                    os.close(sec_fd)
-        else:
-            helper = "libbroker.launcher.landlock_exec"
-            slow = [host.python, "-I", "-m", helper]
-            argv = [*plan.python_argv("agent-sandbox", helper, slow), str(r)]
+        finally:
+            if sec_fd is not None:
+                os.close(sec_fd)
+            os.close(r)
+
+    def _start_landlock_helper(self) -> None:
+        """The Landlock backend's sandbox: a helper that imports nono-py, then waits for its spec.
+
+        It needs nothing of the session to start, so it starts right after
+        the servers: its import overlaps theirs.
+        """
+        r, w = os.pipe()
+        self.control = w
+        os.set_inheritable(r, True)
+        helper = "libbroker.launcher.landlock_exec"
+        slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
+        argv = [*plan.python_argv("agent-sandbox", helper, slow), str(r)]
+        try:
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,
@@ -262,7 +275,8 @@ class Session:
                 pipes=False,
                 own_group=not self.tty,  # the helper calls setsid() then
             )
-        os.close(r)
+        finally:
+            os.close(r)
 
     def _send_landlock_spec(self, host: Host, found: plan.Listening) -> None:
         assert self.rt is not None
@@ -493,6 +507,12 @@ class Session:
         _trace("clean")
 
 
-def run(cfg: Config, cmd: list[str], backend: str) -> int:
-    """Run ``cmd`` in a whole sandboxed session; its exit status."""
-    return Session(cfg, cmd, backend).run()
+def run(
+    cfg: Config, cmd: list[str], backend: str, servers: prestart.Servers | None = None
+) -> int:
+    """Run ``cmd`` in a whole sandboxed session; its exit status.
+
+    ``servers`` (from :func:`prestart.try_start`) are taken over if given;
+    otherwise the session starts them itself.
+    """
+    return Session(cfg, cmd, backend, servers).run()

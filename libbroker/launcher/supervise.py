@@ -75,6 +75,24 @@ class Child:
         with contextlib.suppress(OSError):
             signal.pidfd_send_signal(self.pidfd, sig)
 
+    def send_args(self, data: bytes) -> None:
+        """Write a deferred boot's arguments (:func:`plan.encode_args`), close its stdin.
+
+        A child that is already gone is not an error here: its pidfd reports it.
+        """
+        stdin = self.proc.stdin
+        if stdin is None:
+            return
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(stdin.fileno(), view) :]
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                stdin.close()
+
     def busy(self) -> bool:
         """Whether the child has children of its own (work in flight)."""
         try:
@@ -126,9 +144,12 @@ def spawn(
     env: dict[str, str] | None = None,
     pass_fds: Sequence[int] = (),
     pipes: bool = True,
+    stdin_pipe: bool = False,
     ignore: Sequence[int] = (),
 ) -> Child:
     """Start ``argv`` as a child named ``name``; stdout and stderr piped when ``pipes``.
+
+    ``stdin_pipe`` gives it a pipe as stdin (for :meth:`Child.send_args`).
 
     ``ignore`` lists signals the child starts with ignored (an ignored
     disposition survives exec; a handler does not).
@@ -137,7 +158,7 @@ def spawn(
     try:
         proc = subprocess.Popen(
             list(argv),
-            stdin=subprocess.DEVNULL if pipes else None,
+            stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL if pipes else None,
             stdout=subprocess.PIPE if pipes else None,
             stderr=subprocess.PIPE if pipes else None,
             env=env,
@@ -196,6 +217,10 @@ def _janitor_main(r: int, runtime_dir: str) -> None:  # pragma: no cover - forke
     for fd in (0, 1, 2):
         os.dup2(null, fd)
     os.close(null)
+    # Nor any other descriptor of the launcher's: a server's stdin pipe held
+    # open here would never see end of file.
+    os.closerange(3, r)
+    os.closerange(r + 1, os.sysconf("SC_OPEN_MAX"))
     watched: list[tuple[int, int, bool]] = []
     buf = b""
     while True:

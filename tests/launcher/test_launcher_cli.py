@@ -38,6 +38,7 @@ def test_usage_errors_exit_2_with_the_usage() -> None:
 def test_a_bad_sandbox_kind_exits_2(world: World) -> None:
     done = _cli("run", "--sandbox=docker", "--", "true", env=world.env())
     assert done.returncode == 2
+    assert world.leftovers() == []  # the servers started early are gone too
     assert "sandbox must be one of" in done.stderr
     assert "Traceback" not in done.stderr
 

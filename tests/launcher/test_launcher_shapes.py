@@ -175,10 +175,13 @@ def test_environment_is_exactly_the_contract() -> None:
     assert env["NODE_EXTRA_CA_CERTS"].endswith("/egress/ca.pem")
     assert env["GH_CONFIG_DIR"] == RT.gh_config
     assert env["GIT_CONFIG_COUNT"] == "2"
+    # gpg-shim as the session's own script (started without site), in the
+    # runtime directory, which the sandbox sees read-only.
     assert (env["GIT_CONFIG_KEY_0"], env["GIT_CONFIG_VALUE_0"]) == (
         "gpg.program",
-        HOST.bin_dir + "/gpg-shim",
+        RT.root + "/gpg-shim",
     )
+    assert RT.gpg_program == RT.root + "/gpg-shim"
     assert (env["GIT_CONFIG_KEY_1"], env["GIT_CONFIG_VALUE_1"]) == ("user.signingkey", "ABCD")
     assert env["PATH"].startswith(HOST.bin_dir + ":")
 

@@ -1,0 +1,127 @@
+"""The servers start first: before the launcher has parsed its command line.
+
+Interpreter start and imports are most of egress-proxy's and broker-server's
+start-up.  ``agent-sandbox run`` therefore spawns both as its very first
+step, each in the deferred boot of :func:`plan.deferred_python_argv`: a server
+imports what it needs, then waits for its arguments on stdin, which the
+session writes once the config is read and the runtime directory exists
+(:meth:`supervise.Child.send_args`).  Meanwhile the launcher parses, reads
+the config and prepares the sandbox: its work overlaps the servers' warm-up
+instead of coming before it.
+
+A run that ends before a session takes the servers (a usage or config error)
+ends them with :func:`discard`.  They also exit by themselves on end of file
+before their arguments, and by PR_SET_PDEATHSIG when the launcher dies.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from libbroker.errors import LaunchError
+from libbroker.launcher import plan, supervise
+from libbroker.launcher.trace import trace
+
+# What each server imports before its arguments arrive: everything it needs
+# up to its ``listening`` line.  The backend's modules are a guess from the
+# command line (the config may still choose otherwise: then they load late).
+PROXY_WARM = ("libegress.app",)
+BROKER_WARM = ("libbroker.server", "libbroker.profile", "libbroker.audit", "libbroker.executor")
+BACKEND_WARM = {
+    "bwrap": ("libbroker.sandbox_bwrap",),
+    "nono": ("nono_py", "libbroker.sandbox_landlock"),
+}
+# run's options that take a value (docopt also accepts it as the next word).
+_VALUED = ("--config", "--workdir", "--sandbox")
+
+
+class Servers:
+    """egress-proxy and broker-server, started and waiting for their arguments."""
+
+    def __init__(self, proxy: supervise.Child, broker: supervise.Child) -> None:
+        self.proxy = proxy
+        self.broker = broker
+        self.taken = False  # a session owns them from then on
+
+
+def _words(argv: list[str]) -> list[tuple[str, str]]:
+    """(option, value) and ("", word) pairs of ``argv`` before ``--``."""
+    out: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv) and argv[i] != "--":
+        word = argv[i]
+        name, eq, value = word.partition("=")
+        if name in _VALUED and not eq:
+            out.append((name, argv[i + 1] if i + 1 < len(argv) else ""))
+            i += 2
+            continue
+        out.append((name, value) if word.startswith("-") else ("", word))
+        i += 1
+    return out
+
+
+def wants_servers(argv: list[str]) -> bool:
+    """Whether the command line asks for ``run`` (docopt still has the last word)."""
+    words = [w for opt, w in _words(argv) if not opt]
+    return bool(words) and words[0] == "run"
+
+
+def backend_hint(argv: list[str]) -> str:
+    """The backend the command line names, else the one ``auto`` picks here."""
+    named = [value for opt, value in _words(argv) if opt == "--sandbox"]
+    return plan.choose_backend(named[-1] if named else "auto")
+
+
+def start(backend: str) -> Servers:
+    """Spawn both servers in their deferred boot (LaunchError if one cannot start)."""
+    proxy = supervise.spawn(
+        "egress-proxy",
+        plan.deferred_python_argv("egress-proxy", "bin.egress_proxy", PROXY_WARM),
+        stdin_pipe=True,
+    )
+    try:
+        warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
+        # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
+        import os
+
+        env = {**os.environ, "AGENT_SANDBOX": "1"}
+        broker = supervise.spawn(
+            "broker-server",
+            plan.deferred_python_argv("broker-server", "bin.broker_server", warm),
+            env=env,
+            stdin_pipe=True,
+        )
+    except LaunchError:
+        _end(proxy)
+        raise
+    return Servers(proxy, broker)
+
+
+def try_start(argv: list[str]) -> Servers | None:
+    """:func:`start` when ``argv`` asks for ``run``; None otherwise or on failure.
+
+    A failure here is not reported: the session starts the servers again and
+    reports what goes wrong then.
+    """
+    if not wants_servers(argv):
+        return None
+    try:
+        servers = start(backend_hint(argv))
+    except LaunchError:
+        return None
+    trace("servers spawned")
+    return servers
+
+
+def _end(child: supervise.Child) -> None:
+    child.send(signal.SIGKILL)
+    child.wait(60)
+    child.close()
+
+
+def discard(servers: Servers | None) -> None:
+    """End servers no session took (the run ended before it started)."""
+    if servers is not None and not servers.taken:
+        servers.taken = True
+        for child in (servers.broker, servers.proxy):
+            _end(child)

@@ -1,0 +1,89 @@
+"""The servers' early start: which command lines get it, and the deferred boot's arguments."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libbroker.launcher import plan, prestart
+
+
+def test_only_run_starts_the_servers_early() -> None:
+    assert prestart.wants_servers(["run", "--", "true"])
+    assert prestart.wants_servers(["--config=x.toml", "run", "true"])
+    assert prestart.wants_servers(["--config", "run.toml", "run", "--", "run"])
+    assert not prestart.wants_servers(["--config", "run", "doctor"])
+    assert not prestart.wants_servers(["doctor"])
+    assert not prestart.wants_servers(["render-settings", "--", "run"])
+    assert not prestart.wants_servers(["--version"])
+    assert not prestart.wants_servers([])
+
+
+def test_the_backend_hint_follows_the_command_line() -> None:
+    assert prestart.backend_hint(["run", "--sandbox=nono", "--", "true"]) == "nono"
+    assert prestart.backend_hint(["run", "--sandbox", "bwrap", "true"]) == "bwrap"
+    # After "--" it is the command's own argument.
+    assert prestart.backend_hint(["run", "--sandbox=nono", "--", "x", "--sandbox=bwrap"]) == "nono"
+    assert prestart.backend_hint(["run", "--", "true"]) == plan.choose_backend("auto")
+
+
+def _boot(tmp_path: Path, warm: tuple[str, ...] = ()) -> list[str]:
+    (tmp_path / "fake_server.py").write_text(
+        "import json, os, sys\n"
+        "def main():\n"
+        "    print(json.dumps([sys.argv, os.read(0, 10).decode(), sorted(sys.modules)]))\n"
+        "    return 3\n"
+    )
+    boot = plan._BOOT_DEFERRED.format(
+        paths=[str(tmp_path)],
+        name="fake-server",
+        module="fake_server",
+        warm=warm,
+        fallback=["/bin/false"],
+    )
+    return [sys.executable, "-I", "-S", "-c", boot]
+
+
+def _run_boot(tmp_path: Path, stdin: bytes, warm: tuple[str, ...] = ()) -> tuple[int, str]:
+    done = subprocess.run(
+        _boot(tmp_path, warm), input=stdin, capture_output=True, timeout=60, check=False
+    )
+    assert done.stderr == b""
+    return done.returncode, done.stdout.decode()
+
+
+def test_the_deferred_boot_gets_exactly_the_arguments(tmp_path: Path) -> None:
+    import json
+
+    args = ["--listen=127.0.0.1:0", "", "with space", "x=y\nz", "ünï"]
+    code, out = _run_boot(tmp_path, plan.encode_args(args), warm=("json", "no_such_module"))
+    assert code == 3
+    argv, stdin_after, modules = json.loads(out)
+    assert argv == ["fake-server", *args]
+    assert stdin_after == ""  # stdin is /dev/null once the arguments are read
+    assert "json" in modules
+
+
+def test_no_arguments_is_an_empty_list(tmp_path: Path) -> None:
+    import json
+
+    code, out = _run_boot(tmp_path, plan.encode_args([]))
+    assert code == 3 and json.loads(out)[0] == ["fake-server"]
+
+
+def test_end_of_file_before_the_arguments_exits_quietly(tmp_path: Path) -> None:
+    for partial in (b"", b"--listen=1\0", plan.encode_args(["a"])[:-1]):
+        assert _run_boot(tmp_path, partial) == (0, "")
+
+
+@given(st.lists(st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]))))
+def test_encoded_arguments_decode_back(args: list[str]) -> None:
+    data = plan.encode_args(args)
+    assert data.endswith(b"\n")
+    import os
+
+    assert [os.fsdecode(a) for a in data[:-1].split(b"\0")[:-1]] == args
