@@ -4,8 +4,8 @@ Usage:
   egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
                [--token-every=SECONDS] [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
-               [--upstream-ca=FILE] [--log=FILE] [--idle-timeout=SECONDS]
-               [--connect-timeout=SECONDS] [--max-conns=N]
+               [--upstream-ca=FILE] [--log=FILE] [--log-allowed]
+               [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
   egress-proxy -h | --help
   egress-proxy --version
 
@@ -33,6 +33,11 @@ Options:
   --upstream-ca=FILE         Verify inject hosts' upstream TLS with these roots
                              instead of the system's.
   --log=FILE                 Append log lines here instead of stderr.
+  --log-allowed              Also log one line per allowed connection: host, port,
+                             peer pid and mode (raw CONNECT tunnel, socks tunnel,
+                             intercept for an inject host, http for plain HTTP).
+                             Never a header or the token.  Default: refusals and
+                             failures only.
   --idle-timeout=SECONDS     Close a connection idle this long [default: 120].
   --connect-timeout=SECONDS  Give up resolving/connecting upstream [default: 10].
   --max-conns=N              Concurrent client connections [default: 1024].

@@ -40,6 +40,7 @@ class Options:
     token_every: float = 300.0
     upstream_ca: str | None = None
     log_file: str | None = None
+    log_allowed: bool = False
     limits: Limits = field(default_factory=Limits)
 
 
@@ -122,6 +123,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
         token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
         upstream_ca=upstream_ca,
         log_file=args.get("--log"),
+        log_allowed=bool(args.get("--log-allowed")),
         limits=limits,
     )
 
@@ -153,7 +155,7 @@ def serve(options: Options) -> int:
     """Run the proxy until SIGTERM/SIGINT; the exit status."""
     _raise_fd_limit()
     with _log_stream(options.log_file) as stream:
-        log = EventLog(stream)
+        log = EventLog(stream, log_allowed=options.log_allowed)
         authority = make_authority(list(options.policy.inject))
         if options.egress_dir:
             write_egress_dir(options.egress_dir, authority.cert_pem(), list(options.policy.inject))

@@ -1,7 +1,7 @@
-"""One log line per refused or failed connection.
+"""One log line per refused or failed connection (and, asked to, per allowed one).
 
-Lines name the host, port, reason and the peer's pid; never a header, a body
-or the token.  Host and reason can carry text from the sandbox, so anything
+Lines name the host, port, reason (or mode) and the peer's pid; never a
+header, a body or the token.  Host and reason can carry text from the sandbox, so anything
 outside printable ASCII is escaped: a line cannot be split or forged.
 """
 
@@ -19,8 +19,9 @@ def _clean(text: str) -> str:
 class EventLog:
     """Writes log lines to a stream (stderr, or the ``--log`` file)."""
 
-    def __init__(self, stream: TextIO | None = None) -> None:
+    def __init__(self, stream: TextIO | None = None, *, log_allowed: bool = False) -> None:
         self._stream = stream
+        self._log_allowed = log_allowed
 
     def line(self, event: str, host: str, port: int | str, reason: str,
              pid: int | None) -> None:
@@ -31,6 +32,19 @@ class EventLog:
             f"pid={pid if pid is not None else '-'} reason={_clean(reason)}\n"
         )
         self._write(text)
+
+    def allowed(self, host: str, port: int, mode: str, pid: int | None) -> None:
+        """With ``--log-allowed``: a connection to ``host``:``port`` was let through.
+
+        ``mode`` is ``raw`` (CONNECT tunnel), ``socks`` (SOCKS tunnel),
+        ``intercept`` (TLS terminated, token set) or ``http`` (plain HTTP).
+        """
+        if self._log_allowed:
+            stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+            self._write(
+                f"{stamp} egress-proxy allowed host={_clean(host) or '-'} port={port} "
+                f"pid={pid if pid is not None else '-'} mode={_clean(mode)}\n"
+            )
 
     def note(self, message: str) -> None:
         """A line about the proxy itself (token renewal, start-up)."""

@@ -91,6 +91,7 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                     upstream = (host, port, UpstreamSide(
                         SocketStream(await _dial(services, host, port)),
                         services.limits.response_timeout))
+                    services.log.allowed(host, port, "http", peer.pid())
                 # RFC 9112 3.2.2: the target URI names the host, not a Host field
                 # the client may have set to something else.
                 headers = [(n, v) for n, v in forward_headers(list(request.headers),
@@ -129,10 +130,12 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
                          port: int, peer: Peer) -> None:
     how = route(services.policy, host, port, tls=True)
     if how is Route.INTERCEPT:
+        services.log.allowed(host, port, "intercept", peer.pid())
         await client.send(ESTABLISHED)
         await serve_intercepted(services, raw, client.switched_data(), host, port, peer)
         return
     upstream = await _dial(services, host, port)
+    services.log.allowed(host, port, "raw", peer.pid())
     try:
         await client.send(ESTABLISHED)
         early = client.switched_data()

@@ -144,10 +144,12 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             raise SocksError(HOST_UNREACHABLE, str(exc)) from None
         how = route(services.policy, host, port, tls=True)
         if how is Route.INTERCEPT:
+            services.log.allowed(host, port, "intercept", peer.pid())
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
             return
         upstream = await dial(services.policy, host, port, limits.connect_timeout)
+        services.log.allowed(host, port, "socks", peer.pid())
         try:
             await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))
             if early:
