@@ -100,7 +100,10 @@ def _main() -> int:
 
 
 def main() -> None:
-    run(_main)
+    # Output goes out with os.write and splice, help and version through
+    # sys.stdout, which run flushes: nothing is lost by skipping the
+    # interpreter's teardown, which every call would pay.
+    run(_main, skip_teardown=True)
 
 
 if __name__ == "__main__":

@@ -168,7 +168,7 @@ def _exchange(sock: _socket.socket, outgoing: bytes, router: StatusRouter) -> in
             except OSError:
                 pending = pending[:0]  # gone: its error or exit frame may still be readable
         try:
-            data = sock.recv(MAX_PAYLOAD + HEADER_SIZE)
+            data = sock.recv(1 << 16)  # gpg says little: a signature and a few status lines
         except BlockingIOError:
             continue
         except OSError as exc:
