@@ -220,32 +220,11 @@ def program_script(python: str, root: str) -> str:
     """A ``gpg.program`` for git that starts gpg-shim without site-packages.
 
     git runs ``gpg.program`` by path, once per signature and once per commit
-    verified, so start-up is most of gpg-shim's cost.  The console script
-    pays for ``site`` and every ``.pth`` file in the environment; gpg-shim
-    needs only the standard library and this project, so the script runs
-    ``python -I -S`` with ``root`` (the directory holding ``libbroker``) as its
-    only addition to ``sys.path``.  Where the kernel can take it, the script
-    is Python itself behind a ``#!PYTHON -IS`` line (no shell started first);
-    a ``python`` path with white space or too long for a ``#!`` line gets a
-    ``/bin/sh`` script that execs it.  Either way ``sys.argv[0]`` is the
+    verified, so start-up is most of gpg-shim's cost: see
+    :func:`libbroker.start_script.start_script`.  ``sys.argv[0]`` is the
     script's path, so the shim still recognises itself on PATH when looking
     for the local gpg.
     """
-    # !a (ascii()) is a Python string literal of any path, in plain ASCII.
-    setup = f"import sys; sys.path.insert(0, {root!a}); "
-    start = "from bin.gpg_shim import main; main()"
-    comment = "# git's gpg.program: gpg-shim (agent-sandbox), started without site-packages.\n"
-    shebang = f"#!{python} -IS\n"
-    # One argument after the interpreter, and a line the kernel reads whole
-    # (BINPRM_BUF_SIZE was 128 bytes before Linux 5.1).
-    fits = len(shebang.encode()) < 128 and not any(c.isspace() for c in python)
-    if python.startswith("/") and fits:
-        return shebang + comment + setup + start + "\n"
-    import shlex
+    from libbroker.start_script import start_script
 
-    code = setup + "sys.argv[:2] = sys.argv[1:2]; " + start  # argv[0]: "$0", the script
-    return (
-        "#!/bin/sh\n"
-        + comment
-        + f'exec {shlex.quote(python)} -I -S -c {shlex.quote(code)} "$0" "$@"\n'
-    )
+    return start_script(python, root, "bin.gpg_shim", "git's gpg.program: gpg-shim")

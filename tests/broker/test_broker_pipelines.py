@@ -216,3 +216,22 @@ def test_a_client_gone_while_the_stdin_pipe_is_full_ends_the_command(broker) -> 
     finally:
         feeder.kill()
         feeder.wait()
+
+
+def test_broker_client_from_a_start_script(broker, tmp_path) -> None:
+    """The same client started as `python -I -S` (no site-packages): same contract."""
+    import sys
+
+    import libbroker
+    from libbroker.start_script import start_script
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+    script = tmp_path / "broker-client"
+    script.write_text(start_script(sys.executable, root, "bin.broker_client", "broker-client"))
+    script.chmod(0o755)
+    assert script.read_text().startswith(f"#!{sys.executable} -IS\n")
+    done = broker.sh(f"printf 'b\\na\\n' | {script} -- sort; {script} -n -- sh -c 'exit 3'; "
+                     f"echo $?; {script} -n -- no-such-command-xyz; echo $?")
+    assert done.stdout.split() == [b"a", b"b", b"3", b"127"], done.stderr
+    version = subprocess.run([str(script), "--version"], capture_output=True, timeout=30)
+    assert version.returncode == 0 and version.stdout.startswith(b"0.")
