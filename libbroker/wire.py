@@ -18,9 +18,13 @@ per-call executables import this module on their hot path.
 from __future__ import annotations
 
 import enum
-import json
 import mmap
 import struct
+
+# The json package's own C string escaper (ASCII only; quotes, backslashes
+# and control characters escaped): the client encodes its request by hand
+# with it, since importing json (and re with it) costs every call.
+from _json import encode_basestring_ascii as _json_string
 from typing import NamedTuple
 
 from libbroker.dial import SOCKET_ENV_VAR as SOCKET_ENV_VAR
@@ -230,17 +234,15 @@ class Request(NamedTuple):
     key: str | None = None
 
     def to_json(self) -> bytes:
-        """The request frame's payload."""
-        body: dict[str, object] = {
-            "argv": list(self.argv),
-            "cwd": self.cwd,
-            "with_stdin": self.with_stdin,
-        }
+        """The request frame's payload: ``json.dumps(..., separators=(",", ":"))``'s bytes."""
+        parts = ['{"argv":[', ",".join(_json_string(a) for a in self.argv), '],"cwd":',
+                 _json_string(self.cwd), ',"with_stdin":', "true" if self.with_stdin else "false"]
         if self.op != "exec":
-            body["op"] = self.op
+            parts += [',"op":', _json_string(self.op)]
         if self.key is not None:
-            body["key"] = self.key
-        return json.dumps(body, separators=(",", ":")).encode()
+            parts += [',"key":', _json_string(self.key)]
+        parts.append("}")
+        return "".join(parts).encode("ascii")
 
 
 def encode_request(request: Request) -> bytes:
@@ -257,6 +259,8 @@ def parse_request(payload: bytes) -> Request:
     Every refusal names the offending field.  ``env`` gets its own message:
     the command's environment is the launcher's policy, never the request's.
     """
+    import json  # here, not at the top: only the server parses requests
+
     try:
         body = json.loads(payload.decode("utf-8"))
     except (UnicodeDecodeError, ValueError):

@@ -166,3 +166,20 @@ def test_sign_and_ping_requests() -> None:
     assert (sign.op, sign.key, sign.argv, sign.with_stdin) == ("sign", "ABCD", (), True)
     assert parse_request(b'{"op":"ping"}').op == "ping"
     assert parse_request(Request((), "/", op="sign", key="K").to_json()).key == "K"
+
+
+@given(
+    st.lists(st.text(), min_size=1, max_size=4), st.text(), st.booleans(),
+    st.sampled_from(["exec", "sign", "ping"]), st.one_of(st.none(), st.text()),
+)  # fmt: skip
+def test_request_json_is_what_json_dumps_makes(
+    argv: list[str], cwd: str, with_stdin: bool, op: str, key: str | None
+) -> None:
+    """The hand encoder (no json import on the client) writes json.dumps's bytes exactly."""
+    request = Request(tuple(argv), "/" + cwd, with_stdin, op, key)
+    body: dict[str, object] = {"argv": argv, "cwd": "/" + cwd, "with_stdin": with_stdin}
+    if op != "exec":
+        body["op"] = op
+    if key is not None:
+        body["key"] = key
+    assert request.to_json() == json.dumps(body, separators=(",", ":")).encode()
