@@ -12,19 +12,21 @@ serialised.  Leaf keys are handed to OpenSSL through an anonymous memory file
 from __future__ import annotations
 
 import datetime
-import ipaddress
 import os
 import ssl
 import threading
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from libbroker.errors import EgressError
+from libegress import der
 
+if TYPE_CHECKING:
+    from cryptography import x509
+
+CA_NAME = "agent-sandbox egress proxy CA"
 CA_VALIDITY = datetime.timedelta(days=14)
 LEAF_VALIDITY = datetime.timedelta(days=3)
 # Leaves are reissued this long before they expire.
@@ -37,62 +39,61 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.UTC)
 
 
-@dataclass(frozen=True)
 class Authority:
-    """A CA certificate and its in-memory key."""
+    """A CA certificate (DER) and its in-memory key.
 
-    cert: x509.Certificate
-    key: ec.EllipticCurvePrivateKey
+    ``cryptography.x509`` is imported only when the parsed certificate is
+    needed (:attr:`cert`: issuing the first leaf), not to make the CA.
+    """
+
+    def __init__(self, cert_der: bytes, key: ec.EllipticCurvePrivateKey) -> None:
+        self.cert_der = cert_der
+        self.key = key
+        self._cert: x509.Certificate | None = None
+
+    @property
+    def cert(self) -> x509.Certificate:
+        """The CA certificate, parsed."""
+        if self._cert is None:
+            from cryptography import x509
+
+            self._cert = x509.load_der_x509_certificate(self.cert_der)
+        return self._cert
 
     def cert_pem(self) -> bytes:
         """The CA certificate, PEM (public; this is what clients trust)."""
-        return self.cert.public_bytes(serialization.Encoding.PEM)
+        return der.pem(self.cert_der)
 
 
 def make_authority(permitted_hosts: list[str]) -> Authority:
-    """A new CA whose certificates are valid for ``permitted_hosts`` only."""
+    """A new CA whose certificates are valid for ``permitted_hosts`` only.
+
+    The shape (see :func:`libegress.der.ca_tbs`): P-256, BasicConstraints CA
+    with path length 0, critical NameConstraints permitting the hosts' DNS
+    names and excluding every IP address, KeyUsage keyCertSign and cRLSign.
+    """
     key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "agent-sandbox egress proxy CA")])
-    now = _now()
+    public = key.public_key()
+    now = _now().replace(microsecond=0)
     # With no inject host the CA still permits one name only, under the reserved
     # ".invalid" TLD (RFC 6761): an empty permitted list would mean no DNS limit.
     permitted = permitted_hosts or ["no-inject-hosts.invalid"]
-    constraints = x509.NameConstraints(
-        permitted_subtrees=[x509.DNSName(h) for h in permitted],
-        excluded_subtrees=[
-            x509.IPAddress(ipaddress.ip_network("0.0.0.0/0")),
-            x509.IPAddress(ipaddress.ip_network("::/0")),
-        ],
+    tbs = der.ca_tbs(
+        cn=CA_NAME,
+        # As x509.random_serial_number(): 159 random bits.
+        serial=int.from_bytes(os.urandom(20), "big") >> 1,
+        not_before=now - BACKDATE,
+        not_after=now + CA_VALIDITY,
+        spki=public.public_bytes(
+            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+        ),
+        public_point=public.public_bytes(
+            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
+        ),
+        permitted_dns=permitted,
     )
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - BACKDATE)
-        .not_valid_after(now + CA_VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(constraints, critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=False,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                key_cert_sign=True,
-                crl_sign=True,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return Authority(cert, key)
+    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    return Authority(der.certificate(tbs, signature), key)
 
 
 def issue_leaf(
@@ -103,6 +104,9 @@ def issue_leaf(
     This does not check ``host`` against the constraints: :class:`LeafCache`
     does, and the tests use this to show clients reject an outside host.
     """
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
     key = ec.generate_private_key(ec.SECP256R1())
     now = _now()
     cert = (
