@@ -17,7 +17,7 @@ import ssl
 import threading
 from typing import TYPE_CHECKING
 
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from libbroker.errors import EgressError
@@ -73,7 +73,8 @@ def make_authority(permitted_hosts: list[str]) -> Authority:
     names and excluding every IP address, KeyUsage keyCertSign and cRLSign.
     """
     key = ec.generate_private_key(ec.SECP256R1())
-    public = key.public_key()
+    numbers = key.public_key().public_numbers()
+    point = der.p256_point(numbers.x, numbers.y)
     now = _now().replace(microsecond=0)
     # With no inject host the CA still permits one name only, under the reserved
     # ".invalid" TLD (RFC 6761): an empty permitted list would mean no DNS limit.
@@ -84,12 +85,8 @@ def make_authority(permitted_hosts: list[str]) -> Authority:
         serial=int.from_bytes(os.urandom(20), "big") >> 1,
         not_before=now - BACKDATE,
         not_after=now + CA_VALIDITY,
-        spki=public.public_bytes(
-            serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
-        ),
-        public_point=public.public_bytes(
-            serialization.Encoding.X962, serialization.PublicFormat.UncompressedPoint
-        ),
+        spki=der.p256_spki(point),
+        public_point=point,
         permitted_dns=permitted,
     )
     signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
@@ -150,6 +147,8 @@ def server_context(
 
     The PEM goes to OpenSSL through a memfd, which never touches a file system.
     """
+    from cryptography.hazmat.primitives import serialization
+
     pem = (
         key.private_bytes(
             serialization.Encoding.PEM,

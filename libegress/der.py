@@ -27,6 +27,10 @@ OID_NAME_CONSTRAINTS = bytes.fromhex("0603551d1e")  # 2.5.29.30
 OID_KEY_USAGE = bytes.fromhex("0603551d0f")  # 2.5.29.15
 OID_SUBJECT_KEY_ID = bytes.fromhex("0603551d0e")  # 2.5.29.14
 
+# SubjectPublicKeyInfo of a P-256 key up to its point: SEQUENCE { SEQUENCE {
+# id-ecPublicKey, prime256v1 }, BIT STRING (65 bytes: 04 || X || Y) }.
+_P256_SPKI_HEAD = bytes.fromhex("3059301306072a8648ce3d020106082a8648ce3d030107034200")
+
 _SEQUENCE, _SET = 0x30, 0x31
 _TRUE = b"\x01\x01\xff"
 
@@ -81,6 +85,18 @@ def name_constraints(permitted_dns: list[str]) -> bytes:
         for net in (ipaddress.ip_network("0.0.0.0/0"), ipaddress.ip_network("::/0"))
     )
     return seq(tlv(0xA0, permitted), tlv(0xA1, excluded))
+
+
+def p256_point(x: int, y: int) -> bytes:
+    """The uncompressed point of a P-256 public key (SEC 1: 04 || X || Y)."""
+    return b"\x04" + x.to_bytes(32, "big") + y.to_bytes(32, "big")
+
+
+def p256_spki(point: bytes) -> bytes:
+    """The DER SubjectPublicKeyInfo of a P-256 public key's uncompressed ``point``."""
+    if len(point) != 65 or point[0] != 4:
+        raise ValueError("not an uncompressed P-256 point")
+    return _P256_SPKI_HEAD + point
 
 
 def key_identifier(public_point: bytes) -> bytes:

@@ -57,13 +57,14 @@ def _builder_tbs(key: ec.EllipticCurvePrivateKey, serial: int, start: datetime.d
 def _our_tbs(key: ec.EllipticCurvePrivateKey, serial: int, start: datetime.datetime,
              end: datetime.datetime, hosts: list[str]) -> bytes:
     public = key.public_key()
+    point = der.p256_point(public.public_numbers().x, public.public_numbers().y)
+    assert point == public.public_bytes(serialization.Encoding.X962,
+                                        serialization.PublicFormat.UncompressedPoint)
+    assert der.p256_spki(point) == public.public_bytes(
+        serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return der.ca_tbs(
         cn=CA_NAME, serial=serial, not_before=start, not_after=end,
-        spki=public.public_bytes(serialization.Encoding.DER,
-                                 serialization.PublicFormat.SubjectPublicKeyInfo),
-        public_point=public.public_bytes(serialization.Encoding.X962,
-                                         serialization.PublicFormat.UncompressedPoint),
-        permitted_dns=hosts,
+        spki=der.p256_spki(point), public_point=point, permitted_dns=hosts,
     )
 
 
