@@ -21,14 +21,23 @@ namespace, where the only interface is loopback.  It:
 
 from __future__ import annotations
 
-import contextlib
+import _socket
 import errno
 import os
-import selectors
-import signal
-import socket
+import select
 import sys
-import threading
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    import signal
+    import threading
+else:
+    import _signal as signal  # the C module: signal.py's enum wrappers cost more than this file
+
+# Start-up is part of every session (this runs before the command): the C
+# modules _socket, _signal and select stand in for socket, signal and
+# selectors (whose enum conversions cost more than the rest of this file),
+# and threading loads with the first connection.
 
 _CHUNK = 1 << 16
 _DEFAULTS = (
@@ -42,7 +51,7 @@ _DEFAULTS = (
 )
 
 
-def _copy(src: socket.socket, dst: socket.socket) -> None:
+def _copy(src: _socket.socket, dst: _socket.socket) -> None:
     """Move bytes src -> dst until src's end of stream, in the kernel if it can."""
     rfd, wfd = os.pipe()
     try:
@@ -69,12 +78,14 @@ def _copy(src: socket.socket, dst: socket.socket) -> None:
         dst.sendall(view[:n])
 
 
-def _half(src: socket.socket, dst: socket.socket, done: threading.Event) -> None:
+def _half(src: _socket.socket, dst: _socket.socket, done: threading.Event) -> None:
+    import contextlib  # with the first connection, like threading
+
     # A reset or a closed peer ends this direction like an end of file.
     with contextlib.suppress(OSError):
         _copy(src, dst)
     with contextlib.suppress(OSError):
-        dst.shutdown(socket.SHUT_WR)
+        dst.shutdown(_socket.SHUT_WR)
     if done.is_set():
         src.close()
         dst.close()
@@ -82,15 +93,17 @@ def _half(src: socket.socket, dst: socket.socket, done: threading.Event) -> None
         done.set()
 
 
-def pump(a: socket.socket, b: socket.socket) -> None:
+def pump(a: _socket.socket, b: _socket.socket) -> None:
     """Relay two connected sockets both ways on two threads; both close at the end."""
+    import threading
+
     done = threading.Event()
     for src, dst in ((a, b), (b, a)):
         threading.Thread(target=_half, args=(src, dst, done), daemon=True).start()
 
 
-def _dial_unix(path: str) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _dial_unix(path: str) -> _socket.socket:
+    s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(path)
     except OSError:
@@ -99,9 +112,9 @@ def _dial_unix(path: str) -> socket.socket:
     return s
 
 
-def _listen(port: int) -> socket.socket:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+def _listen(port: int) -> _socket.socket:
+    s = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    s.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
     s.bind(("127.0.0.1", port))
     s.listen(128)
     s.setblocking(False)
@@ -160,7 +173,7 @@ def _status(wait_status: int) -> int:
 
 def serve(routes: dict[int, str], control: int, own_group: bool, cmd: list[str]) -> int:
     """Listen, wait for go, run ``cmd``, relay until it ends; its exit status."""
-    socks: dict[int, socket.socket] = {}
+    socks: dict[int, _socket.socket] = {}
     listeners: dict[int, str] = {}
     for port, path in routes.items():
         listener = _listen(port)
@@ -174,17 +187,14 @@ def serve(routes: dict[int, str], control: int, own_group: bool, cmd: list[str])
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
     child = _spawn(cmd, own_group)
-    sel = selectors.DefaultSelector()
-    for fd in listeners:
-        sel.register(fd, selectors.EVENT_READ)
-    sel.register(control, selectors.EVENT_READ)
-    sel.register(wake_r, selectors.EVENT_READ)
+    poller = select.poll()
+    for fd in (*listeners, control, wake_r):
+        poller.register(fd, select.POLLIN)
     while True:
         pid, st = os.waitpid(child, os.WNOHANG)
         if pid == child:
             return _status(st)
-        for key, _ in sel.select():
-            fd = int(key.fd)
+        for fd, _ in poller.poll():
             if fd == wake_r:
                 os.read(wake_r, 4096)
             elif fd == control:
@@ -193,7 +203,7 @@ def serve(routes: dict[int, str], control: int, own_group: bool, cmd: list[str])
                 for sig in sigs:
                     _signal(child, own_group, sig)
                 if not data:
-                    sel.unregister(control)
+                    poller.unregister(control)
             else:
                 _accept(socks[fd], listeners[fd])
 
@@ -208,11 +218,13 @@ def _signal(child: int, own_group: bool, sig: int) -> None:
         pass
 
 
-def _accept(listener: socket.socket, path: str) -> None:
+def _accept(listener: _socket.socket, path: str) -> None:
     try:
-        conn, _ = listener.accept()
+        # _socket's accept: the descriptor (socket.socket.accept wraps it).
+        fd, _ = listener._accept()  # type: ignore[attr-defined]
     except BlockingIOError:
         return
+    conn = _socket.socket(fileno=fd)
     conn.setblocking(True)
     try:
         up = _dial_unix(path)
