@@ -12,7 +12,8 @@ Modules:
 - :mod:`.agent_sandbox`: the sandbox's shape (bwrap argv, Landlock spec, env);
 - :mod:`.seccomp`: the TIOCSTI/TIOCLINUX filter, as BPF bytes;
 - :mod:`.supervise`: children (pdeathsig, pidfds, ordered stop) and the janitor;
-- :mod:`.session`: ``run`` itself;
+- :mod:`.prestart`: the servers' early start, before the launcher parses;
+- :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
 - :mod:`.forwarder` (in the sandbox, stdlib only) and :mod:`.relay` (host side):
   the network bridge into bwrap's network namespace;
 - :mod:`.landlock_exec`: the Landlock backend's apply-then-exec helper;

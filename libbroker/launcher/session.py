@@ -3,12 +3,15 @@
 The order is chosen for latency: everything slow starts at once and the
 launcher does its own work while it waits.
 
+0. (before this module: :mod:`.prestart`) egress-proxy and broker-server are
+   spawned first thing, and import what they need while the launcher parses
+   its command line and config;
 1. runtime directory (0700) and the janitor (cleanup if we are SIGKILLed);
-2. start egress-proxy first (the slowest), then broker-server and the sandbox
-   itself: the sandbox (bwrap + forwarder, or the Landlock helper importing
-   nono-py) is built and then waits for a go byte, so CMD never runs before
-   the session is whole; meanwhile write the broker's profile and (bwrap)
-   the policy JSON;
+   (Landlock) the sandbox helper, which imports nono-py meanwhile;
+2. each server gets its arguments (the proxy at once; the broker once its
+   profile is written and the sign key known); git's gpg.program script is
+   written; (bwrap) the sandbox (bwrap + forwarder) is built and waits for a
+   go byte, so CMD never runs before the session is whole; the policy JSON;
 3. read each server's ``listening`` line (timeout; its stderr in the error);
 4. (Landlock) write the policy JSON; proxify the kubeconfig; start relaying;
 5. go; then relay signals, watch for a crash, and end everything in order:
