@@ -639,7 +639,13 @@ def sigterm_broker(mode: Mode, tmp: Path) -> list[list[str]]:
         results = await asyncio.gather(*tasks, return_exceptions=True)
         return results, started, running
 
-    results, started, _ = asyncio.run(go())
+    try:
+        results, started, _ = asyncio.run(go())
+    except BaseException:
+        server.proc.kill()
+        for p in procs:
+            p.kill()
+        raise
     try:
         status = server.proc.wait(30)
     except subprocess.TimeoutExpired:

@@ -366,6 +366,23 @@ async def _proxy_bytes(port: int, inputs: list[bytes]) -> tuple[int, int]:
     return answered, hung
 
 
+def _broker_fuzz(pid: int, sock: str, n: int) -> tuple[int, bool, int, int, list[bytes]]:
+    """Whole connections of generated frames; (hangs, alive, fds before, fds after, inputs)."""
+    fds_before = open_fds(pid)
+    blobs = _cli_inputs(STRATEGIES["frames"].map(lambda b: b[1:]), n, [
+        b"\x05\x00\x00\x00\x02{}", b"\x05\x00\x10\x00\x00" + b"[" * (1 << 20),
+        b"\x05\x00\x00\x00\x05" + b"[" * 5, b"\x07\x00\x00\x00\x00",
+    ]) + [bytes([5]) + len(d).to_bytes(4, "big") + d for d in
+          _cli_inputs(STRATEGIES["request"], n // 2, [])]
+    _, hung = asyncio.run(_broker_bytes(sock, blobs))
+    alive = True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        alive = False
+    return hung, alive, fds_before, open_fds(pid), blobs
+
+
 def run(mode: Mode, tmp: Path) -> list[Table]:
     fuzz_targets.hook_world(tmp / "hook-world")
     table = Table("Fuzzing: pure decoders (hypothesis + hand-picked inputs)",
@@ -428,16 +445,10 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
 
     # broker-server: whole connections of generated frames.
     server, sock, _ = start_broker(tmp)
-    fds_before = open_fds(server.pid)
-    blobs = _cli_inputs(STRATEGIES["frames"].map(lambda b: b[1:]), n, [
-        b"\x05\x00\x00\x00\x02{}", b"\x05\x00\x10\x00\x00" + b"[" * (1 << 20),
-        b"\x05\x00\x00\x00\x05" + b"[" * 5, b"\x07\x00\x00\x00\x00",
-    ]) + [bytes([5]) + len(d).to_bytes(4, "big") + d for d in
-          _cli_inputs(STRATEGIES["request"], n // 2, [])]
-    _, hung = asyncio.run(_broker_bytes(sock, blobs))
-    alive = server.proc.poll() is None
-    fds_after = open_fds(server.pid)
-    server.stop()
+    try:
+        hung, alive, fds_before, fds_after, blobs = _broker_fuzz(server.pid, sock, n)
+    finally:
+        server.stop()
     err = server.stderr_text()
     problems = []
     if traceback_in(err):
@@ -452,10 +463,12 @@ def run(mode: Mode, tmp: Path) -> list[Table]:
     pins = [f"--resolve={h}:127.0.0.1:{closed}" for h in ("example.com", "github.com",
                                                         "api.github.com")]
     proxy, port, _, log = start_proxy(tmp, "--allow=example.com", "--idle-timeout=3", *pins)
-    heads = _cli_inputs(STRATEGIES["proxy_head"], n, nasty("proxy_head"))
-    _, hung = asyncio.run(_proxy_bytes(port, heads))
-    alive = proxy.proc.poll() is None
-    proxy.stop()
+    try:
+        heads = _cli_inputs(STRATEGIES["proxy_head"], n, nasty("proxy_head"))
+        _, hung = asyncio.run(_proxy_bytes(port, heads))
+        alive = proxy.proc.poll() is None
+    finally:
+        proxy.stop()
     text = proxy.stderr_text() + log.read_text(errors="replace")
     problems = []
     if traceback_in(text):
