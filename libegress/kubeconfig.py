@@ -32,7 +32,13 @@ import yaml
 from libbroker.errors import KubeconfigError, UsageError
 
 _STR = "tag:yaml.org,2002:str"
-_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+# The pure-Python safe loader, not libyaml's: the C loader recurses on the C
+# stack and a deeply nested document ("[" * 30000) kills the process with
+# SIGSEGV, while the Python one stops at the interpreter's recursion limit.
+_SAFE_LOADER = yaml.SafeLoader
+# A kubeconfig is a few KiB; anything near this is not one, and parsing it
+# would only burn time.
+MAX_BYTES = 4 * 1024 * 1024
 _PROXY_SCHEMES = frozenset({"http", "https", "socks5"})
 _SERVER_SCHEMES = frozenset({"http", "https"})
 # Bytes Go's url.Parse refuses in a URL and that no server address contains.
@@ -189,6 +195,14 @@ def _compose(text: str) -> yaml.MappingNode:
         root = yaml.compose(text, Loader=_SAFE_LOADER)
     except yaml.YAMLError as exc:
         raise KubeconfigError(f"not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise KubeconfigError("not valid YAML: nested too deeply") from None
+    except (ValueError, TypeError, AttributeError, OverflowError) as exc:
+        # The safe constructors raise these for values they cannot build
+        # (``!!timestamp x``, an out-of-range date); the input is at fault.
+        raise KubeconfigError(
+            f"not valid YAML: a value cannot be constructed ({type(exc).__name__})"
+        ) from None
     if not isinstance(root, yaml.MappingNode):
         raise KubeconfigError("not a kubeconfig: the document is not a mapping")
     return root
@@ -256,10 +270,13 @@ def read_text(path: str | None) -> str:
     """The kubeconfig at ``path`` (stdin for None), decoded as UTF-8."""
     try:
         if path is None:
-            data = sys.stdin.buffer.read()
+            data = sys.stdin.buffer.read(MAX_BYTES + 1)
         else:
             with open(path, "rb") as f:
-                data = f.read()
+                data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            limit = MAX_BYTES // (1024 * 1024)
+            raise KubeconfigError(f"{path or 'stdin'} is larger than {limit} MiB: not a kubeconfig")
         return data.decode("utf-8")
     except OSError as exc:
         raise KubeconfigError(f"cannot read {path}: {exc.strerror}") from None

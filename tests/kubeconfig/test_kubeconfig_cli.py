@@ -154,3 +154,22 @@ def test_in_place_as_root_keeps_the_owner(tmp_path: Path) -> None:
     os.chown(path, 1234, 5678)
     assert proxify("--in-place", "--proxy", PROXY, str(path)).returncode == 0
     assert (path.stat().st_uid, path.stat().st_gid) == (1234, 5678)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        # libyaml's C loader recursed on the C stack and died with SIGSEGV here.
+        ("[" * 30000 + "]" * 30000, "nested too deeply"),
+        ("{a: " * 3000 + "1" + "}" * 3000, "nested too deeply"),
+        # The safe timestamp constructor raised AttributeError (exit 70).
+        ("clusters: [!!timestamp x]", "cannot be constructed"),
+        ("a: " + "x" * (4 * 1024 * 1024 + 1), "larger than 4 MiB"),
+    ],
+    ids=["deep-flow-list", "deep-flow-map", "bad-timestamp", "oversized"],
+)
+def test_hostile_yaml_is_a_clear_refusal(text: str, message: str) -> None:
+    done = proxify("--proxy=socks5://127.0.0.1:1080", stdin=text)
+    assert done.returncode == 1, done.stderr
+    assert message in done.stderr and "Traceback" not in done.stderr
+    assert done.stdout == ""
