@@ -29,14 +29,15 @@ bench-setup:
     if [ "$(id -u)" = 0 ]; then DEBIAN_FRONTEND=noninteractive apt-get install -y -qq tinyproxy hyperfine >/dev/null; fi
     # mitmproxy pins older h11/cryptography: keep it in its own venv, never in ours.
     [ -x .venv-mitmproxy/bin/mitmdump ] || { python3 -m venv .venv-mitmproxy && .venv-mitmproxy/bin/pip install -q mitmproxy; } || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
+    pip install -q --disable-pip-version-check atheris || echo "bench-setup: atheris unavailable; its fuzzing is skipped" >&2
 
 # Every benchmark, each printing its figures side by side with its baseline.
 bench:
     for b in broker hook sign egress launcher; do if [ -f bench/$b.py ]; then echo "== bench/$b.py"; python3 bench/$b.py; fi; done
 
 # Load, fault, fuzz and attack runs; report in bench/results/stress.md.
-stress:
-    python3 bench/stress.py
+stress *ARGS:
+    python3 bench/stress.py {{ARGS}}
 
 # A sandboxed session with the built-in default policy: what the sandbox sees.
 demo:
