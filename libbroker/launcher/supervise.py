@@ -7,8 +7,8 @@ Ownership rules (trio's, with processes):
   ``--die-with-parent`` instead, which is the same thing);
 - every child gets a pidfd, so waits are exact (poll, no sleep loops) and a
   signal can never reach a recycled pid;
-- the :class:`Janitor`, a forked twin of the launcher that only waits on a
-  pipe, finishes the job when the launcher is killed: it ends what is left of
+- the :class:`Janitor`, a small process that only waits on a pipe,
+  finishes the job when the launcher is killed: it ends what is left of
   the session and removes the runtime directory.  On every other path the
   launcher does that itself and dismisses the janitor.
 """
@@ -19,10 +19,8 @@ import collections
 import contextlib
 import os
 import select
-import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Sequence
 
 from libbroker.errors import LaunchError
@@ -174,25 +172,41 @@ def spawn(
 
 
 class Janitor:
-    """A forked watcher that cleans up after a launcher killed by SIGKILL.
+    """A watcher process that cleans up after a launcher killed by SIGKILL.
 
     The launcher tells it each child's pid (it opens a pidfd at once, so pid
     reuse cannot fool it).  End of file without the "done" word means the
     launcher died: it ends the children (SIGTERM, a grace, SIGKILL, sandbox
-    first) and removes the runtime directory.
+    first) and removes the runtime directory (:mod:`.janitor`).
+
+    It is a fresh interpreter, not a fork of the launcher: a forked twin
+    living through the session would make every page the launcher writes a
+    copy-on-write fault, tens of ms of system time while the servers start.
     """
 
     def __init__(self, runtime_dir: str) -> None:
+        import sys
+
+        from libbroker.launcher import plan
+
         r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - runs in the forked twin
+        module = "libbroker.launcher.janitor"
+        slow = [os.path.realpath(sys.executable), "-I", "-m", module]
+        argv = [*plan.python_argv("agent-sandbox-janitor", module, slow), str(r), runtime_dir]
+        try:
+            self._proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                pass_fds=(r,),
+                process_group=0,  # out of the terminal's foreground group: no tty signals
+            )
+        except OSError as exc:
             os.close(w)
-            try:
-                _janitor_main(r, runtime_dir)
-            finally:
-                os._exit(0)
-        os.close(r)
-        self._pid = pid
+            raise LaunchError(f"cannot start the session's janitor: {exc.strerror}") from None
+        finally:
+            os.close(r)
         self._w = w
 
     def watch(self, child: Child) -> None:
@@ -203,53 +217,4 @@ class Janitor:
         with contextlib.suppress(OSError):
             os.write(self._w, b"done\n")
         os.close(self._w)
-        os.waitpid(self._pid, 0)
-
-
-def _janitor_main(r: int, runtime_dir: str) -> None:  # pragma: no cover - forked twin
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
-        signal.signal(sig, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.setpgid(0, 0)  # out of the terminal's foreground group: no tty signals
-    # Hold none of the launcher's stdio open: a caller reading its output
-    # must see end of file when the launcher ends, not when the janitor does.
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    # Nor any other descriptor of the launcher's: a server's stdin pipe held
-    # open here would never see end of file.
-    os.closerange(3, r)
-    os.closerange(r + 1, os.sysconf("SC_OPEN_MAX"))
-    watched: list[tuple[int, int, bool]] = []
-    buf = b""
-    while True:
-        chunk = os.read(r, 4096)
-        if not chunk:
-            break
-        buf += chunk
-        *lines, buf = buf.split(b"\n")
-        for line in lines:
-            if line == b"done":
-                return
-            pid_s, group_s = line.split()
-            with contextlib.suppress(OSError):
-                watched.append((int(pid_s), os.pidfd_open(int(pid_s)), group_s == b"1"))
-    # The launcher is gone without cleaning up: the session ends here, the
-    # sandbox (started last) first, then the servers.
-    for pid, fd, group in reversed(watched):
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            if group:
-                with contextlib.suppress(OSError):
-                    os.killpg(pid, sig)
-            try:
-                signal.pidfd_send_signal(fd, sig)
-            except OSError:
-                break
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            if poller.poll(3000):
-                break
-    deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and os.path.exists(runtime_dir):
-        shutil.rmtree(runtime_dir, ignore_errors=True)
+        self._proc.wait()

@@ -1,0 +1,86 @@
+"""The session's janitor: cleans up after a launcher killed by SIGKILL.
+
+Started by :class:`.supervise.Janitor` as its own process group (so no
+terminal signal reaches it) with two arguments: the read end of a pipe and
+the runtime directory.  The launcher writes ``PID GROUP`` lines to the pipe
+for every child, and ``done`` once it has cleaned up itself.  End of file
+without ``done`` means the launcher died: the janitor ends the children
+(SIGTERM, a grace, SIGKILL; the sandbox, started last, first) and removes the
+runtime directory.  Standard library only, little of it: this starts beside
+the servers.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import time
+
+
+def _read_watch_list(r: int) -> list[tuple[int, int, bool]] | None:
+    """(pid, pidfd, own group) per child until end of file; None after ``done``."""
+    watched: list[tuple[int, int, bool]] = []
+    buf = b""
+    while True:
+        chunk = os.read(r, 4096)
+        if not chunk:
+            return watched
+        buf += chunk
+        *lines, buf = buf.split(b"\n")
+        for line in lines:
+            if line == b"done":
+                return None
+            pid_s, group_s = line.split()
+            try:
+                watched.append((int(pid_s), os.pidfd_open(int(pid_s)), group_s == b"1"))
+            except OSError:
+                continue  # already gone
+
+
+def _killpg(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except OSError:
+        return  # the group is gone already
+
+
+def _end(pid: int, fd: int, group: bool) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if group:
+            _killpg(pid, sig)
+        try:
+            signal.pidfd_send_signal(fd, sig)
+        except OSError:
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        if poller.poll(3000):
+            return
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[0].isdigit():
+        sys.stderr.write("usage: python3 -m libbroker.launcher.janitor FD RUNTIME_DIR\n")
+        return 2
+    r, runtime_dir = int(argv[0]), argv[1]
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    watched = _read_watch_list(r)
+    if watched is None:
+        return 0  # the launcher cleaned up itself
+    # The launcher is gone without cleaning up: the session ends here.
+    for pid, fd, group in reversed(watched):
+        _end(pid, fd, group)
+    import shutil
+
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and os.path.exists(runtime_dir):
+        shutil.rmtree(runtime_dir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
