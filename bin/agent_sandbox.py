@@ -37,7 +37,6 @@ from typing import TYPE_CHECKING
 
 from libbroker.cli import Args, parse, run
 from libbroker.errors import ConfigError, UsageError
-from libbroker.launcher import prestart
 
 if TYPE_CHECKING:
     from libbroker.launcher.config import Config
@@ -72,12 +71,17 @@ def _main(args: Args, servers: Servers | None) -> int:
 
 
 def main() -> None:
-    # run's servers start first, before parsing: see libbroker.launcher.prestart.
-    servers = prestart.try_start(sys.argv[1:])
+    servers: Servers | None = None
+    if "run" in sys.argv[1:]:
+        # run's servers start first, before parsing: see libbroker.launcher.prestart.
+        from libbroker.launcher import prestart
+
+        servers = prestart.try_start(sys.argv[1:])
     try:
         run(lambda: _main(parse(__doc__ or "", options_first=False), servers))
     except SystemExit as done:
-        prestart.discard(servers)  # when no session took them
+        if servers is not None:
+            prestart.discard(servers)  # when no session took them
         # By now every child is reaped and the runtime directory removed:
         # skip the interpreter's teardown (tens of ms on every session).
         code = done.code
