@@ -3,7 +3,8 @@
 Usage:
   egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
-               [--token-every=SECONDS] [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
+               [--token-every=SECONDS] [--token-timeout=SECONDS]
+               [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
                [--upstream-ca=FILE] [--log=FILE] [--log-allowed]
                [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
   egress-proxy -h | --help
@@ -27,6 +28,10 @@ Options:
   --token-command=CMD        Command printing the token (split like a shell
                              line, run without one).
   --token-every=SECONDS      Renew the token this often [default: 300].
+  --token-timeout=SECONDS    Kill a run of the token command (its whole process
+                             group) after this long [default: 30].  `listening`
+                             waits at most 5 s for the first token; a slower
+                             one arrives while the proxy serves.
   --resolve=HOST:IP          Pin HOST to IP (trusted; HOST:IP:PORT also redirects
                              the port, IPv6 as [ADDR]:PORT).
   --allow-cidr=CIDR          Allow addresses in this range despite the address rules.

@@ -38,6 +38,7 @@ class Options:
     egress_dir: str | None = None
     token_argv: list[str] | None = None
     token_every: float = 300.0
+    token_timeout: float = 30.0
     upstream_ca: str | None = None
     log_file: str | None = None
     log_allowed: bool = False
@@ -121,6 +122,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
         egress_dir=args.get("--egress-dir"),
         token_argv=token_argv(command) if command else None,
         token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
+        token_timeout=_seconds(args.get("--token-timeout"), "--token-timeout", 30.0),
         upstream_ca=upstream_ca,
         log_file=args.get("--log"),
         log_allowed=bool(args.get("--log-allowed")),
@@ -170,7 +172,8 @@ def serve(options: Options) -> int:
 
 async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
                listeners: list[tuple[socket.socket, str]]) -> None:
-    tokens = TokenKeeper(options.token_argv, options.token_every, log.note)
+    tokens = TokenKeeper(options.token_argv, options.token_every, log.note,
+                         bound=options.token_timeout)
     services = Services(
         policy=options.policy,
         limits=options.limits,

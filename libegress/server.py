@@ -69,10 +69,10 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        # The first token read comes before serving (bounded by the token run
-        # time), so the first GitHub request already carries it; a signal meanwhile
-        # still ends the proxy cleanly.
-        first = asyncio.create_task(self.services.tokens.refresh())
+        # The first token read comes before serving (waited for at most
+        # tokens.FIRST_WAIT), so the first GitHub request already carries it; a
+        # signal meanwhile still ends the proxy cleanly.
+        first = asyncio.create_task(self.services.tokens.start())
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({first, stop}, return_when=asyncio.FIRST_COMPLETED)
         if self._stop.is_set():

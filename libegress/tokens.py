@@ -1,17 +1,34 @@
 """The GitHub token: read from ``--token-command``, kept in memory, renewed.
 
-The command runs on the host (never a shell: its argv is split with shlex), with
-a bounded run time.  Its first output line is the token.  A failed read keeps
-the token held so far and is retried with back-off; what happened is reported
-through ``say`` without the token or the command's output, which could hold it.
+The command runs on the host (never a shell: its argv is split with shlex), in
+a session and process group of its own, with a bounded run time.  Its first
+output line is the token.  A failed read keeps the token held so far and is
+retried with back-off; what happened is reported through ``say`` without the
+token or the command's output, which could hold it.
+
+Ownership of the command's processes: when a read ends, however it ends (the
+command exited, the run bound passed, the proxy is stopping and cancels the
+read), the command's whole process group gets SIGKILL and the command itself
+is reaped.  The read never waits for the pipe to close: a grandchild that
+keeps stdout open (``sh -c 'sleep 600; echo tok'``) can neither hold a read
+past its bound nor outlive it.  A descendant that leaves the group on purpose
+(``setsid``) is beyond the reach of a process group and is not tracked.
+
+Start-up: ``listening`` waits for the first token at most :data:`FIRST_WAIT`
+seconds, so the first GitHub request already carries it.  A slower command
+goes on in the background (still under its run bound) while the proxy serves
+without a token, and renewal takes over from there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import shlex
+import signal
+import subprocess
 from collections.abc import Callable
 
 from libbroker.errors import TokenError, UsageError
@@ -20,7 +37,12 @@ from libbroker.errors import TokenError, UsageError
 # to end it (no CR/LF) or be mistaken for another field.
 _TOKEN = re.compile(r"^[\x21-\x7e]{1,4096}$")
 RUN_BOUND = 30.0
+# Below the launcher's default start timeout (10 s), which waits on `listening`.
+FIRST_WAIT = 5.0
 BACKOFF = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
+MAX_OUTPUT = 64 * 1024
+# Without a pidfd (kernels before 5.3) the command's exit is polled this often.
+_POLL = 0.1
 
 
 def token_argv(command: str) -> list[str]:
@@ -45,27 +67,109 @@ def parse_token(output: bytes) -> str:
 
 async def read_token(argv: list[str], bound: float = RUN_BOUND) -> str:
     """Run the token command once and return its token."""
+    read_end, write_end = os.pipe()
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.DEVNULL,
-        )
-    except OSError as exc:
-        raise TokenError(f"the token command could not start: {exc.strerror}") from None
-    try:
-        out, _ = await asyncio.wait_for(proc.communicate(), bound)
-    except TimeoutError:
-        raise TokenError(f"the token command ran longer than {bound:g}s") from None
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    except (OSError, ValueError) as exc:
+        os.close(read_end)
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise TokenError(f"the token command could not start: {reason}") from None
     finally:
-        if proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            await proc.wait()
+        # Only the command holds the write end now: its exit (and its
+        # descendants') is what ends the output.
+        os.close(write_end)
+    try:
+        os.set_blocking(read_end, False)
+        async with asyncio.timeout(bound):
+            out = await _output_until_exit(proc.pid, read_end)
+    except TimeoutError:
+        raise TokenError(f"the token command ran longer than {bound:g}s: "
+                         "its process group was killed") from None
+    finally:
+        os.close(read_end)
+        _end(proc)
     if proc.returncode != 0:
         raise TokenError(f"the token command exited with status {proc.returncode}")
     return parse_token(out)
+
+
+async def _output_until_exit(pid: int, fd: int) -> bytes:
+    """What the command printed until it exited (not yet reaped: its pid stays ours).
+
+    Waits for the command's exit, not for the end of its output: a descendant
+    may hold stdout open for as long as it likes.
+    """
+    out = bytearray()
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pidfd = None
+    watched = [fd]
+    try:
+        while not _exited(pid):
+            await _readable(watched + ([pidfd] if pidfd is not None else []),
+                            None if pidfd is not None else _POLL)
+            if fd in watched and not _drain(fd, out):
+                watched = []  # end of output: only the exit is awaited now
+        _drain(fd, out)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+    return bytes(out)
+
+
+def _exited(pid: int) -> bool:
+    # WNOWAIT leaves the command a zombie: its pid (and so its process group's
+    # id) cannot be reused before _end has killed the group.
+    return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+
+
+def _drain(fd: int, out: bytearray) -> bool:
+    """Read what is buffered into ``out``; False at the end of the output."""
+    while True:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        out += chunk
+        if len(out) > MAX_OUTPUT:
+            raise TokenError(f"the token command printed more than {MAX_OUTPUT // 1024} KiB")
+
+
+async def _readable(fds: list[int], timeout: float | None) -> None:
+    """Wait until one of ``fds`` is readable (or ``timeout`` passes)."""
+    loop = asyncio.get_running_loop()
+    wake: asyncio.Future[None] = loop.create_future()
+
+    def ready() -> None:
+        if not wake.done():
+            wake.set_result(None)
+
+    for fd in fds:
+        loop.add_reader(fd, ready)
+    try:
+        if timeout is None:
+            await wake
+        else:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake, timeout)
+    finally:
+        for fd in fds:
+            loop.remove_reader(fd)
+
+
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL what is left of the command's process group, then reap the command."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    # The command has exited or was just killed: the wait is a matter of
+    # milliseconds.  Blocking for it is simpler and safer than an await that a
+    # second cancellation (the proxy stopping) could cut short.
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=2.0)
 
 
 class TokenKeeper:
@@ -78,12 +182,15 @@ class TokenKeeper:
         say: Callable[[str], None],
         bound: float = RUN_BOUND,
         backoff: tuple[float, ...] = BACKOFF,
+        first_wait: float = FIRST_WAIT,
     ) -> None:
         self._argv = argv
         self._every = every
         self._say = say
         self._bound = bound
         self._backoff = backoff
+        self._first_wait = first_wait
+        self._first: asyncio.Task[bool] | None = None
         self._token: str | None = None
 
     def current(self) -> str | None:
@@ -102,11 +209,40 @@ class TokenKeeper:
             return False
         return True
 
+    async def start(self) -> None:
+        """The first read, awaited at most ``first_wait`` seconds.
+
+        A longer read goes on (under its run bound) and :meth:`keep` takes it
+        over; cancelling this cancels the read.
+        """
+        if self._argv is None:
+            return
+        first = self._first = asyncio.create_task(self.refresh())
+        try:
+            done, _ = await asyncio.wait({first}, timeout=self._first_wait)
+        except asyncio.CancelledError:
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            raise
+        if not done:
+            self._say(f"no token after {self._first_wait:g}s: serving without one while "
+                      "the token command runs")
+
     async def keep(self) -> None:
         """Renew every ``every`` seconds, backing off after failures."""
         if self._argv is None:
             return
         failures = 0
+        first, self._first = self._first, None
+        try:
+            if first is not None and not await first:
+                failures = 1
+        finally:
+            if first is not None and not first.done():
+                first.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await first
         while True:
             if failures:
                 wait = self._backoff[min(failures - 1, len(self._backoff) - 1)]
