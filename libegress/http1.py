@@ -61,21 +61,35 @@ class ClientSide:
         self._pending = bytearray()
 
     async def next_request(self) -> h11.Request | None:
-        """The next request; None when the client ends the connection idle."""
+        """The next request; None when the client ends the connection idle.
+
+        Before a request's first byte the connection may idle for
+        ``idle_timeout``; from that byte on the whole head must arrive within
+        ``head_timeout`` (a deadline, not a per-read timeout: a client
+        dribbling one byte at a time is cut off like a silent one).
+        """
         self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head)
-        timeout = self.limits.idle_timeout if not self._pending else self.limits.head_timeout
+        loop = asyncio.get_running_loop()
+        # Bytes carried over from the previous request are this head's first.
+        deadline = loop.time() + self.limits.head_timeout if self._pending else None
         while (end := head_end(self._pending)) is None:
             self._check_size()
+            wait = self.limits.idle_timeout if deadline is None else deadline - loop.time()
             try:
-                data = await asyncio.wait_for(self.stream.recv(), timeout)
+                data = await asyncio.wait_for(self.stream.recv(), max(wait, 0.0))
             except TimeoutError:
-                raise HttpError(408, "no complete request in time") from None
+                if deadline is None:
+                    raise HttpError(408, f"no request within {self.limits.idle_timeout:g}s "
+                                    "of idle time") from None
+                raise HttpError(408, "the request head was not complete within "
+                                f"{self.limits.head_timeout:g}s") from None
             if not data:
                 if self._pending.strip():
                     raise HttpError(400, "the connection ended inside a request head")
                 return None
             self._pending += data
-            timeout = self.limits.head_timeout
+            if deadline is None:
+                deadline = loop.time() + self.limits.head_timeout
         if end > self.limits.max_head:
             raise HttpError(431, "request head too large")
         self._check_size()

@@ -106,8 +106,8 @@ def reply(code: int, bound: tuple[str, int] | None = None) -> bytes:
     return bytes([VERSION, code, 0, atyp]) + address.packed + struct.pack("!H", port)
 
 
-async def _read_until(raw: SocketStream, buf: bytearray, parse: Callable[[bytes], T | None],
-                      timeout: float) -> T:
+async def _read_until(raw: SocketStream, buf: bytearray,
+                      parse: Callable[[bytes], T | None]) -> T:
     """Read into ``buf`` until ``parse`` finds a whole message in it."""
     while True:
         parsed = parse(bytes(buf))
@@ -115,7 +115,7 @@ async def _read_until(raw: SocketStream, buf: bytearray, parse: Callable[[bytes]
             return parsed
         if len(buf) > 1024:
             raise SocksError(GENERAL_FAILURE, "SOCKS message too long")
-        data = await asyncio.wait_for(raw.recv(), timeout)
+        data = await raw.recv()
         if not data:
             raise SocksError(None, "the client closed during the SOCKS handshake")
         buf += data
@@ -128,13 +128,16 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
     buf = bytearray()
     host, port = "-", 0
     try:
-        methods, used = await _read_until(raw, buf, parse_greeting, limits.head_timeout)
-        del buf[:used]
-        if NO_AUTH not in methods:
-            await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
-            raise SocksError(None, "the client offers no method without authentication")
-        await raw.send(bytes([VERSION, NO_AUTH]))
-        request = await _read_until(raw, buf, parse_request, limits.head_timeout)
+        # One deadline for the whole handshake (greeting and request), from the
+        # connection's start: a client sending a byte at a time gains nothing.
+        async with asyncio.timeout(limits.head_timeout):
+            methods, used = await _read_until(raw, buf, parse_greeting)
+            del buf[:used]
+            if NO_AUTH not in methods:
+                await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
+                raise SocksError(None, "the client offers no method without authentication")
+            await raw.send(bytes([VERSION, NO_AUTH]))
+            request = await _read_until(raw, buf, parse_request)
         early = bytes(buf[request.size :])
         port = request.port
         host = request.host
@@ -171,7 +174,8 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
         if exc.code is not None:
             await _send_quietly(raw, reply(exc.code))
     except TimeoutError:
-        services.log.line("limit", host, port, "socks: handshake timed out", peer.pid())
+        services.log.line("limit", host, port, "socks: the handshake was not complete within "
+                          f"{limits.head_timeout:g}s", peer.pid())
     except OSError as exc:
         services.log.line("failed", host, port, f"socks: {exc.strerror or exc}", peer.pid())
 
