@@ -67,7 +67,10 @@ def parse_token(output: bytes) -> str:
 
 async def read_token(argv: list[str], bound: float = RUN_BOUND) -> str:
     """Run the token command once and return its token."""
-    read_end, write_end = os.pipe()
+    try:
+        read_end, write_end = os.pipe()
+    except OSError as exc:  # out of descriptors, say
+        raise TokenError(f"the token command could not start: {exc.strerror}") from None
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end,
                                 stderr=subprocess.DEVNULL, start_new_session=True)
