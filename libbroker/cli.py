@@ -41,9 +41,26 @@ def parse(doc: str, argv: list[str] | None = None, *, options_first: bool = Fals
     except docopt.DocoptExit as exc:
         # SystemExit from --help/--version carries code None/str printed to stdout
         # by docopt itself; a DocoptExit is always a usage error.
-        message = str(exc).strip()
-        sys.stderr.write(message + "\n")
+        sys.stderr.write(_usage_message(str(exc).strip()) + "\n")
         raise SystemExit(2) from None
+
+
+def _usage_message(message: str) -> str:
+    """docopt's message with its internal repr of leftover arguments made readable.
+
+    docopt-ng reports an unknown option as ``Warning: found unmatched (duplicate?)
+    arguments [Option(None, '--bogus', 0, True)]``; a user should read
+    ``unknown or repeated argument: --bogus`` above the usage instead.
+    """
+    import re
+
+    head, sep, rest = message.partition("\n")
+    if not head.startswith("Warning: found unmatched"):
+        return message
+    names = re.findall(r"'([^']*)'", head)
+    shown = ", ".join(names) if names else "?"
+    prog = sys.argv[0].rsplit("/", 1)[-1] if sys.argv and sys.argv[0] else "agent-sandbox"
+    return f"{prog}: unknown or repeated argument: {shown}{sep}{rest}"
 
 
 def run(body: Callable[[], int], *, skip_teardown: bool = False) -> None:
