@@ -136,15 +136,24 @@ def pump(a: _socket.socket, b: _socket.socket) -> None:
     """Relay two connected sockets both ways on two threads; both close at the end.
 
     Each direction passes its end of stream on as a half-close (``SHUT_WR``);
-    an error in either ends both.  The sockets must be blocking.
+    an error in either ends both.  The sockets must be blocking.  OSError
+    when a thread cannot start (both sockets are closed then too).
     """
     import threading
 
     tunnel = _Tunnel(a, b, threading.Lock())
-    for src, dst, name in ((a, b, "up"), (b, a, "down")):
+    directions = ((a, b, "up"), (b, a, "down"))
+    for i, (src, dst, name) in enumerate(directions):
         thread = threading.Thread(target=_half, args=(src, dst, tunnel), name=f"pump-{name}")
         thread.daemon = True
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # out of threads: this connection cannot be served
+            _shutdown(a, _socket.SHUT_RDWR)  # ends a direction that did start
+            _shutdown(b, _socket.SHUT_RDWR)
+            for _ in directions[i:]:
+                tunnel.ended()
+            raise OSError(errno.EAGAIN, f"cannot start a relay thread: {exc}") from None
 
 
 def _dial_unix(path: str) -> _socket.socket:
@@ -269,15 +278,26 @@ def _accept(listener: _socket.socket, path: str) -> None:
         fd, _ = listener._accept()  # type: ignore[attr-defined]
     except BlockingIOError:
         return
+    except OSError as exc:
+        # Out of descriptors or memory: refuse this connection, keep the session
+        # (the command is running); a short pause, as poll would wake at once.
+        sys.stderr.write(f"agent-sandbox: proxy bridge cannot accept: {exc.strerror}\n")
+        select.select([], [], [], 0.1)
+        return
     conn = _socket.socket(fileno=fd)
-    conn.setblocking(True)
     try:
+        conn.setblocking(True)
+        # A relay passes on segments as they come: Nagle would only delay them.
+        conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
         up = _dial_unix(path)
     except OSError as exc:
         sys.stderr.write(f"agent-sandbox: proxy bridge {path} unreachable: {exc.strerror}\n")
         conn.close()
         return
-    pump(conn, up)
+    try:
+        pump(conn, up)
+    except OSError as exc:  # the sockets are closed
+        sys.stderr.write(f"agent-sandbox: proxy bridge: {exc.strerror}\n")
 
 
 def main(argv: list[str]) -> int:

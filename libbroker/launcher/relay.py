@@ -5,7 +5,16 @@ the proxy's loopback port.  Its forwarder connects instead to a unix socket in
 the runtime directory, bind-mounted into the sandbox; here each such
 connection is joined to a fresh TCP connection to the egress proxy.  The proxy
 thus sees the launcher (same user) as its peer, and the allow list, address
-rules and token injection apply unchanged.
+rules and token injection apply unchanged.  Bytes move inside the kernel
+(:func:`~libbroker.launcher.forwarder.pump`: socket -> pipe -> socket with
+``os.splice``), so this hop costs system calls, not copies through Python.
+
+Why a hop at all, rather than the proxy listening on this unix socket itself:
+the proxy serves one person's token, and decides who its peer is from the
+kernel's TCP table (uid of the peer's socket); a unix listener would need a
+second, SO_PEERCRED-based check in the proxy, and every peer through the
+bind mount would be the sandbox's own uid anyway.  Keeping the proxy's single
+TCP door keeps its one peer check meaningful and the proxy unchanged.
 
 The listening socket is made before the sandbox starts (its path must exist to
 be reachable); accepting starts once the proxy's port is known.
@@ -14,12 +23,19 @@ be reachable); accepting starts once the proxy's port is known.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import socket
 import sys
 import threading
+import time
 
 from libbroker.launcher.forwarder import pump
+
+# accept() failures that pass: the listener itself is fine.
+_TRANSIENT = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EINTR}
+)
 
 
 class Relay:
@@ -33,6 +49,7 @@ class Relay:
         self._sock.listen(128)
         self._port = 0
         self._thread: threading.Thread | None = None
+        self._closing = False
 
     def start(self, port: int) -> None:
         """Accept on a daemon thread, joining each connection to ``port``."""
@@ -44,19 +61,30 @@ class Relay:
         while True:
             try:
                 conn, _ = self._sock.accept()
-            except OSError:
-                return  # closed: the session is over
+            except OSError as exc:
+                if self._closing or exc.errno not in _TRANSIENT:
+                    return  # closed: the session is over
+                # Out of descriptors or memory for now: refuse this one, not all later ones.
+                sys.stderr.write(f"agent-sandbox: proxy bridge cannot accept: {exc.strerror}\n")
+                time.sleep(0.1)
+                continue
             try:
                 up = socket.create_connection(("127.0.0.1", self._port), timeout=10)
                 up.settimeout(None)
+                # A relay passes on segments as they come: Nagle would only delay them.
+                up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as exc:
                 sys.stderr.write(f"agent-sandbox: proxy at port {self._port} unreachable: {exc}\n")
                 conn.close()
                 continue
-            pump(conn, up)
+            try:
+                pump(conn, up)  # spliced both ways on two threads; they close both sockets
+            except OSError as exc:  # no thread for it: pump closed both
+                sys.stderr.write(f"agent-sandbox: proxy bridge: {exc.strerror}\n")
 
     def close(self) -> None:
         """Stop accepting; live connections end with the sandbox."""
+        self._closing = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()

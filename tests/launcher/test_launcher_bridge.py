@@ -291,3 +291,29 @@ def test_the_real_forwarder_relays_intact_and_cleans_up_after_vanished_clients(
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()
         assert _settle(lambda: _proc_counts(pid) == baseline), (_proc_counts(pid), baseline)
+
+
+@pytest.mark.parametrize("fail_at", [0, 1], ids=["first", "second"])
+def test_no_thread_for_a_connection_closes_it_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, fail_at: int
+) -> None:
+    a, a_peer = socket.socketpair()
+    b, b_peer = socket.socketpair()
+    real_start = threading.Thread.start
+    calls = [0]
+
+    def start(self: threading.Thread) -> None:
+        calls[0] += 1
+        if calls[0] > fail_at:
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    with pytest.raises(OSError, match="cannot start a relay thread"):
+        pump(a, b)
+    monkeypatch.undo()
+    assert _settle(lambda: a.fileno() == -1 and b.fileno() == -1)
+    assert _settle(lambda: _pump_threads() == 0)
+    assert a_peer.recv(1) == b"" and b_peer.recv(1) == b""
+    a_peer.close()
+    b_peer.close()
