@@ -5,9 +5,10 @@ no environment) as the first process of the sandbox, inside its own network
 namespace, where the only interface is loopback.  It:
 
 1. listens on ``127.0.0.1:PORT`` for each ``--listen PORT=SOCKET`` and relays
-   every connection over the unix ``SOCKET`` (bind-mounted from the session's
-   runtime directory), whose host-side end the launcher connects to the egress
-   proxy's TCP port.  So ``HTTPS_PROXY=http://127.0.0.1:3128`` and
+   every connection to the egress proxy over a TCP socket that the launcher's
+   end of the unix ``SOCKET`` (bind-mounted from the session's runtime
+   directory) connects on the host and hands over (:func:`dial_proxy`).
+   So ``HTTPS_PROXY=http://127.0.0.1:3128`` and
    ``ALL_PROXY=socks5h://127.0.0.1:1080`` work inside, and nothing else does;
 2. waits for the launcher's go byte on ``--control FD`` (the launcher sends it
    once the proxy and broker listen: the sandbox is built while they start);
@@ -16,7 +17,7 @@ namespace, where the only interface is loopback.  It:
    has one); end of file means the launcher is gone, so the command is killed;
 4. exits with the command's status (128+N when signal N ended it).
 
-:func:`pump` is also the launcher's relay loop (host side).
+:func:`pump` moves the bytes (spliced, in the kernel), one thread per direction.
 """
 
 from __future__ import annotations
@@ -156,14 +157,34 @@ def pump(a: _socket.socket, b: _socket.socket) -> None:
             raise OSError(errno.EAGAIN, f"cannot start a relay thread: {exc}") from None
 
 
-def _dial_unix(path: str) -> _socket.socket:
+def dial_proxy(path: str) -> _socket.socket:
+    """A TCP connection to the proxy, made on the host and handed over ``path``.
+
+    The host relay (relay.py) answers each connection on its unix socket with
+    one byte carrying, as SCM_RIGHTS, a TCP socket it connected to the proxy,
+    then closes.  The proxy's peer is thus the launcher's socket (same uid, the
+    host's loopback) exactly as before, but the bytes skip the host hop: the
+    sandbox reads and writes the proxy connection itself.  A connected TCP
+    socket cannot be pointed anywhere else, so this grants nothing the relayed
+    bytes did not.  OSError when no socket comes.
+    """
     s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         s.connect(path)
-    except OSError:
+        _, ancdata, _, _ = s.recvmsg(1, _socket.CMSG_SPACE(4), _socket.MSG_CMSG_CLOEXEC)
+    finally:
         s.close()
-        raise
-    return s
+    fds = [
+        int.from_bytes(data[i : i + 4], sys.byteorder, signed=True)
+        for level, kind, data in ancdata
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS
+        for i in range(0, len(data) - 3, 4)
+    ]
+    if len(fds) != 1:
+        for fd in fds:
+            os.close(fd)
+        raise OSError(errno.ECONNREFUSED, "the host relay could not reach the proxy")
+    return _socket.socket(fileno=fds[0])
 
 
 def _listen(port: int) -> _socket.socket:
@@ -289,15 +310,36 @@ def _accept(listener: _socket.socket, path: str) -> None:
         conn.setblocking(True)
         # A relay passes on segments as they come: Nagle would only delay them.
         conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
-        up = _dial_unix(path)
+        _start(_bridge, conn, path)
     except OSError as exc:
-        sys.stderr.write(f"agent-sandbox: proxy bridge {path} unreachable: {exc.strerror}\n")
+        sys.stderr.write(f"agent-sandbox: proxy bridge: {exc.strerror}\n")
+        conn.close()
+
+
+def _bridge(conn: _socket.socket, path: str) -> None:
+    """One connection: the proxy socket from the host (off the main loop), then pump."""
+    try:
+        up = dial_proxy(path)
+    except OSError as exc:
+        sys.stderr.write(f"agent-sandbox: proxy bridge {path}: {exc.strerror}\n")
         conn.close()
         return
     try:
         pump(conn, up)
     except OSError as exc:  # the sockets are closed
         sys.stderr.write(f"agent-sandbox: proxy bridge: {exc.strerror}\n")
+
+
+def _start(target: object, *args: object) -> None:
+    """A daemon thread; OSError (not RuntimeError) when none can start."""
+    import threading
+
+    thread = threading.Thread(target=target, args=args, name="pump-dial")  # type: ignore[arg-type]
+    thread.daemon = True
+    try:
+        thread.start()
+    except RuntimeError as exc:
+        raise OSError(errno.EAGAIN, f"cannot start a relay thread: {exc}") from None
 
 
 def main(argv: list[str]) -> int:

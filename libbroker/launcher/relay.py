@@ -1,20 +1,22 @@
-"""The host side of the network bridge: unix socket in, the proxy's TCP port out.
+"""The host side of the network bridge: unix socket in, a proxy connection out.
 
 The sandbox (bwrap) has a network namespace of its own, so it cannot reach
 the proxy's loopback port.  Its forwarder connects instead to a unix socket in
 the runtime directory, bind-mounted into the sandbox; here each such
-connection is joined to a fresh TCP connection to the egress proxy.  The proxy
-thus sees the launcher (same user) as its peer, and the allow list, address
-rules and token injection apply unchanged.  Bytes move inside the kernel
-(:func:`~libbroker.launcher.forwarder.pump`: socket -> pipe -> socket with
-``os.splice``), so this hop costs system calls, not copies through Python.
+connection is answered with a fresh TCP connection to the egress proxy,
+passed over as a descriptor (SCM_RIGHTS), after which both ends close.  The
+proxy thus sees the launcher (same user, host loopback) as its peer, and the
+allow list, address rules and token injection apply unchanged; the bytes then
+flow between the sandbox's forwarder and the proxy without a host hop (see
+:func:`libbroker.launcher.forwarder.dial_proxy`).
 
-Why a hop at all, rather than the proxy listening on this unix socket itself:
-the proxy serves one person's token, and decides who its peer is from the
-kernel's TCP table (uid of the peer's socket); a unix listener would need a
-second, SO_PEERCRED-based check in the proxy, and every peer through the
-bind mount would be the sandbox's own uid anyway.  Keeping the proxy's single
-TCP door keeps its one peer check meaningful and the proxy unchanged.
+Why not let the proxy listen on this unix socket itself: the proxy serves one
+person's token and decides who its peer is from the kernel's TCP table (the
+uid owning the peer's socket, and its pid for the log).  A unix listener would
+need a second, SO_PEERCRED-based check in the proxy, and behind the bind
+mount every peer is the sandbox, whose pids mean nothing on the host.  Handing
+over a socket the launcher connected keeps the proxy's one TCP door and its
+peer check exactly as they are, at the cost of one connect per connection.
 
 The listening socket is made before the sandbox starts (its path must exist to
 be reachable); accepting starts once the proxy's port is known.
@@ -29,8 +31,6 @@ import socket
 import sys
 import threading
 import time
-
-from libbroker.launcher.forwarder import pump
 
 # accept() failures that pass: the listener itself is fine.
 _TRANSIENT = frozenset(
@@ -77,10 +77,9 @@ class Relay:
                 sys.stderr.write(f"agent-sandbox: proxy at port {self._port} unreachable: {exc}\n")
                 conn.close()
                 continue
-            try:
-                pump(conn, up)  # spliced both ways on two threads; they close both sockets
-            except OSError as exc:  # no thread for it: pump closed both
-                sys.stderr.write(f"agent-sandbox: proxy bridge: {exc.strerror}\n")
+            # Hand the proxy connection over; the forwarder moves the bytes itself.
+            with conn, up, contextlib.suppress(OSError):  # the forwarder gave up: its loss
+                socket.send_fds(conn, [b"\0"], [up.fileno()])
 
     def close(self) -> None:
         """Stop accepting; live connections end with the sandbox."""

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher.forwarder import pump
+from libbroker.launcher.forwarder import dial_proxy, pump
 from libbroker.launcher.relay import Relay
 
 FORWARDER = Path(__file__).resolve().parents[2] / "libbroker" / "launcher" / "forwarder.py"
@@ -120,19 +120,13 @@ def _relay(tmp_path: Path, port: int, name: str = "r.sock") -> Iterator[str]:
         relay.close()
 
 
-def _dial(path: str) -> socket.socket:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.connect(path)
-    return s
-
-
 def test_a_large_transfer_arrives_intact_both_ways_at_once_through_both_hops(
     tmp_path: Path,
 ) -> None:
-    """TCP client -> pump -> unix -> Relay -> TCP server, 32 MiB up while 8 MiB comes down."""
+    """client -> pump -> the socket Relay handed over -> server: 32 MiB up, 8 MiB down at once."""
     with _server(_sha_reply) as port, _relay(tmp_path, port) as path:
         inner_a, client = socket.socketpair()
-        pump(inner_a, _dial(path))
+        pump(inner_a, dial_proxy(path))
         up = _payload(b"up", 32 << 20)
         sender = threading.Thread(target=_send_and_close, args=(client, up))
         sender.start()
@@ -155,7 +149,7 @@ def test_half_close_passes_through_and_the_other_direction_goes_on(tmp_path: Pat
 
     with _server(late_reply) as port, _relay(tmp_path, port) as path:
         inner, client = socket.socketpair()
-        pump(inner, _dial(path))
+        pump(inner, dial_proxy(path))
         client.sendall(b"question")
         client.shutdown(socket.SHUT_WR)
         assert _read_all(client) == b"after your EOF " * 1000
@@ -169,7 +163,8 @@ def test_many_connections_at_once_each_get_their_own_bytes(tmp_path: Path) -> No
         results: dict[int, bool] = {}
 
         def one(i: int) -> None:
-            s = _dial(path)
+            inner, s = socket.socketpair()
+            pump(inner, dial_proxy(path))
             data = _payload(str(i).encode(), 256 << 10)
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
@@ -202,7 +197,7 @@ def test_a_client_vanishing_mid_download_leaves_no_thread_or_fd(
         before = _fds()
         for _ in range(4):
             inner, client = socket.socketpair() if not reset else _tcp_pair()
-            pump(inner, _dial(path))
+            pump(inner, dial_proxy(path))
             got = 0
             while got < 4 << 20:
                 got += len(client.recv(1 << 20))
@@ -317,3 +312,28 @@ def test_no_thread_for_a_connection_closes_it_and_says_so(
     assert a_peer.recv(1) == b"" and b_peer.recv(1) == b""
     a_peer.close()
     b_peer.close()
+
+
+def test_the_relay_hands_over_nothing_when_the_proxy_is_down(tmp_path: Path) -> None:
+    with _relay(tmp_path, _free_port()) as path:
+        with pytest.raises(OSError, match="could not reach the proxy"):
+            dial_proxy(path)
+        # ... and keeps serving: the next one fails the same way, not with a hang.
+        with pytest.raises(OSError, match="could not reach the proxy"):
+            dial_proxy(path)
+
+
+def test_the_relay_hands_over_a_connection_whose_peer_is_the_launcher(tmp_path: Path) -> None:
+    """The proxy's peer check sees this process's own socket: same uid, host loopback."""
+    peers: list[tuple[str, int]] = []
+
+    def note(conn: socket.socket) -> None:
+        peers.append(conn.getpeername())
+
+    with _server(note) as port, _relay(tmp_path, port) as path:
+        up = dial_proxy(path)
+        assert up.family == socket.AF_INET and up.getpeername() == ("127.0.0.1", port)
+        assert up.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+        local = up.getsockname()
+        up.close()
+    assert peers == [local]
