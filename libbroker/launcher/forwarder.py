@@ -184,7 +184,11 @@ def dial_proxy(path: str) -> _socket.socket:
         for fd in fds:
             os.close(fd)
         raise OSError(errno.ECONNREFUSED, "the host relay could not reach the proxy")
-    return _socket.socket(fileno=fds[0])
+    try:
+        return _socket.socket(fileno=fds[0])
+    except OSError:
+        os.close(fds[0])  # not a socket after all
+        raise
 
 
 def _listen(port: int) -> _socket.socket:
