@@ -23,7 +23,8 @@ class BadHost(ValueError):
 
 _LABEL = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
 # A label a resolver (inet_aton) reads as a number: decimal, 0-octal or 0x-hex.
-_NUMERIC_LABEL = re.compile(r"^(?:0[xX][0-9a-fA-F]*|[0-9]+)$")
+# "0x" alone is no number to inet_aton (glibc refuses it), so a hex label needs a digit.
+_NUMERIC_LABEL = re.compile(r"^(?:0[xX][0-9a-fA-F]+|[0-9]+)$")
 _MAX_HOST = 253
 
 
@@ -39,7 +40,7 @@ def parse_ipv4_loose(text: str) -> ipaddress.IPv4Address | None:
     values: list[int] = []
     for part in parts:
         if part[:2].lower() == "0x":
-            values.append(int(part[2:] or "0", 16))
+            values.append(int(part[2:], 16))
         elif len(part) > 1 and part.startswith("0"):
             if not all(c in "01234567" for c in part):
                 raise BadHost(f"invalid numeric host {text!r}")

@@ -30,6 +30,7 @@ from urllib.parse import SplitResult, urlsplit
 import yaml
 
 from libbroker.errors import KubeconfigError, UsageError
+from libegress.hosts import BadHost, parse_ipv4_loose
 
 _STR = "tag:yaml.org,2002:str"
 # The pure-Python safe loader, not libyaml's: the C loader recurses on the C
@@ -43,7 +44,6 @@ _PROXY_SCHEMES = frozenset({"http", "https", "socks5"})
 _SERVER_SCHEMES = frozenset({"http", "https"})
 # Bytes Go's url.Parse refuses in a URL and that no server address contains.
 _BAD_URL_CHARS = re.compile(r"[\x00-\x20\x7f]")
-_INET_PART = re.compile(r"0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*")
 
 
 # --- loopback classification --------------------------------------------------
@@ -54,29 +54,14 @@ def parse_inet_aton(text: str) -> ipaddress.IPv4Address | None:
 
     Resolvers (glibc's getaddrinfo, so cgo Go programs too) accept more than
     dotted quads: ``127.1``, ``0x7f.0.0.1``, ``0177.0.0.1``, ``2130706433``.
-    Every such spelling of a loopback address must count as loopback, so this
-    parses the whole family strictly (no trailing text, unlike glibc).
+    Every such spelling of a loopback address must count as loopback; the
+    parser is the proxy's own (:func:`libegress.hosts.parse_ipv4_loose`), so
+    the two can never disagree on what a spelling means.
     """
-    parts = text.split(".")
-    if not 1 <= len(parts) <= 4 or not all(_INET_PART.fullmatch(p) for p in parts):
+    try:
+        return parse_ipv4_loose(text)
+    except BadHost:
         return None
-    values = []
-    for part in parts:
-        if part[:2] in ("0x", "0X"):
-            values.append(int(part[2:], 16))
-        elif part.startswith("0"):
-            values.append(int(part, 8))
-        else:
-            values.append(int(part))
-    # All parts but the last are single bytes; the last fills the rest.
-    head, last = values[:-1], values[-1]
-    if any(v > 0xFF for v in head) or last >= 1 << (8 * (4 - len(head))):
-        return None
-    number = 0
-    for value in head:
-        number = (number << 8) | value
-    number = (number << (8 * (4 - len(head)))) | last
-    return ipaddress.IPv4Address(number)
 
 
 def is_loopback_host(host: str) -> bool:

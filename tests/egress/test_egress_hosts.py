@@ -91,3 +91,10 @@ def test_every_numeric_spelling_is_the_address(n: int) -> None:
 @given(st.from_regex(r"[a-z][a-z0-9-]{0,20}[a-z0-9](\.[a-z][a-z0-9]{0,10}){1,3}", fullmatch=True))
 def test_names_are_stable_under_case_and_trailing_dot(name: str) -> None:
     assert canonical_host(name.upper() + ".") == canonical_host(name) == name
+
+
+@pytest.mark.parametrize("text", ["0x", "0X", "0x.1", "1.0x"])
+def test_a_bare_0x_is_no_number_as_for_inet_aton(text: str) -> None:
+    # glibc's inet_aton refuses these; so must the one parser the proxy and
+    # kubeconfig-proxify share, or the two would read a spelling differently.
+    assert parse_ipv4_loose(text) is None
