@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from egress_proxyproc import ProxyProc, start_proxy
 from egress_upstreams import bare_repo, start
-from egress_world import TOKEN, World
+from egress_world import TOKEN, World, proxy_args
 
 
 @pytest.fixture(scope="session")
@@ -37,17 +37,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     for server in (git, api, plain):
         server.stop()
 
-
-def proxy_args(w: World, egress_dir: Path) -> list[str]:
-    return [
-        "--allow", f"allowed.test:{w.plain.port}",
-        "--resolve", f"github.com:127.0.0.1:{w.git.port}",
-        "--resolve", f"api.github.com:127.0.0.1:{w.api.port}",
-        "--resolve", "allowed.test:127.0.0.1",
-        "--upstream-ca", str(w.ca_file),
-        "--egress-dir", str(egress_dir),
-        "--token-command", f"cat {w.token_file}",
-    ]
 
 
 @pytest.fixture(scope="module")

@@ -29,3 +29,16 @@ def require(tool: str) -> str:
     if path is None:
         pytest.skip(f"{tool} is not installed")
     return path
+
+
+def proxy_args(w: World, egress_dir: Path) -> list[str]:
+    """The egress-proxy arguments that put the stand-in world behind the proxy."""
+    return [
+        "--allow", f"allowed.test:{w.plain.port}",
+        "--resolve", f"github.com:127.0.0.1:{w.git.port}",
+        "--resolve", f"api.github.com:127.0.0.1:{w.api.port}",
+        "--resolve", "allowed.test:127.0.0.1",
+        "--upstream-ca", str(w.ca_file),
+        "--egress-dir", str(egress_dir),
+        "--token-command", f"cat {w.token_file}",
+    ]

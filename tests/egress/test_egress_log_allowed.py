@@ -7,23 +7,11 @@ import time
 from pathlib import Path
 
 from egress_proxyproc import ProxyProc, start_proxy
-from egress_world import TOKEN, World, require
+from egress_world import TOKEN, World, proxy_args, require
 
 CLIENT_SECRET = "client-side-secret-0123456789"
 PID_SCAN_INTERVAL = 1.1  # libegress.peers.PidFinder's interval, and a margin
 
-
-def proxy_args(w: World, egress_dir: Path) -> list[str]:
-    """The stand-in world's proxy (as in conftest, which another area's tests may shadow)."""
-    return [
-        "--allow", f"allowed.test:{w.plain.port}",
-        "--resolve", f"github.com:127.0.0.1:{w.git.port}",
-        "--resolve", f"api.github.com:127.0.0.1:{w.api.port}",
-        "--resolve", "allowed.test:127.0.0.1",
-        "--upstream-ca", str(w.ca_file),
-        "--egress-dir", str(egress_dir),
-        "--token-command", f"cat {w.token_file}",
-    ]
 
 
 def _curl(proxy: ProxyProc, *args: str) -> int:
