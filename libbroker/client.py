@@ -252,12 +252,12 @@ class _Exchange:
             except BrokenPipeError:
                 raise
             except ConnectionResetError as exc:
-                raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+                raise _lost(exc) from None
             except OSError:
                 self.splice_to[fd] = False  # not spliceable after all: copy
                 return 0
             if not moved:
-                raise BrokerUnavailable("the broker closed the connection without an exit status")
+                raise _closed()
             return moved
         if self.via_pipe[fd]:
             return self._relay_output(fd)
@@ -268,9 +268,9 @@ class _Exchange:
         except BlockingIOError:
             return None
         except OSError as exc:
-            raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+            raise _lost(exc) from None
         if not count:
-            raise BrokerUnavailable("the broker closed the connection without an exit status")
+            raise _closed()
         _write_all(fd, view[:count])
         return count
 
@@ -286,9 +286,9 @@ class _Exchange:
         except BlockingIOError:
             return None
         except OSError as exc:
-            raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+            raise _lost(exc) from None
         if not moved:
-            raise BrokerUnavailable("the broker closed the connection without an exit status")
+            raise _closed()
         left = moved
         while left:
             try:
@@ -314,9 +314,9 @@ class _Exchange:
         except BlockingIOError:
             return None
         except OSError as exc:
-            raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
+            raise _lost(exc) from None
         if not data:
-            raise BrokerUnavailable("the broker closed the connection without an exit status")
+            raise _closed()
         return data
 
     def _read_stdin(self) -> None:
@@ -444,6 +444,16 @@ def _drain(fd: int) -> bytes:
             break
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def _lost(exc: OSError) -> BrokerUnavailable:
+    """The error for a broker connection that failed mid-call."""
+    return BrokerUnavailable(f"lost the broker connection: {exc.strerror}")
+
+
+def _closed() -> BrokerUnavailable:
+    """The error for a broker that hung up before the exit frame."""
+    return BrokerUnavailable("the broker closed the connection without an exit status")
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:

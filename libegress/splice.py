@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import os
 import socket
+
+from libbroker.pipes import set_pipe_size
 
 PIPE_SIZE = 1 << 20
 CHUNK = 1 << 20
 _FLAGS = os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
 class _Pump:
@@ -44,8 +44,7 @@ class _Pump:
     def _ensure_pipe(self) -> tuple[int, int]:
         if self._pipe is None:
             r, w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(w, _F_SETPIPE_SZ, PIPE_SIZE)
+            set_pipe_size(w, PIPE_SIZE)
             self._pipe = (r, w)
         return self._pipe
 
