@@ -15,36 +15,29 @@ no_new_privs, which :func:`~libbroker.sandbox_landlock.drop_privileges` sets).
 
 from __future__ import annotations
 
-import ctypes
-import os
 import platform
-import struct
+
+from libbroker import bpf
+from libbroker.bpf import (
+    JEQ_K,
+    JGE_K,
+    LD_W_ABS,
+    OFF_ARCH,
+    OFF_NR,
+    RET_ALLOW,
+    RET_ERRNO,
+    RET_K,
+    X32_BIT,
+    arg_low,
+    insn,
+)
 
 AF_UNIX = 1
 _EACCES = 13
 _ENOSYS = 38
 
-_LD_W_ABS = 0x20
-_JEQ_K = 0x15
-_JGE_K = 0x35
-_RET_K = 0x06
-_RET_ALLOW = 0x7FFF0000
-_RET_ERRNO = 0x00050000
-
-_OFF_NR = 0
-_OFF_ARCH = 4
-_OFF_ARG0_LOW = 16  # args[0], low 32 bits (little endian)
-
 # machine -> (audit arch, socket syscall number)
 _NATIVE = {"x86_64": (0xC000003E, 41), "aarch64": (0xC00000B7, 198)}
-_X32_BIT = 0x40000000
-
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
-
-
-def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
-    return struct.pack("<HBBI", code, jt, jf, k)
 
 
 def program(machine: str | None = None) -> bytes | None:
@@ -54,29 +47,22 @@ def program(machine: str | None = None) -> bytes | None:
         return None
     arch, socket_nr = native
     insns = [
-        _insn(_LD_W_ABS, 0, 0, _OFF_ARCH),  # 0
-        _insn(_JEQ_K, 1, 0, arch),  # 1: native -> 3
-        _insn(_RET_K, 0, 0, _RET_ERRNO | _ENOSYS),  # 2: foreign ABI
-        _insn(_LD_W_ABS, 0, 0, _OFF_NR),  # 3
-        _insn(_JGE_K, 5, 0, _X32_BIT),  # 4: x32 numbers -> 10
-        _insn(_JEQ_K, 0, 3, socket_nr),  # 5: socket? -> 6, else -> 9
-        _insn(_LD_W_ABS, 0, 0, _OFF_ARG0_LOW),  # 6
-        _insn(_JEQ_K, 2, 0, AF_UNIX),  # 7: AF_UNIX -> 10
-        _insn(_RET_K, 0, 0, _RET_ALLOW),  # 8
-        _insn(_RET_K, 0, 0, _RET_ALLOW),  # 9
-        _insn(_RET_K, 0, 0, _RET_ERRNO | _EACCES),  # 10
+        insn(LD_W_ABS, 0, 0, OFF_ARCH),  # 0
+        insn(JEQ_K, 1, 0, arch),  # 1: native -> 3
+        insn(RET_K, 0, 0, RET_ERRNO | _ENOSYS),  # 2: foreign ABI
+        insn(LD_W_ABS, 0, 0, OFF_NR),  # 3
+        insn(JGE_K, 5, 0, X32_BIT),  # 4: x32 numbers -> 10
+        insn(JEQ_K, 0, 3, socket_nr),  # 5: socket? -> 6, else -> 9
+        insn(LD_W_ABS, 0, 0, arg_low(0)),  # 6
+        insn(JEQ_K, 2, 0, AF_UNIX),  # 7: AF_UNIX -> 10
+        insn(RET_K, 0, 0, RET_ALLOW),  # 8
+        insn(RET_K, 0, 0, RET_ALLOW),  # 9
+        insn(RET_K, 0, 0, RET_ERRNO | _EACCES),  # 10
     ]
     return b"".join(insns)
 
 
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
-
-
 _PROGRAM = program()
-_BUFFER = ctypes.create_string_buffer(_PROGRAM or b"")
-_FPROG = _SockFprog(len(_PROGRAM or b"") // 8, ctypes.addressof(_BUFFER))
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def supported() -> bool:
@@ -88,6 +74,4 @@ def install() -> None:
     """Load the filter into this process (irreversible; needs no_new_privs)."""
     if _PROGRAM is None:
         raise OSError(_ENOSYS, "no unix-socket filter for this architecture")
-    if _libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(_FPROG), 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")
+    bpf.install(_PROGRAM)

@@ -21,15 +21,10 @@ import signal
 import sys
 from typing import Any
 
+from libbroker import bpf
 from libbroker.launcher import seccomp
 
 _PR_SET_NO_NEW_PRIVS = 38
-_PR_SET_SECCOMP = 22
-_SECCOMP_MODE_FILTER = 2
-
-
-class _SockFprog(ctypes.Structure):
-    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
 
 def _install_seccomp() -> None:
@@ -37,11 +32,9 @@ def _install_seccomp() -> None:
     if prog is None:
         return  # no filter for this machine: new_session is forced instead
     libc = ctypes.CDLL(None, use_errno=True)
-    fprog = _SockFprog(len(prog) // 8, prog)
     if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_SECCOMP)")
+    bpf.install(prog)
 
 
 def _under(path: str, root: str) -> bool:

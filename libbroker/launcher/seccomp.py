@@ -17,37 +17,32 @@ for bwrap's ``--seccomp FD`` and for ``prctl(PR_SET_SECCOMP)``.
 from __future__ import annotations
 
 import os
-import struct
+
+from libbroker.bpf import (
+    JEQ_K,
+    JGE_K,
+    LD_W_ABS,
+    OFF_ARCH,
+    OFF_NR,
+    RET_ALLOW,
+    RET_ERRNO,
+    RET_K,
+    X32_BIT,
+    arg_low,
+    insn,
+)
 
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 _EPERM = 1
 
-# BPF opcodes (linux/bpf_common.h) and seccomp return values.
-_LD_W_ABS = 0x20
-_JEQ_K = 0x15
-_JGE_K = 0x35
-_RET_K = 0x06
-_RET_ALLOW = 0x7FFF0000
-_RET_ERRNO = 0x00050000 | _EPERM
-
-# seccomp_data: int nr; u32 arch; u64 instruction_pointer; u64 args[6] (little endian).
-_OFF_NR = 0
-_OFF_ARCH = 4
-_OFF_ARG1_LOW = 16 + 8 * 1
+_RET_EPERM = RET_ERRNO | _EPERM
 
 # (audit arch, ioctl syscall number) per machine, plus the 32-bit compat ABI.
 _ARCHES: dict[str, list[tuple[int, int]]] = {
     "x86_64": [(0xC000003E, 16), (0x40000003, 54)],
     "aarch64": [(0xC00000B7, 29), (0x40000028, 54)],
 }
-_X32_BIT = 0x40000000
-
-
-def _insn(code: int, jt: int, jf: int, k: int) -> bytes:
-    return struct.pack("<HBBI", code, jt, jf, k)
-
-
 def program(machine: str | None = None) -> bytes | None:
     """The filter for ``machine`` (default: this one), None when unsupported."""
     machine = machine or os.uname().machine  # not platform: it compiles regexes on import
@@ -64,22 +59,22 @@ def program(machine: str | None = None) -> bytes | None:
     start = 0
     for i, (arch, ioctl_nr) in enumerate(arches):
         end = start + sizes[i]
-        out.append(_insn(_LD_W_ABS, 0, 0, _OFF_ARCH))
-        out.append(_insn(_JEQ_K, 0, end - (start + 1) - 1, arch))
-        out.append(_insn(_LD_W_ABS, 0, 0, _OFF_NR))
+        out.append(insn(LD_W_ABS, 0, 0, OFF_ARCH))
+        out.append(insn(JEQ_K, 0, end - (start + 1) - 1, arch))
+        out.append(insn(LD_W_ABS, 0, 0, OFF_NR))
         if sizes[i] == 6:
             here = start + 3
-            out.append(_insn(_JGE_K, errno_at - here - 1, 0, _X32_BIT))
+            out.append(insn(JGE_K, errno_at - here - 1, 0, X32_BIT))
         here = end - 2
-        out.append(_insn(_JEQ_K, tail_at - here - 1, 0, ioctl_nr))
-        out.append(_insn(_RET_K, 0, 0, _RET_ALLOW))
+        out.append(insn(JEQ_K, tail_at - here - 1, 0, ioctl_nr))
+        out.append(insn(RET_K, 0, 0, RET_ALLOW))
         start = end
-    out.append(_insn(_RET_K, 0, 0, _RET_ERRNO))  # an arch this filter does not know
+    out.append(insn(RET_K, 0, 0, _RET_EPERM))  # an arch this filter does not know
     out += [
-        _insn(_LD_W_ABS, 0, 0, _OFF_ARG1_LOW),
-        _insn(_JEQ_K, 2, 0, TIOCSTI),
-        _insn(_JEQ_K, 1, 0, TIOCLINUX),
-        _insn(_RET_K, 0, 0, _RET_ALLOW),
-        _insn(_RET_K, 0, 0, _RET_ERRNO),
+        insn(LD_W_ABS, 0, 0, arg_low(1)),
+        insn(JEQ_K, 2, 0, TIOCSTI),
+        insn(JEQ_K, 1, 0, TIOCLINUX),
+        insn(RET_K, 0, 0, RET_ALLOW),
+        insn(RET_K, 0, 0, _RET_EPERM),
     ]
     return b"".join(out)
