@@ -12,12 +12,13 @@ import subprocess
 
 from libbroker.errors import RequestRefused, SpawnError
 from libbroker.executor import Child, killpg_quietly
+from libbroker.paths import under
 
 
 def checked_cwd(cwd: str, workdir: str) -> str:
     """``cwd`` with symlinks resolved, if it is ``workdir`` or inside it; else RequestRefused."""
     real = os.path.realpath(cwd)
-    if real != workdir and not real.startswith(workdir.rstrip("/") + "/"):
+    if not under(real, workdir):
         raise RequestRefused(f"cwd {cwd} is outside the workdir {workdir}")
     if not os.path.isdir(real):
         raise RequestRefused(f"cwd {cwd} is not a directory")

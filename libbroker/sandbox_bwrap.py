@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly
+from libbroker.paths import under_any
 from libbroker.profile import Profile, command_environment
 
 if TYPE_CHECKING:
@@ -44,7 +45,7 @@ def bwrap_args(
     # (a venv, a checkout) must be bound on top of it, not hidden beneath it.
     args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in profile.read:
-        if _under_any(path, profile.deny):
+        if under_any(path, profile.deny):
             continue
         if os.path.islink(path) and not os.path.dirname(os.readlink(path)).startswith("/"):
             # /bin -> usr/bin on merged-/usr systems: keep it a symlink.
@@ -52,7 +53,7 @@ def bwrap_args(
         elif os.path.exists(path):
             args += ["--ro-bind", path, path]
     for path in profile.write:
-        if not _under_any(path, profile.deny):
+        if not under_any(path, profile.deny):
             args += ["--bind-try", path, path]
     args += ["--bind", workdir, workdir]
     # Denials come last so that they cover whatever was bound above them.
@@ -63,10 +64,6 @@ def bwrap_args(
             args += ["--ro-bind", "/dev/null", path]
     args += ["--chdir", cwd]
     return args
-
-
-def _under_any(path: str, roots: tuple[str, ...]) -> bool:
-    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
 
 
 class BwrapExecutor(Executor):

@@ -44,6 +44,7 @@ from typing import Any, NoReturn
 from libbroker import seccomp_unix
 from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly, restore_child_signals
+from libbroker.paths import under
 from libbroker.profile import Profile, command_environment
 
 Rule = tuple[str, str, bool]  # path, "r" or "rw", is a directory
@@ -59,19 +60,15 @@ DEV_NODES: tuple[tuple[str, str], ...] = (
 SETUP_FAILED = 125
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def landlock_rules(profile: Profile, workdir: str) -> list[Rule]:
     """The static part of every command's ruleset; ConfigError for an unenforceable deny."""
     grants = [(p, "r") for p in profile.read] + [(p, "rw") for p in profile.write]
     grants.append((workdir, "rw"))
     rules: list[Rule] = []
     for path, mode in grants:
-        if any(_under(path, d) for d in profile.deny):
+        if any(under(path, d) for d in profile.deny):
             continue  # deny wins: a grant inside a denied tree is not made
-        inside = [d for d in profile.deny if _under(d, path)]
+        inside = [d for d in profile.deny if under(d, path)]
         if inside:
             raise ConfigError(
                 f"nono backend: Landlock cannot deny {inside[0]} inside the granted {path}; "

@@ -13,8 +13,9 @@ allow it only if every form is allowed.  Deny wins everywhere.
 
 from __future__ import annotations
 
+from libbroker.paths import under
 from libpolicy.model import Policy
-from libpolicy.paths import Unresolvable, forms, under
+from libpolicy.paths import Unresolvable, forms
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections costs ms at a -S start-up; annotations only

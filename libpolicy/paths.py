@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import os
 
+from libbroker.paths import under
+
 # /proc/<pid>/<entry> entries that are links into another process's view of
 # the filesystem; only "root" and "cwd" are ever followed, and only where the
 # process shares our mount namespace.
@@ -40,13 +42,6 @@ def clean(path: str) -> str:
     if out.startswith("//"):
         out = "/" + out.lstrip("/")
     return out
-
-
-def under(path: str, base: str) -> bool:
-    """Whether clean absolute ``path`` is ``base`` or lies beneath it."""
-    if base == "/":
-        return True
-    return path == base or path.startswith(base + "/")
 
 
 def candidates(raw: str, cwd: str, home: str) -> list[str]:

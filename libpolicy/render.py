@@ -26,8 +26,8 @@ import shlex
 import sys
 from typing import Any
 
+from libbroker.paths import under
 from libpolicy.model import Policy
-from libpolicy.paths import under
 from libpolicy.tools import FILE_TOOLS
 
 MANAGED_DIR = "/etc/claude-code/managed-settings.d"

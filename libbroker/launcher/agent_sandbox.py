@@ -24,6 +24,7 @@ from typing import NamedTuple
 
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
+from libbroker.paths import under
 
 HTTP_PORT = 3128
 SOCKS_PORT = 1080
@@ -127,7 +128,7 @@ def environment(
 
 def inside_cwd(cfg: Config, cwd: str) -> str:
     """Where the command starts: the launcher's cwd when inside the workdir."""
-    if cwd == cfg.workdir or cwd.startswith(cfg.workdir.rstrip("/") + "/"):
+    if under(cwd, cfg.workdir):
         return cwd
     return cfg.workdir
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError
+from libbroker.paths import under
 
 if TYPE_CHECKING:
     import subprocess
@@ -186,7 +187,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         return _abs_path(p, facts, source=source, key=key)
 
     workdir = path(get.string("workdir", facts.cwd), "workdir")
-    if facts.home == workdir or facts.home.startswith(workdir.rstrip("/") + "/"):
+    if under(facts.home, workdir):
         # A writable home (or /) would hand the sandbox every credential file.
         raise ConfigError(f"{source}: workdir {workdir} contains the home directory")
     sandbox = get.string("sandbox", "auto")

@@ -23,6 +23,7 @@ from typing import Any
 
 from libbroker import bpf
 from libbroker.launcher import seccomp
+from libbroker.paths import under
 
 _PR_SET_NO_NEW_PRIVS = 38
 
@@ -37,10 +38,6 @@ def _install_seccomp() -> None:
     bpf.install(prog)
 
 
-def _under(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
-
-
 def apply(spec: dict[str, Any]) -> None:
     """Apply the spec's Landlock rules to this process (irreversible)."""
     import nono_py
@@ -49,7 +46,7 @@ def apply(spec: dict[str, Any]) -> None:
     for deny in spec["deny"]:
         # Landlock only adds rights: a denied path inside a granted one
         # cannot be carved out, so such a config is refused, not weakened.
-        if any(_under(deny, g) for g in granted):
+        if any(under(deny, g) for g in granted):
             raise ValueError(f"deny path {deny} lies inside a granted path; use the bwrap backend")
     caps = nono_py.CapabilitySet()
     for mode, paths in (
