@@ -54,6 +54,10 @@ class SpawnError(AgentSandboxError):
     """A command could not be started inside its sandbox."""
 
 
+class BuildError(AgentSandboxError):
+    """A native helper could not be compiled (no C compiler, or it failed)."""
+
+
 class SocketInUse(AgentSandboxError):
     """A live server already listens on the socket path; it is not stolen."""
 

@@ -48,8 +48,13 @@ class Runtime(NamedTuple):
 
     @property
     def gpg_program(self) -> str:
-        """git's gpg.program in the session: gpg-shim, as a script started without site."""
+        """git's gpg.program in the session: gpg-shim's native fast path, else the script."""
         return os.path.join(self.root, "gpg-shim")
+
+    @property
+    def gpg_full(self) -> str:
+        """The Python gpg-shim, started without site, where the fast path hands over."""
+        return os.path.join(self.root, "python", "gpg-shim")
 
     @property
     def http_relay(self) -> str:

@@ -347,7 +347,11 @@ def _gpg(home: Path, *args: str, data: bytes | None = None) -> subprocess.Comple
     )
 
 
-def test_git_commit_s_signs_through_gpg_shim(world: World) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_git_commit_s_signs_through_gpg_shim(world: World, backend: str) -> None:
+    """git's gpg.program is the native fast path when built (just setup), else the script."""
+    from libbroker.native import built_gpg_shim
+
     if not shutil.which("gpg") or not shutil.which("git"):
         pytest.skip("gpg and git are needed")
     gnupg = world.home / ".gnupg"
@@ -361,12 +365,14 @@ def test_git_commit_s_signs_through_gpg_shim(world: World) -> None:
     subprocess.run(["git", "init", "-q", "-b", "main", str(world.workdir)], check=True, env=git_env)
     config = world.config(sign_key=fpr)
     try:
-        done = world.run(
-            "git", "-c", "user.name=Launcher Test", "-c", "user.email=t@example.com",
-            "commit", "-S", "--allow-empty", "-qm", "signed in the sandbox",
-            config=config, env=git_env,
+        commit = (
+            "git -c user.name='Launcher Test' -c user.email=t@example.com"
+            " commit -S --allow-empty -qm 'signed in the sandbox'"
+            ' && { readlink "$(git config gpg.program)" || echo script; }'
         )
+        done = world.run("sh", "-c", commit, config=config, env=git_env, sandbox=backend)
         assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == (built_gpg_shim() or "script")
         verify = subprocess.run(["git", "-C", str(world.workdir), "verify-commit", "HEAD"],
                                 capture_output=True, text=True, env=git_env, check=False)
         assert verify.returncode == 0, verify.stderr
