@@ -2,8 +2,8 @@
 set shell := ["bash", "-euo", "pipefail", "-c"]
 
 # Debian packages the tools and tests use (bubblewrap for the sandbox; gpg, git,
-# curl, kubectl as real clients in the tests).
-debs := "bubblewrap gnupg git curl ca-certificates procps iproute2 util-linux"
+# curl, kubectl as real clients in the tests; gcc for gpg-shim's C fast path).
+debs := "bubblewrap gnupg git curl ca-certificates procps iproute2 util-linux gcc libc6-dev"
 
 default:
     @just --list
@@ -13,6 +13,7 @@ setup:
     if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {{debs}} >/dev/null; fi
     command -v kubectl >/dev/null || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null; } || echo "setup: kubectl not installable here; its tests will be skipped" >&2
     pip install -q --disable-pip-version-check -e '.[test]'
+    python3 -m libbroker.native || echo "setup: gpg-shim's C fast path not built; git signs through the Python gpg-shim" >&2
     command -v pyenv >/dev/null && pyenv rehash || true
 
 # The whole test suite (real processes, sockets, sandboxes).

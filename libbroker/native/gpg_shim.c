@@ -161,7 +161,7 @@ static void put_json_string(struct buf *b, const char *s)
         case '\t': put_str(b, "\\t"); continue;
         default: break;
         }
-        if (c < 0x20) {
+        if (c < 0x20 || c == 0x7f) { /* everything outside " " to "~", as Python */
             esc[0] = '\\'; esc[1] = 'u'; esc[2] = '0'; esc[3] = '0';
             esc[4] = hex[c >> 4]; esc[5] = hex[c & 15]; esc[6] = 0;
             put_str(b, esc);

@@ -130,14 +130,45 @@ def git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProc
                           text=True, timeout=60, check=False)
 
 
-@pytest.fixture
-def repo(keys: Keys, broker: Broker) -> Path:
+def _native_program(where: Path) -> str:
+    """The launcher's layout: the C fast path as gpg-shim, the Python shim in python/."""
+    import sys
+
+    import libbroker
+    from libbroker.errors import BuildError
+    from libbroker.gpg_shim import program_script
+    from libbroker.native import build_gpg_shim, built_gpg_shim
+
+    where.mkdir()
+    native = built_gpg_shim()
+    if native is None:  # not built by `just setup`: build it here
+        if shutil.which(os.environ.get("CC", "cc")) is None:
+            pytest.skip("no C compiler: the fast path cannot be built here")
+        try:
+            native = build_gpg_shim(str(where / "built"))
+        except BuildError as exc:
+            pytest.fail(str(exc))
+    (where / "python").mkdir()
+    full = where / "python" / "gpg-shim"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+    full.write_text(program_script(sys.executable, root))
+    full.chmod(0o755)
+    (where / "gpg-shim").symlink_to(native)
+    return str(where / "gpg-shim")
+
+
+@pytest.fixture(params=["console script", "native fast path"])
+def repo(request: pytest.FixtureRequest, keys: Keys, broker: Broker) -> Path:
+    """A repository whose gpg.program is gpg-shim: as installed, or the launcher's C fast path."""
     path = broker.workdir / "repo"
     env = sandbox_env(keys, broker, broker.workdir)
+    program = "gpg-shim"
+    if request.param == "native fast path":
+        program = _native_program(broker.workdir / "gpg-fast")
     subprocess.run(["git", "init", "-q", str(path)], env=env, check=True, timeout=30)
     for key, value in [
         ("user.name", "Test Signer"), ("user.email", "signer@example.test"),
-        ("user.signingkey", keys.fingerprint), ("gpg.program", "gpg-shim"),
+        ("user.signingkey", keys.fingerprint), ("gpg.program", program),
         ("commit.gpgsign", "true"), ("tag.gpgsign", "true"),
     ]:
         assert git(path, env, "config", key, value).returncode == 0
