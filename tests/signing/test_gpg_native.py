@@ -294,3 +294,31 @@ def test_run_by_a_bare_name_it_refuses_to_guess(layout: Layout, tmp_path: Path) 
                           env={"PATH": f"{tmp_path}:/usr/bin:/bin"}, check=False)
     assert done.returncode == 127
     assert b"run this program by its path" in done.stderr
+
+
+_frames = st.lists(
+    st.tuples(st.integers(0, 10), st.binary(max_size=40)).map(lambda f: _frame(f[0], f[1])),
+    max_size=6,
+).map(b"".join)
+
+
+@settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(answer=st.one_of(_frames, st.binary(max_size=64), _frames.map(lambda b: b[:-1])))
+def test_any_answer_ends_as_in_the_python_shim(layout: Layout, answer: bytes) -> None:
+    """Differential fuzzing: random frames, random bytes, frames cut short.
+
+    A broken stream (125) is the one case where the two may word it
+    differently: the Python shim checks every header that has arrived before
+    acting on the first frame, so which fault it names first (and whether an
+    earlier stdout frame was written) depends on how the bytes arrived; the
+    C program acts on each frame in stream order.  The status is the same.
+    """
+    fast, full = both(layout, [*SIGN, "KEY"], answer=answer)
+    assert fast.status == full.status
+    if fast.status == 125:
+        assert fast.stderr.startswith(b"gpg-shim: ") and fast.stderr.count(b"\n") == 1
+        assert b"broker" in fast.stderr
+    else:
+        assert (fast.stdout, fast.stderr) == (full.stdout, full.stderr)
