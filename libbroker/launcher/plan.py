@@ -2,18 +2,24 @@
 
 Pure functions of the config, the runtime directory and the host (plus the
 installation's paths), kept apart from :mod:`.session`, which runs them.
+How our own Python programs are started (argv without site, the deferred
+boot) is :mod:`.boot`'s, re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 
 from libbroker.launcher import agent_sandbox
 from libbroker.launcher.agent_sandbox import Host
+from libbroker.launcher.boot import deferred_python_argv as deferred_python_argv
+from libbroker.launcher.boot import encode_args as encode_args
+from libbroker.launcher.boot import project_dir as project_dir
+from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
+from libbroker.launcher.prestart import choose_backend as choose_backend
 from libbroker.launcher.runtime import Runtime
 
 BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
@@ -28,13 +34,6 @@ class Listening:
         self.broker = ""
 
 
-def choose_backend(kind: str) -> str:
-    """``auto`` is bwrap when installed, else Landlock (nono)."""
-    if kind != "auto":
-        return kind
-    return "bwrap" if shutil.which("bwrap") else "nono"
-
-
 def scripts_dir() -> str:
     """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
     import sysconfig
@@ -46,112 +45,6 @@ def exe(name: str) -> str:
     """Our own executable ``name`` from this installation, else from PATH."""
     path = os.path.join(scripts_dir(), name)
     return path if os.access(path, os.X_OK) else name
-
-
-# Start our own Python executables without the site module: it processes
-# every .pth file of the installation, which costs each process tens of ms
-# of CPU while the three of them compete for the cores at session start.
-# sys.path gets exactly what site would add for our code and dependencies;
-# if the imports fail anyway, the program is run again with site.
-_BOOT = """import sys
-sys.path[:0] = {paths!r}
-sys.argv[0] = {name!r}
-try:
-    from {module} import main
-except ImportError:
-    import os
-    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
-raise SystemExit(main())
-"""
-
-# The servers' boot: import what the server needs first (interpreter start
-# and imports are most of a server's start), then read the arguments from
-# stdin, so the launcher can start both servers before it has parsed its own
-# command line and config.  The arguments come NUL-terminated, then a
-# newline; end of file before that means the launcher gave up: exit quietly.
-_BOOT_DEFERRED = """import sys
-sys.path[:0] = {paths!r}
-sys.argv[0] = {name!r}
-import os
-for warm in {warm!r}:
-    try:
-        __import__(warm)
-    except ImportError:
-        pass
-try:
-    from {module} import main
-except ImportError:
-    main = None
-data = b""
-while not data.endswith(b"\\n"):
-    chunk = os.read(0, 65536)
-    if not chunk:
-        os._exit(0)
-    data += chunk
-null = os.open(os.devnull, os.O_RDONLY)
-os.dup2(null, 0)
-os.close(null)
-sys.argv[1:] = [os.fsdecode(a) for a in data[:-1].split(b"\\0")[:-1]]
-if main is None:
-    os.execv({fallback[0]!r}, [*{fallback!r}, *sys.argv[1:]])
-raise SystemExit(main())
-"""
-
-
-def encode_args(args: list[str]) -> bytes:
-    """Arguments as the deferred boot reads them from stdin."""
-    return b"".join(os.fsencode(a) + b"\0" for a in args) + b"\n"
-
-
-def project_dir() -> str:
-    import libbroker
-
-    return os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
-
-
-def _import_paths() -> list[str]:
-    """The project, then the site-packages directories site would add."""
-    import site  # already imported by the console script's interpreter
-
-    paths = [project_dir()]
-    for p in site.getsitepackages():
-        if p not in paths and os.path.isdir(p):
-            paths.append(p)
-    return paths
-
-
-def _with_site(name: str, module: str) -> list[str]:
-    """argv that runs ``module``'s main with site, as its console script would."""
-    code = f"import sys; sys.argv[0] = {name!r}; from {module} import main; sys.exit(main())"
-    return [sys.executable, "-c", code]
-
-
-def python_argv(name: str, module: str, fallback: list[str] | None = None) -> list[str]:
-    """argv that runs our console script ``name`` (``module``'s main) without site.
-
-    ``fallback`` (default: the same with site) is exec'd if the imports fail.
-    """
-    python = os.path.realpath(sys.executable)
-    fallback = fallback or _with_site(name, module)
-    boot = _BOOT.format(paths=_import_paths(), name=name, module=module, fallback=fallback)
-    return [python, "-I", "-S", "-c", boot]
-
-
-def deferred_python_argv(name: str, module: str, warm: tuple[str, ...]) -> list[str]:
-    """Like :func:`python_argv`, but the arguments come later on stdin (``encode_args``).
-
-    The process imports ``warm`` (missing modules skipped: the program
-    reports them itself) and ``module`` while it waits.
-    """
-    python = os.path.realpath(sys.executable)
-    boot = _BOOT_DEFERRED.format(
-        paths=_import_paths(),
-        name=name,
-        module=module,
-        warm=warm,
-        fallback=_with_site(name, module),
-    )
-    return [python, "-I", "-S", "-c", boot]
 
 
 def prepare_workdir(cfg: Config) -> None:

@@ -2,24 +2,29 @@
 
 Interpreter start and imports are most of egress-proxy's and broker-server's
 start-up.  ``agent-sandbox run`` therefore spawns both as its very first
-step, each in the deferred boot of :func:`plan.deferred_python_argv`: a server
+step, each in the deferred boot of :func:`.boot.deferred_python_argv`: a server
 imports what it needs, then waits for its arguments on stdin, which the
 session writes once the config is read and the runtime directory exists
-(:meth:`supervise.Child.send_args`).  Meanwhile the launcher parses, reads
+(:meth:`.child.Child.send_args`).  Meanwhile the launcher parses, reads
 the config and prepares the sandbox: its work overlaps the servers' warm-up
 instead of coming before it.
 
 A run that ends before a session takes the servers (a usage or config error)
 ends them with :func:`discard`.  They also exit by themselves on end of file
 before their arguments, and by PR_SET_PDEATHSIG when the launcher dies.
+
+This module and what it imports (:mod:`.boot`, :mod:`.child`, :mod:`.trace`)
+stay light: every ms spent importing before the spawn delays the session.
 """
 
 from __future__ import annotations
 
-import signal
+import os
+import shutil  # already imported by site's .pth processing
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import plan, supervise
+from libbroker.launcher import boot
+from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.trace import trace
 
 # What each server imports before its arguments arrive: everything it needs
@@ -38,10 +43,17 @@ _VALUED = ("--config", "--workdir", "--sandbox")
 class Servers:
     """egress-proxy and broker-server, started and waiting for their arguments."""
 
-    def __init__(self, proxy: supervise.Child, broker: supervise.Child) -> None:
+    def __init__(self, proxy: Child, broker: Child) -> None:
         self.proxy = proxy
         self.broker = broker
         self.taken = False  # a session owns them from then on
+
+
+def choose_backend(kind: str) -> str:
+    """``auto`` is bwrap when installed, else Landlock (nono)."""
+    if kind != "auto":
+        return kind
+    return "bwrap" if shutil.which("bwrap") else "nono"
 
 
 def _words(argv: list[str]) -> list[tuple[str, str]]:
@@ -69,25 +81,23 @@ def wants_servers(argv: list[str]) -> bool:
 def backend_hint(argv: list[str]) -> str:
     """The backend the command line names, else the one ``auto`` picks here."""
     named = [value for opt, value in _words(argv) if opt == "--sandbox"]
-    return plan.choose_backend(named[-1] if named else "auto")
+    return choose_backend(named[-1] if named else "auto")
 
 
 def start(backend: str) -> Servers:
     """Spawn both servers in their deferred boot (LaunchError if one cannot start)."""
-    proxy = supervise.spawn(
+    proxy = spawn(
         "egress-proxy",
-        plan.deferred_python_argv("egress-proxy", "bin.egress_proxy", PROXY_WARM),
+        boot.deferred_python_argv("egress-proxy", "bin.egress_proxy", PROXY_WARM),
         stdin_pipe=True,
     )
     try:
         warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
-        import os
-
         env = {**os.environ, "AGENT_SANDBOX": "1"}
-        broker = supervise.spawn(
+        broker = spawn(
             "broker-server",
-            plan.deferred_python_argv("broker-server", "bin.broker_server", warm),
+            boot.deferred_python_argv("broker-server", "bin.broker_server", warm),
             env=env,
             stdin_pipe=True,
         )
@@ -113,8 +123,8 @@ def try_start(argv: list[str]) -> Servers | None:
     return servers
 
 
-def _end(child: supervise.Child) -> None:
-    child.send(signal.SIGKILL)
+def _end(child: Child) -> None:
+    child.send(boot.SIGKILL)
     child.wait(60)
     child.close()
 

@@ -25,7 +25,6 @@ import os
 import select
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -38,6 +37,8 @@ from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.trace import trace as _trace
 
 if TYPE_CHECKING:
+    import subprocess
+
     from libbroker.launcher.relay import Relay
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
@@ -257,8 +258,7 @@ class Session:
         try:
             self.sandbox = self._spawn(
                 "sandbox",
-                argv,
-                pdeathsig=None,  # bwrap's --die-with-parent
+                argv,  # bwrap's --die-with-parent: it ends with the launcher
                 env=self._env(host, HTTP_PORT, SOCKS_PORT),
                 pass_fds=fds,
                 pipes=False,
@@ -280,12 +280,12 @@ class Session:
         os.set_inheritable(r, True)
         helper = "libbroker.launcher.landlock_exec"
         slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
-        argv = [*plan.python_argv("agent-sandbox", helper, slow), str(r)]
+        boot = plan.python_argv("agent-sandbox", helper, slow, die_with_sig=signal.SIGKILL)
+        argv = [*boot, str(r)]
         try:
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,
-                pdeathsig=signal.SIGKILL,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 pass_fds=[r],
                 pipes=False,
@@ -331,6 +331,8 @@ class Session:
                 f"cannot copy kubeconfig {self.cfg.kubeconfig}: {exc.strerror}"
             ) from None
         url = f"socks5://127.0.0.1:{socks_port}"
+        import subprocess  # only with a kubeconfig: it costs the launcher ms to import
+
         return subprocess.Popen(
             [plan.exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
             stdout=subprocess.DEVNULL,

@@ -9,7 +9,7 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libbroker.launcher import plan, prestart
+from libbroker.launcher import boot, plan, prestart
 
 
 def test_only_run_starts_the_servers_early() -> None:
@@ -38,14 +38,14 @@ def _boot(tmp_path: Path, warm: tuple[str, ...] = ()) -> list[str]:
         "    print(json.dumps([sys.argv, os.read(0, 10).decode(), sorted(sys.modules)]))\n"
         "    return 3\n"
     )
-    boot = plan._BOOT_DEFERRED.format(
+    code = boot._BOOT_DEFERRED.format(
         paths=[str(tmp_path)],
         name="fake-server",
         module="fake_server",
         warm=warm,
         fallback=["/bin/false"],
     )
-    return [sys.executable, "-I", "-S", "-c", boot]
+    return [sys.executable, "-I", "-S", "-c", code]
 
 
 def _run_boot(tmp_path: Path, stdin: bytes, warm: tuple[str, ...] = ()) -> tuple[int, str]:
