@@ -70,6 +70,16 @@ def _main(args: Args, servers: Servers | None) -> int:
     return settings.main(_config(args))
 
 
+def _parse(servers: Servers | None) -> Args:
+    if servers is not None:  # run's usual command line without docopt (start-up time)
+        from libbroker.launcher import prestart
+
+        quick = prestart.run_args(sys.argv[1:])
+        if quick is not None:
+            return quick
+    return parse(__doc__ or "", options_first=False)
+
+
 def main() -> None:
     servers: Servers | None = None
     if "run" in sys.argv[1:]:
@@ -78,7 +88,7 @@ def main() -> None:
 
         servers = prestart.try_start(sys.argv[1:])
     try:
-        run(lambda: _main(parse(__doc__ or "", options_first=False), servers))
+        run(lambda: _main(_parse(servers), servers))
     except SystemExit as done:
         if servers is not None:
             prestart.discard(servers)  # when no session took them

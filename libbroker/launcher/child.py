@@ -114,6 +114,7 @@ def start(
     env: Mapping[str, str] | None = None,
     stdin: str = "inherit",
     output: str = "inherit",
+    stderr: str = "",
     pass_fds: Sequence[int] = (),
     ignore: Sequence[int] = (),
     setpgroup: bool = False,
@@ -122,7 +123,8 @@ def start(
 
     ``stdin``: "inherit", "devnull" or "pipe" (:attr:`Proc.stdin`, the write
     end).  ``output`` (stdout and stderr): "inherit", "devnull" or "pipe"
-    (:attr:`Proc.stdout`, :attr:`Proc.stderr`, the read ends).  ``ignore``:
+    (:attr:`Proc.stdout`, :attr:`Proc.stderr`, the read ends); ``stderr``
+    when it differs.  ``ignore``:
     signals the child starts with ignored (an ignored disposition survives
     exec; a handler does not).  ``setpgroup``: its own process group.
     """
@@ -139,13 +141,13 @@ def start(
             actions.append((os.POSIX_SPAWN_DUP2, r, 0))
         elif stdin == "devnull":
             actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
-        for name, target in (("stdout", 1), ("stderr", 2)):
-            if output == "pipe":
+        for name, target, mode in (("stdout", 1, output), ("stderr", 2, stderr or output)):
+            if mode == "pipe":
                 r, w = os.pipe()
                 ours.append(w)
                 mine[name] = r
                 actions.append((os.POSIX_SPAWN_DUP2, w, target))
-            elif output == "devnull":
+            elif mode == "devnull":
                 actions.append((os.POSIX_SPAWN_OPEN, target, os.devnull, os.O_WRONLY, 0))
         keep = set(pass_fds)
         actions += _close_actions(keep)

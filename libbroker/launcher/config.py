@@ -19,7 +19,7 @@ from libbroker.errors import ConfigError
 from libbroker.paths import under
 
 if TYPE_CHECKING:
-    import subprocess
+    from libbroker.launcher.child import Proc
 
 SANDBOX_KINDS = ("auto", "bwrap", "nono")
 
@@ -123,30 +123,30 @@ def resolve_sign_key(cfg: Config) -> Config:
     return take_sign_key(cfg, ask_sign_key(cfg))
 
 
-def ask_sign_key(cfg: Config) -> subprocess.Popen[str] | None:
+def ask_sign_key(cfg: Config) -> Proc | None:
     """Start ``git config user.signingkey`` when the config names no key."""
     if cfg.sign_key is not None or not shutil.which("git"):
         return None
-    import subprocess
+    from libbroker.launcher.child import start
 
-    return subprocess.Popen(
-        ["git", "config", "--global", "--get", "user.signingkey"],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        cwd="/",
-    )
+    # -C /: no repository's own config, whatever the launcher's cwd.
+    argv = ["git", "-C", "/", "config", "--global", "--get", "user.signingkey"]
+    try:
+        return start(argv, stdin="devnull", output="pipe", stderr="devnull")
+    except OSError:
+        return None  # as if git had no key: the broker then signs nothing
 
 
-def take_sign_key(cfg: Config, git: subprocess.Popen[str] | None) -> Config:
+def take_sign_key(cfg: Config, git: Proc | None) -> Config:
     """``cfg`` with the key ``git`` (from :func:`ask_sign_key`) printed, if any."""
     if cfg.sign_key is not None:
         return cfg
     key = ""
     if git is not None:
-        out, _ = git.communicate()
-        key = out.strip() if git.returncode == 0 else ""
+        assert git.stdout is not None
+        out = git.stdout.readall()
+        git.stdout.close()
+        key = out.decode(errors="replace").strip() if git.wait() == 0 else ""
     return cfg._replace(sign_key=key)
 
 

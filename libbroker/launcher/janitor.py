@@ -70,7 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, signal.SIG_IGN)
     watched = _read_watch_list(r)
     if watched is None:
-        return 0  # the launcher cleaned up itself
+        # The launcher cleaned up itself and waits to reap us: nothing to
+        # flush or finalize, so skip the interpreter's teardown (ms of its tail).
+        os._exit(0)
     # The launcher is gone without cleaning up: the session ends here.
     for pid, fd, group in reversed(watched):
         _end(pid, fd, group)

@@ -36,6 +36,12 @@ class Listening:
 
 def scripts_dir() -> str:
     """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
+    # sysconfig's "scripts" path is <prefix>/bin for a venv, pyenv or any prefix
+    # install; when ours are there, that answer costs no sysconfig import (ms of
+    # CPU while the servers start).  Other layouts ask sysconfig.
+    usual = os.path.join(sys.prefix, "bin")
+    if os.access(os.path.join(usual, "agent-sandbox"), os.X_OK):
+        return usual
     import sysconfig
 
     return sysconfig.get_path("scripts")

@@ -20,14 +20,17 @@ peer check exactly as they are, at the cost of one connect per connection.
 
 The listening socket is made before the sandbox starts (its path must exist to
 be reachable); accepting starts once the proxy's port is known.
+
+Sockets come from ``_socket``, the C module: ``socket.py``'s enum
+conversions cost the launcher ~5 ms of CPU while the servers start.
 """
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import errno
 import os
-import socket
 import sys
 import threading
 import time
@@ -43,10 +46,14 @@ class Relay:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self._sock.bind(path)
-        os.chmod(path, 0o600)
-        self._sock.listen(128)
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            self._sock.bind(path)
+            os.chmod(path, 0o600)
+            self._sock.listen(128)
+        except OSError:
+            self._sock.close()
+            raise
         self._port = 0
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -60,7 +67,8 @@ class Relay:
     def _accept_loop(self) -> None:
         while True:
             try:
-                conn, _ = self._sock.accept()
+                # close-on-exec, as socket.accept() makes it (not in typeshed)
+                fd, _ = self._sock._accept()  # type: ignore[attr-defined]
             except OSError as exc:
                 if self._closing or exc.errno not in _TRANSIENT:
                     return  # closed: the session is over
@@ -68,24 +76,37 @@ class Relay:
                 sys.stderr.write(f"agent-sandbox: proxy bridge cannot accept: {exc.strerror}\n")
                 time.sleep(0.1)
                 continue
+            conn = _socket.socket(fileno=fd)
             try:
-                up = socket.create_connection(("127.0.0.1", self._port), timeout=10)
+                self._hand_over(conn)
+            finally:
+                conn.close()
+
+    def _hand_over(self, conn: _socket.socket) -> None:
+        """Connect to the proxy and pass the connection to the forwarder at ``conn``."""
+        up = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            try:
+                up.settimeout(10)
+                up.connect(("127.0.0.1", self._port))
                 up.settimeout(None)
                 # A relay passes on segments as they come: Nagle would only delay them.
-                up.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                up.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
             except OSError as exc:
                 sys.stderr.write(f"agent-sandbox: proxy at port {self._port} unreachable: {exc}\n")
-                conn.close()
-                continue
+                return
             # Hand the proxy connection over; the forwarder moves the bytes itself.
-            with conn, up, contextlib.suppress(OSError):  # the forwarder gave up: its loss
-                socket.send_fds(conn, [b"\0"], [up.fileno()])
+            rights = up.fileno().to_bytes(4, sys.byteorder)  # one C int: SCM_RIGHTS
+            with contextlib.suppress(OSError):  # the forwarder gave up: its loss
+                conn.sendmsg([b"\0"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
+        finally:
+            up.close()
 
     def close(self) -> None:
         """Stop accepting; live connections end with the sandbox."""
         self._closing = True
         with contextlib.suppress(OSError):
-            self._sock.shutdown(socket.SHUT_RDWR)
+            self._sock.shutdown(_socket.SHUT_RDWR)
         self._sock.close()
         if self._thread is not None:
             self._thread.join(timeout=1)

@@ -87,3 +87,45 @@ def test_encoded_arguments_decode_back(args: list[str]) -> None:
     import os
 
     assert [os.fsdecode(a) for a in data[:-1].split(b"\0")[:-1]] == args
+
+
+_WORDS = [
+    "run", "doctor", "render-settings", "--", "--config=a.toml", "--config", "--conf=b",
+    "--workdir=/w", "--workdir=", "--sandbox=bwrap", "--sandbox=nono", "--sandbox",
+    "true", "sh", "-c", "-h", "--help", "--version", "--bogus", "", "x y",
+]
+
+
+def _docopt(argv: list[str]) -> dict[str, object] | None:
+    import bin.agent_sandbox
+    from libbroker.cli import parse
+
+    try:
+        return parse(bin.agent_sandbox.__doc__ or "", argv)
+    except SystemExit:
+        return None
+
+
+@given(st.lists(st.sampled_from(_WORDS), max_size=8))
+def test_run_args_is_docopt_or_nothing(argv: list[str]) -> None:
+    quick = prestart.run_args(argv)
+    if quick is not None:
+        assert quick == _docopt(argv)
+
+
+def test_run_args_reads_the_usual_command_lines() -> None:
+    for argv in (
+        ["run", "--", "true"],
+        ["run", "--config=/c.toml", "--sandbox=bwrap", "--", "sh", "-c", "exit 3"],
+        ["--workdir=/w", "run", "--config=c", "--", "--config=x", "--"],
+    ):
+        assert prestart.run_args(argv) is not None
+        assert prestart.run_args(argv) == _docopt(argv)
+    for argv in (["run", "true"], ["run", "--conf=x", "--", "true"], ["run", "--"]):
+        assert prestart.run_args(argv) is None
+
+
+def test_scripts_dir_agrees_with_sysconfig() -> None:
+    import sysconfig
+
+    assert plan.scripts_dir() == sysconfig.get_path("scripts")
