@@ -14,6 +14,12 @@ spawns its servers with this before it imports anything else
   SIGXFSZ are back to their defaults (``restore_signals``), and the program is
   looked up on the PATH of the child's environment.
 
+One difference remains, glibc's: its posix_spawn starts the child with its
+two internal signals (32 and 33, SIGCANCEL and SIGSETXID) ignored, and an
+ignored disposition survives exec, so the servers, the sandbox and what they
+start inherit that.  Harmless: glibc and musl install their own handlers for
+them when they need them, and nothing else uses these numbers.
+
 :class:`Proc` is the part of ``subprocess.Popen`` the launcher uses;
 :class:`Child` is one child the session owns (pidfd, stderr tail, signals).
 """

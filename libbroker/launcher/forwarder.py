@@ -12,7 +12,7 @@ namespace, where the only interface is loopback.  It:
    ``ALL_PROXY=socks5h://127.0.0.1:1080`` work inside, and nothing else does;
 2. waits for the launcher's go byte on ``--control FD`` (the launcher sends it
    once the proxy and broker listen: the sandbox is built while they start);
-3. forks and execs the command, then relays signals: every later byte on the
+3. starts the command (posix_spawn), then relays signals: every later byte on the
    control pipe is a signal number for the command (its process group when it
    has one); end of file means the launcher is gone, so the command is killed;
 4. exits with the command's status (128+N when signal N ended it).
@@ -225,23 +225,16 @@ def _parse(argv: list[str]) -> tuple[dict[int, str], int, bool, list[str]]:
 
 
 def _spawn(cmd: list[str], own_group: bool) -> int:
-    pid = os.fork()
-    if pid == 0:  # the command: default signals, its own group only without a tty
-        try:
-            for sig in _DEFAULTS:
-                signal.signal(sig, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, [])
-            if own_group:
-                os.setpgid(0, 0)
-            os.execvp(cmd[0], cmd)  # noqa: S606 - the user's command, as given
-        except FileNotFoundError:
-            os.write(2, f"agent-sandbox: {cmd[0]}: command not found\n".encode())
-            os._exit(127)
-        except OSError as exc:
-            os.write(2, f"agent-sandbox: {cmd[0]}: {exc.strerror}\n".encode())
-            os._exit(126)
-        os._exit(127)
-    return pid
+    """Start the command: default signals, an empty mask, its own group only without a tty.
+
+    posix_spawnp, not fork: no copy of this process (page tables, at-fork
+    hooks) between the go byte and the command.  OSError if it cannot start.
+    """
+    if own_group:
+        return os.posix_spawnp(
+            cmd[0], cmd, os.environ, setsigdef=_DEFAULTS, setsigmask=(), setpgroup=0
+        )
+    return os.posix_spawnp(cmd[0], cmd, os.environ, setsigdef=_DEFAULTS, setsigmask=())
 
 
 def _status(wait_status: int) -> int:
@@ -265,7 +258,14 @@ def serve(routes: dict[int, str], control: int, own_group: bool, cmd: list[str])
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda *_: None)
-    child = _spawn(cmd, own_group)
+    try:
+        child = _spawn(cmd, own_group)
+    except FileNotFoundError:
+        os.write(2, f"agent-sandbox: {cmd[0]}: command not found\n".encode())
+        return 127
+    except OSError as exc:
+        os.write(2, f"agent-sandbox: {cmd[0]}: {exc.strerror}\n".encode())
+        return 126
     poller = select.poll()
     for fd in (*listeners, control, wake_r):
         poller.register(fd, select.POLLIN)

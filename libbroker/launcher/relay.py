@@ -18,8 +18,9 @@ mount every peer is the sandbox, whose pids mean nothing on the host.  Handing
 over a socket the launcher connected keeps the proxy's one TCP door and its
 peer check exactly as they are, at the cost of one connect per connection.
 
-The listening socket is made before the sandbox starts (its path must exist to
-be reachable); accepting starts once the proxy's port is known.
+The listening socket and its accepting thread are made before the sandbox
+starts (its path must exist to be reachable); relaying starts once the
+proxy's port is known.
 
 Sockets come from ``_socket``, the C module: ``socket.py``'s enum
 conversions cost the launcher ~5 ms of CPU while the servers start.
@@ -55,14 +56,23 @@ class Relay:
             self._sock.close()
             raise
         self._port = 0
-        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()  # set once the port is known, or on close
         self._closing = False
+        # The accepting thread starts now, while the servers start, not after
+        # they listen (where starting it would delay the go); it holds any
+        # connection until :meth:`start` (none comes before the command runs).
+        name = f"relay:{os.path.basename(path)}"
+        self._thread = threading.Thread(target=self._accept_loop, name=name, daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:
+            self._sock.close()
+            raise
 
     def start(self, port: int) -> None:
-        """Accept on a daemon thread, joining each connection to ``port``."""
+        """Join each connection, from now on, to ``port``."""
         self._port = port
-        self._thread = threading.Thread(target=self._accept_loop, name=f"relay:{port}", daemon=True)
-        self._thread.start()
+        self._ready.set()
 
     def _accept_loop(self) -> None:
         while True:
@@ -78,6 +88,9 @@ class Relay:
                 continue
             conn = _socket.socket(fileno=fd)
             try:
+                self._ready.wait()
+                if self._closing:
+                    return
                 self._hand_over(conn)
             finally:
                 conn.close()
@@ -105,10 +118,10 @@ class Relay:
     def close(self) -> None:
         """Stop accepting; live connections end with the sandbox."""
         self._closing = True
+        self._ready.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(_socket.SHUT_RDWR)
         self._sock.close()
-        if self._thread is not None:
-            self._thread.join(timeout=1)
+        self._thread.join(timeout=1)
         with contextlib.suppress(OSError):
             os.unlink(self.path)

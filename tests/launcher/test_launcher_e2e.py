@@ -213,6 +213,15 @@ def test_command_not_found_is_127(world: World) -> None:
     assert "not found" in done.stderr
 
 
+def test_a_command_that_cannot_run_is_126(world: World) -> None:
+    script = world.workdir / "not-executable.sh"
+    script.write_text("echo ran\n")
+    script.chmod(0o644)
+    done = world.run(str(script))
+    assert done.returncode == 126
+    assert "Permission denied" in done.stderr and "ran" not in done.stdout
+
+
 def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
