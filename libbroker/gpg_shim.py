@@ -102,19 +102,26 @@ def take_frames(buf: bytearray) -> list[tuple[int, bytes]]:
 
     Every header is checked as soon as its 5 bytes are there, so a channel a
     server may not send or a length over MAX_PAYLOAD is a ProtocolError
-    before any of its payload is waited for.
+    before any of its payload is waited for.  The frames before a bad header
+    are returned first (the bad header stays in ``buf`` and the next call
+    raises): frames are acted on in stream order, however the bytes arrived.
     """
     frames: list[tuple[int, bytes]] = []
     pos = 0
     while len(buf) - pos >= HEADER_SIZE:
         channel = buf[pos]
         length = int.from_bytes(buf[pos + 1 : pos + HEADER_SIZE], "big")
+        fault = ""
         if channel >= len(CHANNEL_NAMES):
-            raise ProtocolError(f"unknown channel {channel}")
-        if channel not in SERVER_CHANNELS:
-            raise ProtocolError(f"channel {CHANNEL_NAMES[channel]} is not allowed here")
-        if length > MAX_PAYLOAD:
-            raise ProtocolError(f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit")
+            fault = f"unknown channel {channel}"
+        elif channel not in SERVER_CHANNELS:
+            fault = f"channel {CHANNEL_NAMES[channel]} is not allowed here"
+        elif length > MAX_PAYLOAD:
+            fault = f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit"
+        if fault and frames:
+            break
+        if fault:
+            raise ProtocolError(fault)
         end = pos + HEADER_SIZE + length
         if end > len(buf):
             break
@@ -177,19 +184,28 @@ def _exchange(sock: _socket.socket, outgoing: bytes, router: StatusRouter) -> in
             raise BrokerUnavailable("the broker closed the connection before gpg finished")
         incoming += data
         try:
-            for channel, payload in take_frames(incoming):
-                if channel == STDOUT:
-                    _write_all(1, payload)
-                elif channel == STDERR:
-                    _write_routed(router.feed(payload))
-                elif channel == ERROR:
-                    message = payload.decode("utf-8", "replace")
-                    raise RequestRefused(f"the broker refused to sign: {message}")
-                else:
-                    _write_routed(router.flush())
-                    return exit_status(payload) & 0xFF
+            while frames := take_frames(incoming):
+                status = _act(frames, router)
+                if status is not None:
+                    return status
         except ProtocolError as exc:
             raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
+
+
+def _act(frames: list[tuple[int, bytes]], router: StatusRouter) -> int | None:
+    """Write what ``frames`` carry, in order; the exit frame's status, if it came."""
+    for channel, payload in frames:
+        if channel == STDOUT:
+            _write_all(1, payload)
+        elif channel == STDERR:
+            _write_routed(router.feed(payload))
+        elif channel == ERROR:
+            message = payload.decode("utf-8", "replace")
+            raise RequestRefused(f"the broker refused to sign: {message}")
+        else:
+            _write_routed(router.flush())
+            return exit_status(payload) & 0xFF
+    return None
 
 
 def _write_routed(writes: list[tuple[int, bytes]]) -> None:

@@ -268,8 +268,13 @@ static void dispatch(unsigned channel, const unsigned char *payload, size_t len)
     case CH_STDERR: /* the status fd is 2: gpg's lines as they are */
         write_all(2, payload, len);
         return;
-    case CH_ERROR:
-        fail(1, "the broker refused to sign: %.*s", (int)len, (const char *)payload);
+    case CH_ERROR: { /* the message's bytes as they are, NULs included, as the Python shim */
+        static const char head[] = "gpg-shim: the broker refused to sign: ";
+        (void)!write(2, head, sizeof head - 1);
+        (void)!write(2, payload, len);
+        (void)!write(2, "\n", 1);
+        _exit(1);
+    }
     default: { /* CH_EXIT, the only other channel the header check lets through */
         if (len != 4)
             fail(125, "the broker sent a malformed frame: exit frame payload is %zu bytes, expected 4",

@@ -103,6 +103,16 @@ def test_a_bad_header_is_refused_before_its_payload(header: bytes, message: str)
         wire.FrameDecoder(accept=wire.SERVER_CHANNELS).feed(header)
 
 
+def test_frames_before_a_bad_header_come_first_and_the_next_call_raises() -> None:
+    """Stream order, however the bytes arrived (the C fast path does the same)."""
+    good = wire.encode_frame(wire.Channel.STDOUT, b"sig") + wire.encode_error("refused")
+    buf = bytearray(good + bytes([0, 0, 0, 0, 0]))
+    assert gpg_shim.take_frames(buf) == [(1, b"sig"), (4, b"refused")]
+    assert buf == bytes([0, 0, 0, 0, 0])
+    with pytest.raises(ProtocolError, match="channel stdin is not allowed here"):
+        gpg_shim.take_frames(buf)
+
+
 def test_exit_status() -> None:
     assert gpg_shim.exit_status(b"\0\0\0\x02") == 2
     assert gpg_shim.exit_status(b"\xff\xff\xff\xff") == -1
