@@ -141,17 +141,15 @@ def main() -> None:
 
         sys.path.insert(0, str(ROOT))
         from libbroker.gpg_shim import program_script
-        from libbroker.native import build_gpg_shim, built_gpg_shim
+        from libbroker.native import build_gpg_shim, built_gpg_shim, install_gpg_program
 
         fast = root / "gpg-shim-fast"
         fast.write_text(program_script(sys.executable, str(ROOT)))
         fast.chmod(0o755)
         native = built_gpg_shim() or build_gpg_shim(str(root / "gpg-shim-built"))
-        (root / "gp" / "python").mkdir(parents=True)
-        (root / "gp" / "python" / "gpg-shim").write_text(fast.read_text())
-        (root / "gp" / "python" / "gpg-shim").chmod(0o755)
-        (root / "gp" / "gpg-shim").symlink_to(native)
+        (root / "gp").mkdir()
         session_program = root / "gp" / "gpg-shim"
+        install_gpg_program(str(session_program), sys.executable, str(ROOT), native)
 
         base = {"PATH": os.environ["PATH"], "HOME": str(root), "GIT_CONFIG_NOSYSTEM": "1",
                 "LANG": "C"}

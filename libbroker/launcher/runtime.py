@@ -52,11 +52,6 @@ class Runtime(NamedTuple):
         return os.path.join(self.root, "gpg-shim")
 
     @property
-    def gpg_full(self) -> str:
-        """The Python gpg-shim, started without site, where the fast path hands over."""
-        return os.path.join(self.root, "python", "gpg-shim")
-
-    @property
     def http_relay(self) -> str:
         """The unix socket the in-sandbox forwarder reaches the HTTP proxy by."""
         return os.path.join(self.root, "http.sock")

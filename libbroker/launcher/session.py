@@ -201,21 +201,10 @@ class Session:
         link to it and the Python gpg-shim (started without site) waits beside
         it for everything but signing; else gpg.program is that script.
         """
-        from libbroker.gpg_shim import program_script
-        from libbroker.native import built_gpg_shim
+        from libbroker.native import built_gpg_shim, install_gpg_program
 
         assert self.rt is not None
-        rt = self.rt
-        native = built_gpg_shim()
-        script = rt.gpg_program
-        if native is not None:
-            os.mkdir(os.path.dirname(rt.gpg_full), 0o700)
-            script = rt.gpg_full
-        fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(program_script(host.python, host.project_dir))
-        if native is not None:
-            os.symlink(native, rt.gpg_program)
+        install_gpg_program(self.rt.gpg_program, host.python, host.project_dir, built_gpg_shim())
 
     def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
         assert self.rt is not None

@@ -48,6 +48,33 @@ def built_gpg_shim(path: str = GPG_SHIM) -> str | None:
     return path
 
 
+FULL_SHIM = os.path.join("python", "gpg-shim")
+"""Where the fast path finds the Python gpg-shim: relative to its own directory (gpg_shim.c)."""
+
+
+def install_gpg_program(path: str, python: str, root: str, native: str | None) -> None:
+    """Make ``path`` a gpg.program for git: the fast path when ``native``, else the script.
+
+    With ``native`` (a built fast path), ``path`` is a link to it and the
+    Python gpg-shim it hands over to is written to ``python/gpg-shim``
+    beside ``path``; without, ``path`` is that Python gpg-shim itself (a
+    ``python -I -S`` script for ``python``, importing this project from
+    ``root``).  Nothing existing is replaced: every name is created anew
+    (``O_EXCL``, a fresh directory), so a planted file or link is an error.
+    """
+    from libbroker.gpg_shim import program_script
+
+    script = path
+    if native is not None:
+        script = os.path.join(os.path.dirname(path), FULL_SHIM)
+        os.mkdir(os.path.dirname(script), 0o700)
+    fd = os.open(script, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o700)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(program_script(python, root))
+    if native is not None:
+        os.symlink(native, path)
+
+
 def build_gpg_shim(out: str = GPG_SHIM, cc: str | None = None) -> str:
     """Compile the fast path to ``out`` (atomically: a rename); BuildError on failure."""
     # Here, not at the top: the launcher imports this module for built_gpg_shim alone.

@@ -30,9 +30,7 @@ from hypothesis import strategies as st
 
 import libbroker
 from libbroker import gpg_shim, wire
-from libbroker.errors import BuildError
-from libbroker.gpg_shim import program_script
-from libbroker.native import build_gpg_shim, built_gpg_shim
+from libbroker.native import FULL_SHIM, install_gpg_program
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
 SIGNED = (
@@ -48,25 +46,13 @@ class Layout(NamedTuple):
 
 
 @pytest.fixture(scope="module")
-def layout() -> Iterator[Layout]:
+def layout(native_gpg_shim: str) -> Iterator[Layout]:
     """The session's gpg.program layout, in a private directory."""
     root = Path(tempfile.mkdtemp(prefix="gsn-", dir="/tmp"))
     try:
-        native = built_gpg_shim()
-        if native is None:  # not built by `just setup`: build it here
-            if shutil.which(os.environ.get("CC", "cc")) is None:
-                pytest.skip("no C compiler: the fast path cannot be built here")
-            try:
-                native = build_gpg_shim(str(root / "built"))
-            except BuildError as exc:
-                pytest.fail(str(exc))
-        (root / "python").mkdir()
-        full = root / "python" / "gpg-shim"
-        full.write_text(program_script(sys.executable, ROOT))
-        full.chmod(0o755)
         fast = root / "gpg-shim"
-        fast.symlink_to(native)
-        yield Layout(str(fast), str(full))
+        install_gpg_program(str(fast), sys.executable, ROOT, native_gpg_shim)
+        yield Layout(str(fast), str(root / FULL_SHIM))
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

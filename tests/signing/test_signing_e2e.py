@@ -130,33 +130,6 @@ def git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProc
                           text=True, timeout=60, check=False)
 
 
-def _native_program(where: Path) -> str:
-    """The launcher's layout: the C fast path as gpg-shim, the Python shim in python/."""
-    import sys
-
-    import libbroker
-    from libbroker.errors import BuildError
-    from libbroker.gpg_shim import program_script
-    from libbroker.native import build_gpg_shim, built_gpg_shim
-
-    where.mkdir()
-    native = built_gpg_shim()
-    if native is None:  # not built by `just setup`: build it here
-        if shutil.which(os.environ.get("CC", "cc")) is None:
-            pytest.skip("no C compiler: the fast path cannot be built here")
-        try:
-            native = build_gpg_shim(str(where / "built"))
-        except BuildError as exc:
-            pytest.fail(str(exc))
-    (where / "python").mkdir()
-    full = where / "python" / "gpg-shim"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
-    full.write_text(program_script(sys.executable, root))
-    full.chmod(0o755)
-    (where / "gpg-shim").symlink_to(native)
-    return str(where / "gpg-shim")
-
-
 @pytest.fixture(params=["console script", "native fast path"])
 def repo(request: pytest.FixtureRequest, keys: Keys, broker: Broker) -> Path:
     """A repository whose gpg.program is gpg-shim: as installed, or the launcher's C fast path."""
@@ -164,7 +137,17 @@ def repo(request: pytest.FixtureRequest, keys: Keys, broker: Broker) -> Path:
     env = sandbox_env(keys, broker, broker.workdir)
     program = "gpg-shim"
     if request.param == "native fast path":
-        program = _native_program(broker.workdir / "gpg-fast")
+        import sys
+
+        from libbroker.native import install_gpg_program
+
+        native = request.getfixturevalue("native_gpg_shim")
+        (broker.workdir / "gpg-fast").mkdir()
+        program = str(broker.workdir / "gpg-fast" / "gpg-shim")
+        import libbroker
+
+        root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+        install_gpg_program(program, sys.executable, root, native)
     subprocess.run(["git", "init", "-q", str(path)], env=env, check=True, timeout=30)
     for key, value in [
         ("user.name", "Test Signer"), ("user.email", "signer@example.test"),
