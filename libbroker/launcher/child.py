@@ -103,14 +103,17 @@ def _find(program: str, env: Mapping[str, str] | None) -> str:
 def _close_actions(keep: set[int]) -> list[tuple[int | str, ...]]:
     """Close every inheritable descriptor above 2 not in ``keep`` (subprocess's close_fds)."""
     actions: list[tuple[int | str, ...]] = []
-    for name in os.listdir("/proc/self/fd"):
-        fd = int(name)
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: every possible descriptor, as subprocess would
+        fds = list(range(3, min(os.sysconf("SC_OPEN_MAX"), 1 << 16)))
+    for fd in fds:
         if fd > 2 and fd not in keep:
             try:
                 if os.get_inheritable(fd):
                     actions.append((os.POSIX_SPAWN_CLOSE, fd))
             except OSError:
-                continue  # listdir's own descriptor, closed by now
+                continue  # not open (listdir's own descriptor, closed by now)
     return actions
 
 

@@ -14,9 +14,16 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import sys
 import time
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import signal
+else:
+    # The C module: signal.py's enum import and conversions would double this
+    # process's start-up, which competes with the servers' for the cores.
+    import _signal as signal
 
 
 def _read_watch_list(r: int) -> list[tuple[int, int, bool]] | None:
