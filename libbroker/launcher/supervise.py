@@ -61,6 +61,12 @@ class Janitor:
         finally:
             os.close(r)
         self._w = w
+        # Its interpreter start (~20 ms of CPU) is of no use before the
+        # launcher dies: at the lowest priority it runs when a core is free
+        # (once the broker listens) instead of taking the servers' share.
+        # Its work starts only when the launcher is gone, idle cores or not.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, self._proc.pid, 19)
 
     def watch(self, child: Child) -> None:
         os.write(self._w, f"{child.pid} {int(child.own_group)}\n".encode())

@@ -51,3 +51,16 @@ def test_done_leaves_everything_to_the_launcher(tmp_path: Path) -> None:
 
 def test_bad_arguments_are_a_usage_error() -> None:
     assert janitor.main(["x"]) == 2
+
+
+def test_the_session_janitor_runs_at_the_lowest_priority_and_goes_when_dismissed(
+    tmp_path: Path,
+) -> None:
+    from libbroker.launcher import supervise
+
+    j = supervise.Janitor(str(tmp_path))
+    pid = j._proc.pid
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    assert int(fields[16]) == 19  # nice: its start-up yields to the servers'
+    j.dismiss()
+    assert j._proc.returncode == 0 and tmp_path.exists()
