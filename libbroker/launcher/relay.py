@@ -115,13 +115,19 @@ class Relay:
         finally:
             up.close()
 
-    def close(self) -> None:
-        """Stop accepting; live connections end with the sandbox."""
+    def stop(self) -> None:
+        """Stop accepting, without waiting for the thread (:meth:`close` does)."""
+        if self._closing:
+            return
         self._closing = True
         self._ready.set()
         with contextlib.suppress(OSError):
             self._sock.shutdown(_socket.SHUT_RDWR)
         self._sock.close()
+
+    def close(self) -> None:
+        """Stop accepting and wait for the thread; live connections end with the sandbox."""
+        self.stop()
         self._thread.join(timeout=1)
         with contextlib.suppress(OSError):
             os.unlink(self.path)

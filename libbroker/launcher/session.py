@@ -493,12 +493,14 @@ class Session:
         servers = [c for c in self.children if c is not self.sandbox]
         for child in reversed(servers):
             child.send(signal.SIGTERM if child.busy() else signal.SIGKILL)
-        for relay in self.relays:  # while the servers exit
-            relay.close()
-        self.relays = []
+        for relay in self.relays:  # their threads end while the servers exit
+            relay.stop()
         for child in reversed(servers):
             if not child.wait(5.0):
                 child.stop(signal.SIGKILL, 0)
+        for relay in self.relays:
+            relay.close()
+        self.relays = []
         for child in self.children:
             child.close()
         self.children = []
