@@ -12,6 +12,9 @@ Modules:
 - :mod:`.agent_sandbox`: the sandbox's shape (bwrap argv, Landlock spec, env);
 - :mod:`.seccomp`: the TIOCSTI/TIOCLINUX filter, as BPF bytes;
 - :mod:`.supervise`: children (pdeathsig, pidfds, ordered stop) and the janitor;
+- :mod:`.child`: posix_spawn, pipes and pidfds (light: the servers' spawn uses it);
+- :mod:`.boot`: argv for our own Python programs without site, the deferred
+  boot and its PR_SET_PDEATHSIG (light, like :mod:`.child`);
 - :mod:`.prestart`: the servers' early start, before the launcher parses;
 - :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
 - :mod:`.forwarder` (in the sandbox, stdlib only) and :mod:`.relay` (host side):
