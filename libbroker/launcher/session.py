@@ -24,7 +24,6 @@ import contextlib
 import os
 import select
 import shutil
-import signal
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -37,9 +36,14 @@ from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.trace import trace as _trace
 
 if TYPE_CHECKING:
+    import signal
     import subprocess
 
     from libbroker.launcher.relay import Relay
+else:
+    # The C module: signal.py's enum conversions cost the launcher ~1 ms of
+    # CPU while the servers start, and nothing here needs its enums.
+    import _signal as signal
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
