@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from libbroker.errors import ConfigError
+from libbroker.errors import ConfigError, LaunchError
 from libbroker.paths import under
 
 if TYPE_CHECKING:
@@ -133,8 +133,8 @@ def ask_sign_key(cfg: Config) -> Proc | None:
     argv = ["git", "-C", "/", "config", "--global", "--get", "user.signingkey"]
     try:
         return start(argv, stdin="devnull", output="pipe", stderr="devnull")
-    except OSError:
-        return None  # as if git had no key: the broker then signs nothing
+    except OSError as exc:
+        raise LaunchError(f"cannot run git to read user.signingkey: {exc.strerror}") from None
 
 
 def take_sign_key(cfg: Config, git: Proc | None) -> Config:
