@@ -28,7 +28,11 @@ Limits, stated honestly (bwrap has none of them):
   seccomp filter refuses creating unix sockets at all
   (:mod:`libbroker.seccomp_unix`); socketpair() still works.  32-bit and x32
   syscalls are refused with it.
-- The process group kill cannot catch a command that calls setsid() itself.
+
+What a process group kill would miss (a daemon that called setsid(), a double
+fork) is caught by a reaper between the server and each command
+(:mod:`libbroker.reaper`): a child subreaper outside the sandbox that kills
+everything left below it when the command ends.
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from libbroker import seccomp_unix
+from libbroker import reaper, seccomp_unix
 from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
-from libbroker.executor import Child, Executor, killpg_quietly, restore_child_signals
+from libbroker.executor import Child, Executor, restore_child_signals
 from libbroker.paths import under
 from libbroker.profile import Profile, command_environment
 
@@ -137,13 +141,51 @@ class LandlockExecutor(Executor):
             raise SpawnError(f"cannot create the private tmp: {exc.strerror}") from None
         env = command_environment(self.server_env, self.allow, tmpdir=tmp)
         try:
+            control, tell = os.pipe()  # signal numbers for the reaper to send
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise SpawnError(f"cannot create a pipe: {exc.strerror}") from None
+        try:
             pid = os.fork()
         except OSError as exc:
+            os.close(control)
+            os.close(tell)
             shutil.rmtree(tmp, ignore_errors=True)
             raise SpawnError(f"cannot fork: {exc.strerror}") from None
         if pid == 0:
+            self._reaper(argv, cwd, stdio, env, tmp, control)  # never returns
+        os.close(control)
+        os.set_blocking(tell, False)  # a flood of signal frames must never stall the server
+        return LandlockChild(pid, tell, tmp)
+
+    def _reaper(
+        self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
+        env: dict[str, str], tmp: str, control: int,
+    ) -> None:  # fmt: skip
+        """In the forked child: start the command below us, then outlive all it starts.
+
+        See :mod:`libbroker.reaper`.  The reaper stays outside the sandbox (the
+        command cannot signal it) in a session of its own, keeps no fd but its
+        end of the control pipe (not the server's sockets, not the command's
+        stdio), and exits with the command's status once nothing the command
+        started is left.
+        """
+        try:
+            restore_child_signals()
+            os.setsid()
+            reaper.become_subreaper()
+            command = os.fork()
+        except BaseException as exc:  # the child must never return into the server's code
+            _report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
+        if command == 0:
+            os.close(control)
             self._child(argv, cwd, stdio, env, tmp)  # never returns
-        return LandlockChild(pid, tmp)
+        try:
+            os.closerange(0, control)
+            os.closerange(control + 1, 65536)
+            reaper.supervise(command, control)
+        except BaseException:
+            os._exit(SETUP_FAILED)
 
     def _child(
         self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
@@ -193,19 +235,33 @@ class LandlockExecutor(Executor):
 
 
 class LandlockChild(Child):
-    """A command in its own session; its private tmp goes when it is released."""
+    """A command in its own session below its reaper; its private tmp goes on release.
 
-    def __init__(self, pid: int, tmp: str) -> None:
+    ``pid`` is the reaper's, what the server waits for: it exits as the
+    command did, once nothing the command started is left.  Signals are
+    written to the reaper (:func:`libbroker.reaper.supervise`), which sends
+    them to the command's group while that group is still the command's;
+    closing the pipe on release kills whatever is still running.
+    """
+
+    def __init__(self, pid: int, control: int, tmp: str) -> None:
         self.pid = pid
+        self.control: int | None = control
         self.tmp: str | None = tmp
 
     def send_signal(self, signum: int) -> None:
-        killpg_quietly(self.pid, signum)
+        if self.control is not None and 0 < signum < 256:
+            # Gone (EPIPE) or a full pipe (a flood): nothing to deliver it to, or one of many.
+            with contextlib.suppress(OSError):
+                os.write(self.control, bytes([signum]))
 
     def kill(self) -> None:
-        killpg_quietly(self.pid, 9)
+        self.send_signal(9)
 
     def release(self) -> None:
+        if self.control is not None:
+            os.close(self.control)
+            self.control = None
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None

@@ -1,0 +1,176 @@
+"""Nothing a command starts outlives it, setsid() or not.
+
+A process group kill misses whatever left the group: a daemon that called
+setsid(), a double fork.  bwrap's PID namespace catches those; Landlock has
+no such thing.  So the Landlock backend puts a reaper between the server and
+each command: a process that has declared itself a *child subreaper*
+(``PR_SET_CHILD_SUBREAPER``), so that every orphan below it is reparented to
+it instead of to init, and that, once the command has ended, kills every
+process still below it and exits as the command did (:func:`supervise`).
+
+The server never signals the command by pid: the command's pid (and so its
+process group id) may be reused once the reaper has reaped it, which only
+the reaper knows.  The server writes signal numbers to a pipe instead, and
+the reaper sends them while the command is unreaped.  Closing the pipe
+(the server ended, however) kills the command.
+
+The sandboxed command cannot signal the reaper: Landlock's signal scoping
+(ABI 6) refuses signals to processes outside the sandbox's domain, and the
+reaper is outside it.
+
+Killing by pid races pid reuse, so each process is opened as a pidfd first,
+checked to still be below the reaper (its parent one of ours), and signalled
+through the pidfd: a pid reused by an unrelated process in between is never
+signalled.  :func:`descendants` is pure; the rest reads /proc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import select
+import signal
+from collections.abc import Mapping
+from typing import NoReturn
+
+_PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def become_subreaper() -> None:
+    """Make orphans below this process its children (OSError if refused)."""
+    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"PR_SET_CHILD_SUBREAPER: {os.strerror(errno)}")
+
+
+def descendants(root: int, parents: Mapping[int, int]) -> list[int]:
+    """Every pid whose chain of parents in ``parents`` (pid -> ppid) reaches ``root``.
+
+    Parents come before their children in the result.
+    """
+    children: dict[int, list[int]] = {}
+    for pid, ppid in parents.items():
+        children.setdefault(ppid, []).append(pid)
+    found: list[int] = []
+    queue = [root]
+    seen = {root}
+    while queue:
+        for child in children.get(queue.pop(), ()):
+            if child not in seen:  # a malformed table must not loop
+                seen.add(child)
+                found.append(child)
+                queue.append(child)
+    return found
+
+
+def parent_of(pid: int) -> int | None:
+    """``pid``'s parent from /proc (None once it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        # The name (field 2) may hold any byte, ")" included: split after the last.
+        return int(stat.rsplit(b")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_parents() -> dict[int, int]:
+    """pid -> ppid for every process /proc shows."""
+    table: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            ppid = parent_of(int(name))
+            if ppid is not None:
+                table[int(name)] = ppid
+    return table
+
+
+def kill_below(root: int) -> None:
+    """SIGKILL every process below ``root`` (this process), and reap its children.
+
+    Returns once this process has no child left.  Each kill goes through a
+    pidfd opened after the process was found and checked again, so a pid
+    that was reused in between is left alone.
+    """
+    while True:
+        found = descendants(root, process_parents())
+        ours = {root, *found}
+        for pid in found:
+            try:
+                fd = os.pidfd_open(pid)
+            except OSError:
+                continue  # gone already
+            try:
+                if parent_of(pid) in ours:
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        try:
+            os.waitpid(-1, 0)  # one of ours has died (orphans below are ours now)
+        except ChildProcessError:
+            return  # no child: nothing can be below us
+        with contextlib.suppress(ChildProcessError):
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+
+
+def exit_as(status: int) -> NoReturn:
+    """End this process the way ``status`` (a wait status) says its command ended."""
+    if os.WIFSIGNALED(status):
+        signum = os.WTERMSIG(status)
+        with contextlib.suppress(OSError, ValueError):
+            signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
+            os.kill(os.getpid(), signum)
+        os._exit(128 + signum)  # a signal that does not end a process
+    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+
+
+def supervise(command: int, control: int) -> NoReturn:
+    """Run the reaper's side until the end: never returns.
+
+    Until ``command`` (our child) ends, every byte read from ``control`` is
+    a signal number for the command's process group, sent from here because
+    only this process knows the command is not yet reaped (so that group id
+    is still the command's); end of file on ``control`` (the server is gone)
+    kills the group.  Orphans that die meanwhile are reaped.  Then everything
+    left below us is killed, and we exit as the command did.
+    """
+    pidfd = os.pidfd_open(command)
+    poller = select.poll()
+    poller.register(control, select.POLLIN)
+    poller.register(pidfd, select.POLLIN)
+    status = None
+    while status is None:
+        ready = dict(poller.poll(1000))  # the timeout reaps orphans of a long command
+        if control in ready:
+            try:
+                data = os.read(control, 256)
+            except OSError:
+                data = b""
+            if not data:  # the server is gone: so is the command
+                poller.unregister(control)
+                data = bytes([signal.SIGKILL])
+            for signum in data:
+                with contextlib.suppress(OSError):
+                    os.killpg(command, signum)
+        status = _reaped(command)
+    kill_below(os.getpid())
+    exit_as(status)
+
+
+def _reaped(command: int) -> int | None:
+    """Reap every child that has ended; the command's wait status if it was one."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return 255 << 8  # the command is not ours after all: a failure
+        if pid == 0:
+            return None
+        if pid == command:
+            return status

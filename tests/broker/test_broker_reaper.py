@@ -1,0 +1,192 @@
+"""Nothing a brokered command starts outlives it: setsid(), double forks, a dead server.
+
+bwrap's PID namespace ends everything with the command; under Landlock the
+reaper (libbroker.reaper) does.  Each test runs on both backends unless it is
+about the reaper itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from libbroker import reaper
+
+
+def _tag() -> str:
+    return f"reaper-test-{uuid.uuid4().hex}"
+
+
+def _running(tag: str) -> list[str]:
+    """Command lines of live (not zombie) escapees with ``tag``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if _marker(tag).encode() in cmdline and state != b"Z":
+            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
+    return found
+
+
+def _gone(tag: str, within: float = 10.0) -> list[str]:
+    deadline = time.monotonic() + within
+    while (left := _running(tag)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def _script(workdir: str | Path, tag: str, then: str) -> str:
+    """A script in ``workdir`` that leaves two processes behind, both out of its
+    process group (setsid; setsid after a double fork), then runs ``then``.
+
+    Returns its name.  A file, not ``sh -c``: only the two escapees' command
+    lines carry ``tag``.
+    """
+    name = f"escape-{uuid.uuid4().hex}.sh"
+    marker = _marker(tag)
+    Path(workdir, name).write_text(
+        f"escape() {{ setsid sh -c '{marker}' </dev/null >/dev/null 2>&1; }}\n"
+        "escape &\n"
+        "(escape &)\n"
+        f"until [ \"$(pgrep -fc '{marker}')\" -ge 2 ]; do sleep 0.01; done\n"
+        f"{then}\n"
+    )
+    return name
+
+
+def _marker(tag: str) -> str:
+    """The escapees' own command line: nothing else carries it."""
+    return f"sleep 300; : {tag}"
+
+
+def test_what_a_command_leaves_running_ends_with_it(broker: Any) -> None:
+    tag = _tag()
+    done = broker.sh(f"broker-client -- sh {_script(broker.workdir, tag, 'exit 3')}")
+    assert done.returncode == 3, done.stderr
+    assert _gone(tag) == []
+
+
+def test_a_client_that_goes_away_takes_the_escaped_processes_too(broker: Any) -> None:
+    tag = _tag()
+    script = _script(broker.workdir, tag, "echo ready; sleep 300")
+    client = subprocess.Popen(
+        ["broker-client", "--", "sh", script], cwd=broker.workdir, env=broker.env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert client.stdout is not None
+    assert client.stdout.readline() == b"ready\n"
+    assert len(_running(tag)) == 2
+    client.kill()
+    client.wait(timeout=30)
+    assert _gone(tag) == []
+
+
+@pytest.mark.parametrize("backend", ["nono", "bwrap"])
+def test_a_killed_server_takes_its_commands_along(tools: Any, tmp_path: Path, backend: str) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    sock = str(tmp_path / "s")
+    server = tools.start_server(backend, str(work), sock)
+    tag = _tag()
+    env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=sock)
+    script = _script(work, tag, "echo ready; sleep 300")
+    client = subprocess.Popen(
+        [tools.client, "--", "sh", script], cwd=work, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == b"ready\n"
+        assert len(_running(tag)) == 2
+        server.kill()  # no clean-up of its own: the reaper sees its pipe close
+        server.wait(timeout=30)
+        assert _gone(tag) == []
+    finally:
+        client.kill()
+        client.wait(timeout=30)
+        tools.stop_server(server)
+
+
+def test_the_command_cannot_signal_its_reaper(tools: Any, tmp_path: Path) -> None:
+    """Landlock's signal scoping: the reaper is outside the sandbox."""
+    work = tmp_path / "w"
+    work.mkdir()
+    sock = str(tmp_path / "s")
+    server = tools.start_server("nono", str(work), sock)
+    try:
+        env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=sock)
+        done = subprocess.run(
+            [tools.client, "--", "sh", "-c", "kill -9 $PPID && echo killed; echo still here"],
+            cwd=work, env=env, capture_output=True, timeout=30, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == b"still here\n"
+        assert b"not permitted" in done.stderr
+    finally:
+        tools.stop_server(server)
+
+
+def test_statuses_come_through_the_reaper(broker: Any) -> None:
+    for script, status in [("exit 0", 0), ("exit 42", 42), ("kill -TERM $$", 128 + 15),
+                           ("kill -KILL $$", 128 + 9)]:
+        done = broker.sh(f"broker-client -- sh -c '{script}'")
+        assert done.returncode == status, (script, done.stderr)
+
+
+def test_a_forwarded_signal_still_reaches_the_command(broker: Any) -> None:
+    client = subprocess.Popen(
+        ["broker-client", "--", "sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; "
+         "while :; do sleep 0.05; done"],
+        cwd=broker.workdir, env=broker.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert client.stdout is not None
+    assert client.stdout.readline() == b"ready\n"
+    client.send_signal(signal.SIGTERM)
+    out, _ = client.communicate(timeout=30)
+    assert out == b"got TERM\n"
+    assert client.returncode == 7
+
+
+# --- the pure part -------------------------------------------------------------------
+
+
+@given(st.dictionaries(st.integers(2, 40), st.integers(1, 40), max_size=40))
+def test_descendants_are_exactly_those_whose_parents_lead_to_the_root(
+    parents: dict[int, int],
+) -> None:
+    found = reaper.descendants(1, parents)
+    assert len(found) == len(set(found))
+    for pid in parents:
+        chain, seen = pid, set()
+        while chain in parents and chain not in seen and chain != 1:
+            seen.add(chain)
+            chain = parents[chain]
+        assert (pid in found) == (chain == 1)
+    for i, pid in enumerate(found):  # parents first
+        assert parents[pid] == 1 or parents[pid] in found[:i]
+
+
+def test_parent_of_reads_past_a_name_with_parentheses(tmp_path: Path) -> None:
+    odd = tmp_path / "a) 9 9 ("
+    odd.symlink_to("/bin/sleep")
+    proc = subprocess.Popen([str(odd), "30"])
+    try:
+        assert reaper.parent_of(proc.pid) == os.getpid()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert reaper.parent_of(proc.pid) is None
