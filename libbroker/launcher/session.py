@@ -90,6 +90,7 @@ class Session:
         self.signals: list[int] = []
         self.rt: Runtime | None = None
         self.janitor: supervise.Janitor | None = None
+        self.subreaper = False  # nono: orphans below the launcher are killed at teardown
         self.sandbox: supervise.Child | None = None
         self.control = -1  # write end: go byte, then signal numbers (bwrap)
         self._live = False  # servers' stderr is copied to the log once started
@@ -147,6 +148,13 @@ class Session:
         for child in self.children:
             self.janitor.watch(child)
         if self.backend == "nono":
+            # No PID namespace to end what the command leaves behind (setsid(),
+            # double forks): as a child subreaper the launcher inherits those
+            # orphans, and the teardown kills them (libbroker.reaper).
+            from libbroker import reaper
+
+            reaper.become_subreaper()
+            self.subreaper = True
             self._start_landlock_helper()
         proxy, broker = servers.proxy, servers.broker
         git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
@@ -514,6 +522,10 @@ class Session:
         if self.janitor is not None:
             self.janitor.dismiss()
             self.janitor = None
+        if self.subreaper:  # what escaped the command's process group is ours now
+            from libbroker import reaper
+
+            reaper.kill_below(os.getpid())
         if self._log != 2:
             os.close(self._log)
             self._log = 2

@@ -202,6 +202,23 @@ def test_exit_status_comes_back_and_nothing_remains(world: World, backend: str) 
     assert world.leftovers() == []
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_escapes_the_process_group_ends_with_the_session(world: World, backend: str) -> None:
+    """setsid() and a double fork leave the command's group: bwrap's PID namespace
+    ends them, and under Landlock the launcher, a child subreaper, kills them."""
+    escapee = f"import time; time.sleep(300)  # {world.mark} escapee"
+    # A file, not sh -c: only the escapees' own command lines carry the marker.
+    (world.workdir / "escape.sh").write_text(
+        f"escape() {{ setsid python3 -c '{escapee}' </dev/null >/dev/null 2>&1; }}\n"
+        "escape &\n(escape &)\n"
+        f"until [ $(pgrep -fc '{world.mark} escapee') -ge 2 ]; do sleep 0.01; done\n"
+        "exit 5\n"
+    )
+    done = world.run("sh", "escape.sh", sandbox=backend)
+    assert done.returncode == 5, done.stderr
+    assert _gone(world) == []
+
+
 def test_a_signal_death_is_128_plus_n(world: World) -> None:
     done = world.run("sh", "-c", "kill -KILL $$")
     assert done.returncode == 137, done.stderr
