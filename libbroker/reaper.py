@@ -95,6 +95,11 @@ def kill_below(root: int) -> None:
     that was reused in between is left alone.
     """
     while True:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass  # reap what has ended already
+        except ChildProcessError:
+            return  # no child at all, so nothing below us: the usual end, no /proc scan
         found = descendants(root, process_parents())
         ours = {root, *found}
         for pid in found:
@@ -109,13 +114,8 @@ def kill_below(root: int) -> None:
                 pass
             finally:
                 os.close(fd)
-        try:
-            os.waitpid(-1, 0)  # one of ours has died (orphans below are ours now)
-        except ChildProcessError:
-            return  # no child: nothing can be below us
         with contextlib.suppress(ChildProcessError):
-            while os.waitpid(-1, os.WNOHANG)[0]:
-                pass
+            os.waitpid(-1, 0)  # one of ours has died (orphans below are ours now)
 
 
 def exit_as(status: int) -> NoReturn:
