@@ -2,7 +2,8 @@
 
 bwrap's PID namespace ends everything with the command; under Landlock the
 reaper (libbroker.reaper) does.  Each test runs on both backends unless it is
-about the reaper itself.
+about the reaper itself.  Signal forwarding through the reaper is
+test_broker_pipelines.py's test_signals_are_forwarded.
 """
 
 from __future__ import annotations
@@ -145,20 +146,6 @@ def test_statuses_come_through_the_reaper(broker: Any) -> None:
                            ("kill -KILL $$", 128 + 9)]:
         done = broker.sh(f"broker-client -- sh -c '{script}'")
         assert done.returncode == status, (script, done.stderr)
-
-
-def test_a_forwarded_signal_still_reaches_the_command(broker: Any) -> None:
-    client = subprocess.Popen(
-        ["broker-client", "--", "sh", "-c", "trap 'echo got TERM; exit 7' TERM; echo ready; "
-         "while :; do sleep 0.05; done"],
-        cwd=broker.workdir, env=broker.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    assert client.stdout is not None
-    assert client.stdout.readline() == b"ready\n"
-    client.send_signal(signal.SIGTERM)
-    out, _ = client.communicate(timeout=30)
-    assert out == b"got TERM\n"
-    assert client.returncode == 7
 
 
 # --- the pure part -------------------------------------------------------------------
