@@ -9,7 +9,6 @@ test_broker_pipelines.py's test_signals_are_forwarded.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 import uuid
