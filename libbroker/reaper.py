@@ -130,16 +130,18 @@ def exit_as(status: int) -> NoReturn:
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
 
-def supervise(command: int, control: int) -> NoReturn:
+def supervise(command: int, control: int, *, group: bool = True) -> NoReturn:
     """Run the reaper's side until the end: never returns.
 
     Until ``command`` (our child) ends, every byte read from ``control`` is
-    a signal number for the command's process group, sent from here because
-    only this process knows the command is not yet reaped (so that group id
-    is still the command's); end of file on ``control`` (the server is gone)
-    kills the group.  Orphans that die meanwhile are reaped.  Then everything
-    left below us is killed, and we exit as the command did.
+    a signal number for the command's process group (``group``; else for
+    the command alone), sent from here because only this process knows the
+    command is not yet reaped (so that id is still the command's); end of
+    file on ``control`` (whoever holds the other end is gone) kills it.
+    Orphans that die meanwhile are reaped.  Then everything left below us
+    is killed, and we exit as the command did.
     """
+    send = os.killpg if group else os.kill
     pidfd = os.pidfd_open(command)
     poller = select.poll()
     poller.register(control, select.POLLIN)
@@ -157,7 +159,7 @@ def supervise(command: int, control: int) -> NoReturn:
                 data = bytes([signal.SIGKILL])
             for signum in data:
                 with contextlib.suppress(OSError):
-                    os.killpg(command, signum)
+                    send(command, signum)
         status = _reaped(command)
     kill_below(os.getpid())
     exit_as(status)

@@ -1,12 +1,20 @@
 """The Landlock backend's last step: apply the session's rules, then exec CMD.
 
-The launcher starts this helper (``main`` with the argument FD, through
-``session.python_argv``) at the very beginning of a session, so that importing nono-py (a 32 MB
-extension, ~0.2 s) overlaps the servers' start.  It then blocks on FD until
-the launcher writes the spec (:func:`agent_sandbox.landlock_spec`, JSON, which
-needs the proxy's ports) and closes it.  Applying Landlock is irreversible and
-inherited, so the command and all its children stay inside; nothing of the
-spec comes from the sandboxed side.
+The launcher starts this helper (``main`` with the arguments SPEC_FD and
+LIFE_FD, through ``session.python_argv``) at the very beginning of a session,
+so that importing nono-py (a 32 MB extension, ~0.2 s) overlaps the servers'
+start.  It then blocks on SPEC_FD until the launcher writes the spec
+(:func:`agent_sandbox.landlock_spec`, JSON, which needs the proxy's ports) and
+closes it.  Applying Landlock is irreversible and inherited, so the command
+and all its children stay inside; nothing of the spec comes from the
+sandboxed side.
+
+The helper does not become the command: it forks it and stays, unsandboxed,
+as its reaper (:func:`libbroker.reaper.supervise`), a child subreaper that
+the command cannot signal.  Signal numbers for the command come on LIFE_FD;
+its end of file (the launcher ended, even by SIGKILL) kills the command; and
+when the command ends, whatever it left running, setsid() or not, is killed
+before the helper exits with the command's status.
 
 Exit 125 when it cannot sandbox (fail closed: the command never runs bare).
 """
@@ -21,11 +29,12 @@ import signal
 import sys
 from typing import Any
 
-from libbroker import bpf
+from libbroker import bpf, reaper
 from libbroker.launcher import seccomp
 from libbroker.paths import under
 
 _PR_SET_NO_NEW_PRIVS = 38
+_REAPER_IGNORES = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM)
 
 
 def _install_seccomp() -> None:
@@ -66,9 +75,10 @@ def apply(spec: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 1 or not argv[0].isdigit():
-        sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec FD\n")
+    if len(argv) != 2 or not all(a.isdigit() for a in argv):
+        sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec SPEC_FD LIFE_FD\n")
         return 125
+    life = int(argv[1])
     # Now, while the servers start: the import is most of this helper's
     # cost, and the spec arrives only once they listen.  If it fails, apply() says so.
     with contextlib.suppress(ImportError):
@@ -79,8 +89,34 @@ def main(argv: list[str] | None = None) -> int:
         return 125  # the launcher gave up before the session started
     try:
         spec = json.loads(raw)
-        if spec.get("new_session"):
-            os.setsid()
+        tty = not spec.get("new_session")
+        if not tty:
+            os.setsid()  # out of the launcher's group; the command gets a session of its own
+        # The reaper ends by its pipes, never by a signal: the terminal's keys
+        # reach the whole foreground group and are the command's, and the
+        # janitor's SIGTERM after a launcher's death would end it before it
+        # has killed what the command left (end of file on LIFE_FD does that).
+        for sig in _REAPER_IGNORES:
+            signal.signal(sig, signal.SIG_IGN)
+        reaper.become_subreaper()
+        command = os.fork()
+    except Exception as exc:
+        sys.stderr.write(f"agent-sandbox: cannot start the Landlock sandbox: {exc}\n")
+        return 125
+    if command == 0:
+        os.close(life)
+        os._exit(_sandboxed(spec, tty))
+    try:
+        reaper.supervise(command, life, group=not tty)
+    except BaseException:
+        os._exit(125)
+
+
+def _sandboxed(spec: dict[str, Any], tty: bool) -> int:
+    """In the forked child: sandbox ourselves, then exec CMD (returns a status only on failure)."""
+    try:
+        if not tty:
+            os.setsid()  # the command leads its own group: signals go to all of it
         os.chdir(spec["cwd"])
         apply(spec)
         _install_seccomp()
@@ -89,8 +125,9 @@ def main(argv: list[str] | None = None) -> int:
         return 125
     cmd = [str(a) for a in spec["argv"]]
     env = {str(k): str(v) for k, v in spec["env"].items()}
-    # Python ignores SIGPIPE and SIGXFSZ; an ignored disposition survives exec.
-    for sig in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGQUIT):
+    # Python ignores SIGPIPE and SIGXFSZ, and the reaper those it ignores;
+    # an ignored disposition survives exec.
+    for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_REAPER_IGNORES):
         signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvpe(cmd[0], cmd, env)  # noqa: S606 - the user's command, as given

@@ -92,7 +92,8 @@ class Session:
         self.janitor: supervise.Janitor | None = None
         self.subreaper = False  # nono: orphans below the launcher are killed at teardown
         self.sandbox: supervise.Child | None = None
-        self.control = -1  # write end: go byte, then signal numbers (bwrap)
+        self.control = -1  # write end: go byte (bwrap), then signal numbers (both)
+        self._spec = -1  # write end of the Landlock helper's spec
         self._live = False  # servers' stderr is copied to the log once started
         self._log = 2
         self._early: list[str] = []
@@ -149,8 +150,9 @@ class Session:
             self.janitor.watch(child)
         if self.backend == "nono":
             # No PID namespace to end what the command leaves behind (setsid(),
-            # double forks): as a child subreaper the launcher inherits those
-            # orphans, and the teardown kills them (libbroker.reaper).
+            # double forks): the helper reaps and kills those; should it be
+            # killed itself, the launcher, a child subreaper too, inherits
+            # them and the teardown kills them (libbroker.reaper).
             from libbroker import reaper
 
             reaper.become_subreaper()
@@ -276,24 +278,31 @@ class Session:
         It needs nothing of the session to start, so it starts right after
         the servers: its import overlaps theirs.
         """
-        r, w = os.pipe()
-        self.control = w
+        r, w = os.pipe()  # the spec, written once the servers listen
+        life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
+        self._spec = w
+        self.control = life_w
         os.set_inheritable(r, True)
+        os.set_inheritable(life_r, True)
         helper = "libbroker.launcher.landlock_exec"
         slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
-        boot = plan.python_argv("agent-sandbox", helper, slow, die_with_sig=signal.SIGKILL)
-        argv = [*boot, str(r)]
+        # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
+        # must outlive even a launcher killed by SIGKILL long enough to kill
+        # everything below it.  End of file on either pipe tells it.
+        boot = plan.python_argv("agent-sandbox", helper, slow)
+        argv = [*boot, str(r), str(life_r)]
         try:
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                pass_fds=[r],
+                pass_fds=[r, life_r],
                 pipes=False,
                 own_group=not self.tty,  # the helper calls setsid() then
             )
         finally:
             os.close(r)
+            os.close(life_r)
 
     def _send_landlock_spec(self, host: Host, found: plan.Listening) -> None:
         assert self.rt is not None
@@ -315,9 +324,9 @@ class Session:
         data = json.dumps(spec).encode()
         view = memoryview(data)
         while view:
-            view = view[os.write(self.control, view) :]
-        os.close(self.control)
-        self.control = -1
+            view = view[os.write(self._spec, view) :]
+        os.close(self._spec)
+        self._spec = -1
 
     def _start_kubeconfig(
         self, rt: Runtime, socks_port: int = SOCKS_PORT
@@ -476,8 +485,8 @@ class Session:
         return deadline
 
     def _ask(self, sig: int) -> None:
-        """Pass ``sig`` to CMD: through the forwarder (bwrap) or directly (Landlock)."""
-        if self.backend == "bwrap" and self.control >= 0:
+        """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock)."""
+        if self.control >= 0:
             with contextlib.suppress(OSError):
                 os.write(self.control, bytes([sig]))
         elif self.sandbox is not None:
@@ -491,6 +500,9 @@ class Session:
 
     def _teardown(self) -> None:
         """End every child in order, remove the runtime directory; idempotent."""
+        if self._spec >= 0:  # a Landlock helper still waiting for its spec: end of file ends it
+            os.close(self._spec)
+            self._spec = -1
         if self.sandbox is not None and not self.sandbox.exited():
             self._ask(signal.SIGTERM)
             if not self.sandbox.wait(GRACE):

@@ -202,21 +202,44 @@ def test_exit_status_comes_back_and_nothing_remains(world: World, backend: str) 
     assert world.leftovers() == []
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_what_escapes_the_process_group_ends_with_the_session(world: World, backend: str) -> None:
-    """setsid() and a double fork leave the command's group: bwrap's PID namespace
-    ends them, and under Landlock the launcher, a child subreaper, kills them."""
+def _escape_script(world: World, then: str) -> list[str]:
+    """A command that leaves two processes outside its process group (setsid, and
+    setsid after a double fork), then runs ``then``."""
     escapee = f"import time; time.sleep(300)  # {world.mark} escapee"
     # A file, not sh -c: only the escapees' own command lines carry the marker.
     (world.workdir / "escape.sh").write_text(
         f"escape() {{ setsid python3 -c '{escapee}' </dev/null >/dev/null 2>&1; }}\n"
         "escape &\n(escape &)\n"
         f"until [ $(pgrep -fc '{world.mark} escapee') -ge 2 ]; do sleep 0.01; done\n"
-        "exit 5\n"
+        f"{then}\n"
     )
-    done = world.run("sh", "escape.sh", sandbox=backend)
+    return ["sh", "escape.sh"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_what_escapes_the_process_group_ends_with_the_session(world: World, backend: str) -> None:
+    """bwrap's PID namespace ends such processes; under Landlock the sandbox
+    helper, the command's reaper, kills them."""
+    done = world.run(*_escape_script(world, "exit 5"), sandbox=backend)
     assert done.returncode == 5, done.stderr
     assert _gone(world) == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_kill_9_of_the_launcher_takes_the_escaped_processes_too(
+    world: World, backend: str
+) -> None:
+    proc = world.launch(*_escape_script(world, "touch started; sleep 300"), sandbox=backend)
+    _wait_for(world.workdir / "started", proc)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert _gone(world) == []
+
+
+def test_the_command_cannot_kill_its_reaper_under_landlock(world: World) -> None:
+    done = world.run("sh", "-c", "kill -9 $PPID && echo killed; echo still here", sandbox="nono")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "still here\n"
 
 
 def test_a_signal_death_is_128_plus_n(world: World) -> None:
