@@ -122,10 +122,12 @@ def exit_as(status: int) -> NoReturn:
     """End this process the way ``status`` (a wait status) says its command ended."""
     if os.WIFSIGNALED(status):
         signum = os.WTERMSIG(status)
+        # Each step alone: SIGKILL's disposition cannot be set (EINVAL), and it need not be.
         with contextlib.suppress(OSError, ValueError):
             signal.signal(signum, signal.SIG_DFL)
+        with contextlib.suppress(OSError, ValueError):
             signal.pthread_sigmask(signal.SIG_UNBLOCK, [signum])
-            os.kill(os.getpid(), signum)
+        os.kill(os.getpid(), signum)
         os._exit(128 + signum)  # a signal that does not end a process
     os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
 
@@ -176,3 +178,24 @@ def _reaped(command: int) -> int | None:
             return None
         if pid == command:
             return status
+
+
+def main(argv: list[str]) -> int:
+    """``python3 -m libbroker.reaper COMMAND CONTROL_FD GROUP``: as libbroker/native/reaper.c.
+
+    The same interface as the C program, so the tests run both side by side.
+    """
+    if len(argv) != 3 or not all(a.isdigit() for a in argv) or argv[2] not in ("0", "1"):
+        os.write(2, b"usage: reaper COMMAND CONTROL_FD GROUP(0|1)\n")
+        return 125
+    try:
+        supervise(int(argv[0]), int(argv[1]), group=argv[2] == "1")
+    except OSError as exc:
+        os.write(2, f"agent-sandbox reaper: cannot watch the command: {exc.strerror}\n".encode())
+    return 125
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))

@@ -32,7 +32,9 @@ Limits, stated honestly (bwrap has none of them):
 What a process group kill would miss (a daemon that called setsid(), a double
 fork) is caught by a reaper between the server and each command
 (:mod:`libbroker.reaper`): a child subreaper outside the sandbox that kills
-everything left below it when the command ends.
+everything left below it when the command ends.  Once it has forked the
+command it execs the C version (libbroker/native/reaper.c) when built, so
+that it does not live on as a copy-on-write twin of the server.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from libbroker import reaper, seccomp_unix
+from libbroker import native, reaper, seccomp_unix
 from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, restore_child_signals
 from libbroker.paths import under
@@ -115,6 +117,7 @@ class LandlockExecutor(Executor):
         self.allow = profile.env_allow
         self.server_env = dict(server_env)
         self.tmp_base = tempfile.mkdtemp(prefix="agent-broker-tmp-")
+        self.native_reaper = native.built("reaper")
         self._probe()
 
     def describe(self) -> str:
@@ -183,6 +186,10 @@ class LandlockExecutor(Executor):
         try:
             os.closerange(0, control)
             os.closerange(control + 1, 65536)
+            if self.native_reaper is not None:  # a few hundred KiB, not a copy of the server
+                os.set_inheritable(control, True)
+                with contextlib.suppress(OSError):
+                    os.execv(self.native_reaper, ["reaper", str(command), str(control), "1"])  # noqa: S606
             reaper.supervise(command, control)
         except BaseException:
             os._exit(SETUP_FAILED)

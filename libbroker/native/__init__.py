@@ -1,14 +1,18 @@
 """Native helpers, compiled from the C source beside this file.
 
-One so far: ``gpg_shim.c``, gpg-shim's signing fast path (its header says
-what it does and what it hands to the Python gpg-shim).  git runs its
-``gpg.program`` once per signature and waits for it, and a Python start is
-most of that wait; the C program has none.
+- ``gpg_shim.c``: gpg-shim's signing fast path (its header says what it does
+  and what it hands to the Python gpg-shim).  git runs its ``gpg.program``
+  once per signature and waits for it, and a Python start is most of that
+  wait; the C program has none.
+- ``reaper.c``: :func:`libbroker.reaper.supervise` as a small program, which
+  the broker's per-command reaper execs so that it does not live on as a
+  copy of the whole server (its header says why that matters).
 
-It is optional.  ``just setup`` builds it (``python3 -m libbroker.native``)
-where a C compiler is installed; without it, or when the build is older than
-its source, the launcher gives git the Python gpg-shim (started without
-site), which does the same work about 20 ms slower per signature.
+Both are optional.  ``just setup`` builds them (``python3 -m libbroker.native``)
+where a C compiler is installed; without one, or when a build is older than
+its source, the Python code does the same work: git gets the Python
+gpg-shim (started without site), about 20 ms slower per signature, and the
+reaper stays the forked Python process, about 2 MiB more per command.
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ import sys
 from libbroker.errors import BuildError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-GPG_SHIM_SOURCE = os.path.join(HERE, "gpg_shim.c")
+SOURCES = {"gpg-shim": "gpg_shim.c", "reaper": "reaper.c"}
+"""Each native program, by the name ``just setup`` builds it under beside its source."""
+GPG_SHIM_SOURCE = os.path.join(HERE, SOURCES["gpg-shim"])
 GPG_SHIM = os.path.join(HERE, "gpg-shim")
-"""Where ``just setup`` puts the compiled fast path."""
+REAPER = os.path.join(HERE, "reaper")
 
 # Warnings are errors; the usual hardening of a Debian build (fortified libc
 # calls, stack protector, PIE, full RELRO).
@@ -32,20 +38,27 @@ CFLAGS = (
 )
 
 
-def built_gpg_shim(path: str = GPG_SHIM) -> str | None:
-    """The compiled fast path, if it exists and is not older than its source.
+def built(name: str, path: str | None = None) -> str | None:
+    """The compiled program ``name``, if it exists and is not older than its source.
 
-    A stale build would speak whatever wire format its source had then: it
-    is ignored (the Python shim is used) until ``just setup`` rebuilds it.
+    A stale build would do whatever its source did then (speak an older wire
+    format, say): it is ignored, and the Python code used, until ``just
+    setup`` rebuilds it.
     """
+    path = path or os.path.join(HERE, name)
     try:
-        built = os.stat(path)
-        source = os.stat(GPG_SHIM_SOURCE)
+        program = os.stat(path)
+        source = os.stat(os.path.join(HERE, SOURCES[name]))
     except OSError:
         return None
-    if not os.access(path, os.X_OK) or built.st_mtime < source.st_mtime:
+    if not os.access(path, os.X_OK) or program.st_mtime < source.st_mtime:
         return None
     return path
+
+
+def built_gpg_shim(path: str = GPG_SHIM) -> str | None:
+    """The compiled gpg-shim fast path (see :func:`built`)."""
+    return built("gpg-shim", path)
 
 
 FULL_SHIM = os.path.join("python", "gpg-shim")
@@ -75,27 +88,29 @@ def install_gpg_program(path: str, python: str, root: str, native: str | None) -
         os.symlink(native, path)
 
 
-def build_gpg_shim(out: str = GPG_SHIM, cc: str | None = None) -> str:
-    """Compile the fast path to ``out`` (atomically: a rename); BuildError on failure."""
-    # Here, not at the top: the launcher imports this module for built_gpg_shim alone.
+def build(name: str, out: str | None = None, cc: str | None = None) -> str:
+    """Compile ``name`` to ``out`` (atomically: a rename); BuildError on failure."""
+    # Here, not at the top: the launcher imports this module for built() alone.
     import shlex
     import subprocess
     import tempfile
 
+    out = out or os.path.join(HERE, name)
+    source = os.path.join(HERE, SOURCES[name])
     compiler = shlex.split(cc or os.environ.get("CC") or "cc")
     directory = os.path.dirname(os.path.abspath(out))
-    fd, tmp = tempfile.mkstemp(prefix=".gpg-shim-", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}-", dir=directory)
     os.close(fd)
     try:
         try:
             done = subprocess.run(
-                [*compiler, *CFLAGS, "-o", tmp, GPG_SHIM_SOURCE],
+                [*compiler, *CFLAGS, "-o", tmp, source],
                 capture_output=True, text=True, check=False,
             )
         except OSError as exc:
             raise BuildError(f"cannot run the C compiler {compiler[0]}: {exc.strerror}") from None
         if done.returncode != 0:
-            raise BuildError(f"{compiler[0]} failed on {GPG_SHIM_SOURCE}:\n{done.stderr.strip()}")
+            raise BuildError(f"{compiler[0]} failed on {source}:\n{done.stderr.strip()}")
         os.chmod(tmp, 0o755)  # noqa: S103 - a program for every user, as any in /usr/bin
         os.replace(tmp, out)
     finally:
@@ -104,11 +119,17 @@ def build_gpg_shim(out: str = GPG_SHIM, cc: str | None = None) -> str:
     return out
 
 
+def build_gpg_shim(out: str = GPG_SHIM, cc: str | None = None) -> str:
+    """Compile the gpg-shim fast path (see :func:`build`)."""
+    return build("gpg-shim", out, cc)
+
+
 def main() -> None:
-    """``python3 -m libbroker.native``: build the fast path, say where."""
-    try:
-        path = build_gpg_shim()
-    except BuildError as exc:
-        sys.stderr.write(f"libbroker.native: {exc}\n")
-        sys.exit(1)
-    sys.stdout.write(f"built {path}\n")
+    """``python3 -m libbroker.native``: build every native program, say where."""
+    for name in SOURCES:
+        try:
+            path = build(name)
+        except BuildError as exc:
+            sys.stderr.write(f"libbroker.native: {exc}\n")
+            sys.exit(1)
+        sys.stdout.write(f"built {path}\n")

@@ -176,3 +176,42 @@ def test_parent_of_reads_past_a_name_with_parentheses(tmp_path: Path) -> None:
         proc.kill()
         proc.wait()
     assert reaper.parent_of(proc.pid) is None
+
+
+def test_the_landlock_reaper_is_the_small_program_when_built(tools: Any, tmp_path: Path) -> None:
+    """Not a copy-on-write twin of the server for as long as the command runs."""
+    from libbroker.native import built
+
+    work = tmp_path / "w"
+    work.mkdir()
+    sock = str(tmp_path / "s")
+    server = tools.start_server("nono", str(work), sock)
+    duration = f"300.{uuid.uuid4().int % 10**6:06d}"  # names the command among all processes
+    env = dict(os.environ, AGENT_SANDBOX_BROKER_SOCKET=sock)
+    client = subprocess.Popen(
+        [tools.client, "--", "sh", "-c", f"echo ready; exec sleep {duration}"],
+        cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert client.stdout is not None
+        assert client.stdout.readline() == b"ready\n"
+        command = next(
+            int(p) for p in os.listdir("/proc")
+            if p.isdigit() and _read(f"/proc/{p}/cmdline") == f"sleep\0{duration}\0".encode()
+        )  # fmt: skip
+        reaper_pid = reaper.parent_of(command)
+        assert reaper_pid is not None and reaper_pid != server.pid
+        assert reaper.parent_of(reaper_pid) == server.pid
+        exe = os.readlink(f"/proc/{reaper_pid}/exe")
+        assert exe == (built("reaper") or os.path.realpath(os.readlink(f"/proc/{server.pid}/exe")))
+    finally:
+        client.kill()
+        client.wait(timeout=30)
+        tools.stop_server(server)
+
+
+def _read(path: str) -> bytes:
+    try:
+        return Path(path).read_bytes()
+    except OSError:
+        return b""
