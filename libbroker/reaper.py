@@ -144,7 +144,13 @@ def supervise(command: int, control: int, *, group: bool = True) -> NoReturn:
     is killed, and we exit as the command did.
     """
     send = os.killpg if group else os.kill
-    pidfd = os.pidfd_open(command)
+    try:
+        pidfd = os.pidfd_open(command)
+    except OSError:  # fail closed: a command nobody watches does not run on
+        with contextlib.suppress(OSError):
+            os.kill(command, signal.SIGKILL)  # our unreaped child: the pid is still its own
+        kill_below(os.getpid())
+        raise
     poller = select.poll()
     poller.register(control, select.POLLIN)
     poller.register(pidfd, select.POLLIN)

@@ -232,8 +232,13 @@ int main(int argc, char **argv)
     pid_t command = (pid_t)command_l;
     int control = (int)control_l;
     int pidfd = pidfd_open(command);
-    if (pidfd < 0)
+    if (pidfd < 0) { /* fail closed: a command nobody watches does not run on */
+        int saved = errno;
+        kill(command, SIGKILL); /* our unreaped child: the pid is still its own */
+        kill_below(getpid());
+        errno = saved;
         fail("cannot watch the command");
+    }
     struct pollfd fds[2] = {{.fd = control, .events = POLLIN}, {.fd = pidfd, .events = POLLIN}};
     int status = 0;
     while (!reaped(command, &status)) {
