@@ -6,7 +6,9 @@ a few of them through the real broker-client executable.  Proxy: M CONNECT
 tunnels held open and echoing for D seconds while K clients send small
 requests on the injected path (the token's header checked on every answer).
 Figures: requests done, errors, latency, peak RSS, open fds before/after,
-children left, audit lines against requests (nothing lost).
+children left, audit lines against requests (nothing lost).  Then the broker
+under Landlock, every command leaving two processes outside its process group
+(setsid): none may outlive its command (libbroker.reaper).
 """
 
 from __future__ import annotations
@@ -196,6 +198,109 @@ def broker(mode: Mode, tmp: Path) -> Table:
         f"{fds_after} after; processes left below it: {len(left)}; audit lines "
         f"{audited} for {expected_audit} requests (the 10 MiB and stdin results are checked "
         f"by length and SHA-256); exit status after SIGTERM {status}. Verdict: {verdict}.")
+    return table
+
+
+# --- broker under Landlock: commands that leave processes behind -----------------------
+
+
+def _escapees(marker: str) -> int:
+    """Live processes whose command line holds ``marker`` (the commands' escapees)."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        count += marker.encode() in cmdline and state != b"Z"
+    return count
+
+
+async def _escaping_worker(index: int, sock: str, workdir: str, deadline: float, stats: Stats,
+                           marker: str) -> None:
+    # Each command leaves two processes outside its process group (setsid, and
+    # setsid after a double fork) and ends: its reaper must kill them.  The
+    # marker is put together at run time, so only the escapees hold it whole.
+    head, tail = marker.split(":", 1)
+    escape = 'setsid sh -c "$a$b" </dev/null >/dev/null 2>&1'
+    command = f"a='{head}:'; b='{tail}'; {escape} & ({escape} &); echo w{index}"
+    kind = "setsid x2, then exit"
+    while time.monotonic() < deadline:
+        try:
+            res = await brokerwire.run(sock, ["sh", "-c", command], workdir)
+        except (OSError, TimeoutError, asyncio.IncompleteReadError) as exc:
+            stats.bad(kind, f"{type(exc).__name__}: {exc}")
+            continue
+        if res.status == 0 and res.stdout_head == f"w{index}\n".encode():
+            stats.ok(kind, res.seconds)
+        else:
+            stats.bad(kind, f"status {res.status} error {res.error} {res.stderr[:120]!r}")
+
+
+async def _escaping_load(clients: int, seconds: float, sock: str, workdir: str, pid: int,
+                         marker: str) -> tuple[Stats, Sampler, float, int]:
+    stats = Stats()
+    started = time.monotonic()
+    deadline = started + seconds
+    peak = [0]
+
+    async def count() -> None:
+        while True:
+            peak[0] = max(peak[0], _escapees(marker))
+            await asyncio.sleep(0.5)
+
+    with Sampler(pid) as sampler:
+        counter = asyncio.get_running_loop().create_task(count())
+        await asyncio.gather(*(_escaping_worker(i, sock, workdir, deadline, stats, marker)
+                               for i in range(clients)))
+        counter.cancel()
+    return stats, sampler, time.monotonic() - started, peak[0]
+
+
+def broker_landlock(mode: Mode, tmp: Path) -> Table:
+    """Landlock has no PID namespace: each command's reaper ends what it leaves behind."""
+    clients, seconds = max(4, mode.broker_clients // 4), mode.broker_seconds / 2
+    marker = f"sleep 120; : stress-escapee-{os.getpid()}"
+    server, sock, workdir = start_broker(tmp, sandbox="nono")
+    try:
+        asyncio.run(brokerwire.run(sock, ["true"], workdir))
+        fds_before = open_fds(server.pid)
+        stats, sampler, took, peak = asyncio.run(
+            _escaping_load(clients, seconds, sock, workdir, server.pid, marker))
+        time.sleep(1.0)
+        fds_after = open_fds(server.pid)
+        escaped = _escapees(marker)
+        left = descendants(server.pid)
+    finally:
+        status = server.stop()
+    err = server.stderr_text()
+    table = Table(f"Load: broker-server under Landlock, {clients} concurrent clients for "
+                  f"{seconds:.0f} s, every command leaving 2 processes outside its group",
+                  ["kind", "requests done", "errors", "p50", "p99", "rate"])
+    lat = stats.latencies.get("setsid x2, then exit", [])
+    errors = sum(stats.errors.values())
+    table.add("setsid x2, then exit", len(lat), errors, ms(percentile(lat, 50)),
+              ms(percentile(lat, 99)), f"{len(lat) / took:.1f}/s")
+    verdict = "held"
+    if errors:
+        verdict = finding("load", "Landlock broker errors under load",
+                          "python3 bench/stress.py --only load",
+                          f"{errors} errors, e.g. {stats.examples[:2]}", "0 errors")
+    if escaped or left:
+        verdict = finding("load", "processes outlived their commands (Landlock)", "idem",
+                          f"{escaped} escapees alive, {len(left)} processes below the server",
+                          "none: each command's reaper kills what it left")
+    if traceback_in(err):
+        verdict = finding("load", "traceback on broker-server stderr (Landlock load)", "idem",
+                          err[-600:], "no traceback")
+    table.notes.append(
+        f"{2 * len(lat)} escapees made; at most {peak} alive at once (sampled), {escaped} "
+        f"after the load; processes left below the server: {len(left)}; server RSS peak "
+        f"{mib(sampler.max_rss)}; open fds {fds_before} before, {sampler.max_fds} at most, "
+        f"{fds_after} after; exit status after SIGTERM {status}. Verdict: {verdict}.")
     return table
 
 
@@ -411,4 +516,4 @@ def proxy(mode: Mode, tmp: Path) -> Table:
 
 
 def run(mode: Mode, tmp: Path) -> list[Table]:
-    return [broker(mode, tmp), proxy(mode, tmp)]
+    return [broker(mode, tmp), broker_landlock(mode, tmp), proxy(mode, tmp)]
