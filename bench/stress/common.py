@@ -233,6 +233,18 @@ def processes_with_arg(marker: str) -> list[int]:
     return found
 
 
+def process_age(pid: int) -> float:
+    """Seconds since ``pid`` started (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            start = int(fh.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/uptime") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return uptime - start / os.sysconf("SC_CLK_TCK")
+
+
 def commands_with_arg(marker: str, names: tuple[str, ...]) -> list[int]:
     """Pids of processes named one of ``names`` (argv[0]) whose argv holds ``marker``."""
     found = []

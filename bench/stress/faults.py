@@ -30,6 +30,7 @@ from stress.common import (
     descendants,
     finding,
     open_fds,
+    process_age,
     processes_with_arg,
     script,
     start_broker,
@@ -365,7 +366,14 @@ def token_faults(mode: Mode, tmp: Path) -> list[list[str]]:
             state.write_text(f"ok:{tokens['T3']}\n")
             recovered = wait_until(lambda: asyncio.run(_tags(proxy, 1))[0] == [tag("T3")],
                                    45, 1.0)
-            hung = [p for p in processes_with_arg(str(state)) if p != proxy.pid]
+            # With --token-every=1 a fresh run may be in flight at any moment: a hung
+            # one is a run older than a few seconds (the hang began >= 30 s ago).
+            def hung_runs() -> list[int]:
+                return [p for p in processes_with_arg(str(state))
+                        if p != proxy.pid and process_age(p) > 5.0]
+
+            wait_until(lambda: not hung_runs(), 5.0)  # a run killed just now is being reaped
+            hung = hung_runs()
             row("recovers after hanging (30 s run bound)", recovered and not hung,
                 f"T3 in use {time.monotonic() - started:.1f} s later; hung token commands "
                 f"left: {len(hung)}", "hung run killed at the bound, renewal retried")
