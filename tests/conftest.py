@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 
 import pytest
 
@@ -17,3 +19,31 @@ def require(tool: str) -> str:
     if path is None:
         pytest.skip(f"{tool} is not installed")
     return path
+
+
+@pytest.fixture(scope="session")
+def native_program(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
+    """``native_program(name)``: a compiled program of libbroker/native.
+
+    As ``just setup`` built it, else built here once per session; a test
+    skips only where no C compiler exists at all.
+    """
+    from libbroker.errors import BuildError
+    from libbroker.native import build, built
+
+    made: dict[str, str] = {}
+
+    def get(name: str) -> str:
+        if name not in made:
+            found = built(name)
+            if found is None:
+                if shutil.which(os.environ.get("CC", "cc")) is None:
+                    pytest.skip(f"no C compiler: the native {name} cannot be built here")
+                try:
+                    found = build(name, str(tmp_path_factory.mktemp("native") / name))
+                except BuildError as exc:
+                    pytest.fail(str(exc))
+            made[name] = found
+        return made[name]
+
+    return get

@@ -10,21 +10,16 @@ test holds.  The broker itself runs through test_broker_reaper.py.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import libbroker
-from libbroker.errors import BuildError
-from libbroker.native import build, built
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
 HARNESS = f"""
@@ -44,27 +39,10 @@ os.execv(impl[0], [*impl, str(command), str(control), group])
 """
 
 
-@pytest.fixture(scope="module")
-def native_reaper() -> Iterator[str]:
-    found = built("reaper")
-    if found is not None:
-        yield found
-        return
-    if shutil.which(os.environ.get("CC", "cc")) is None:
-        pytest.skip("no C compiler: the C reaper cannot be built here")
-    where = tempfile.mkdtemp(prefix="reaper-build-")
-    try:
-        yield build("reaper", os.path.join(where, "reaper"))
-    except BuildError as exc:
-        pytest.fail(str(exc))
-    finally:
-        shutil.rmtree(where, ignore_errors=True)
-
-
 @pytest.fixture(params=["c", "python"])
 def impl(request: pytest.FixtureRequest) -> list[str]:
     if request.param == "c":
-        return [request.getfixturevalue("native_reaper")]
+        return [request.getfixturevalue("native_program")("reaper")]
     code = (f"import sys; sys.path.insert(0, {ROOT!r}); from libbroker.reaper import main; "
             "sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-I", "-S", "-c", code]
