@@ -155,29 +155,29 @@ static void kill_below(pid_t root)
             return; /* no child at all, so nothing below us: the usual end, no /proc scan */
         size_t n = 0;
         struct proc *table = process_table(&n);
-        if (table != NULL) {
-            qsort(table, n, sizeof *table, by_pid);
-            /* Mark everything whose parent is marked, until nothing changes. */
-            for (int changed = 1; changed;) {
-                changed = 0;
-                for (size_t i = 0; i < n; i++)
-                    if (!table[i].below && below_us(table, n, root, table[i].ppid)) {
-                        table[i].below = 1;
-                        changed = 1;
-                    }
-            }
-            for (size_t i = 0; i < n; i++) {
-                if (!table[i].below || table[i].pid == root)
-                    continue;
-                int fd = pidfd_open(table[i].pid);
-                if (fd < 0)
-                    continue; /* gone already */
-                if (below_us(table, n, root, parent_of(table[i].pid)))
-                    pidfd_kill(fd, SIGKILL);
-                close(fd);
-            }
-            free(table);
+        if (table == NULL)
+            return; /* no /proc (or no memory): nothing to go by, as reaper.py gives up too */
+        qsort(table, n, sizeof *table, by_pid);
+        /* Mark everything whose parent is marked, until nothing changes. */
+        for (int changed = 1; changed;) {
+            changed = 0;
+            for (size_t i = 0; i < n; i++)
+                if (!table[i].below && below_us(table, n, root, table[i].ppid)) {
+                    table[i].below = 1;
+                    changed = 1;
+                }
         }
+        for (size_t i = 0; i < n; i++) {
+            if (!table[i].below || table[i].pid == root)
+                continue;
+            int fd = pidfd_open(table[i].pid);
+            if (fd < 0)
+                continue; /* gone already */
+            if (below_us(table, n, root, parent_of(table[i].pid)))
+                pidfd_kill(fd, SIGKILL);
+            close(fd);
+        }
+        free(table);
         if (waitpid(-1, &status, 0) < 0 && errno == ECHILD)
             return; /* one of ours has died (orphans below are ours now), or none is left */
     }
