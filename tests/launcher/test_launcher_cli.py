@@ -51,6 +51,11 @@ def test_doctor_reports_one_line_per_check_and_passes_here(world: World) -> None
     assert any("token: the token command prints a token" in line for line in lines)
     assert any(line.startswith("warn managed settings") and "fix:" in line for line in lines)
     assert "tok123" not in done.stdout + done.stderr
+    from libbroker.native import built
+
+    for name in ("gpg-shim", "reaper"):  # the C helpers: built by just setup, else a fix
+        line = next(line for line in lines if f"native {name}:" in line)
+        assert line.startswith("ok   ") if built(name) else "python3 -m libbroker.native" in line
 
 
 def test_doctor_fails_without_a_usable_workdir(world: World, tmp_path: Path) -> None:
