@@ -19,6 +19,7 @@ Modules:
 - :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
 - :mod:`.forwarder` (in the sandbox, stdlib only) and :mod:`.relay` (host side):
   the network bridge into bwrap's network namespace;
-- :mod:`.landlock_exec`: the Landlock backend's apply-then-exec helper;
+- :mod:`.landlock_exec`: the Landlock backend's helper: it forks the command,
+  which applies the rules and execs, and stays as its reaper (:mod:`libbroker.reaper`);
 - :mod:`.doctor`, :mod:`.settings`: ``doctor`` and ``render-settings``.
 """
