@@ -47,7 +47,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* The wire format (DESIGN.md 2.2); tests hold these equal to libbroker.wire. */
+/* The wire format (DESIGN.md 2.2): tests/signing/test_gpg_native.py holds this
+   program to the Python shim on every channel and length limit. */
 enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH_REQUEST = 5 };
 #define HEADER_SIZE 5
 #define MAX_PAYLOAD (1u << 20)
