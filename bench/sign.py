@@ -141,12 +141,12 @@ def main() -> None:
 
         sys.path.insert(0, str(ROOT))
         from libbroker.gpg_shim import program_script
-        from libbroker.native import build_gpg_shim, built_gpg_shim, install_gpg_program
+        from libbroker.native import build, built, install_gpg_program
 
         fast = root / "gpg-shim-fast"
         fast.write_text(program_script(sys.executable, str(ROOT)))
         fast.chmod(0o755)
-        native = built_gpg_shim() or build_gpg_shim(str(root / "gpg-shim-built"))
+        native = built("gpg-shim") or build("gpg-shim", str(root / "gpg-shim-built"))
         (root / "gp").mkdir()
         session_program = root / "gp" / "gpg-shim"
         install_gpg_program(str(session_program), sys.executable, str(ROOT), native)

@@ -166,19 +166,21 @@ def check_native() -> list[Check]:
     """The C helpers: optional, each with a Python fallback that is slower or bigger."""
     from libbroker.native import SOURCES, built
 
-    purpose = {
-        "gpg-shim": "gpg-shim's signing fast path (without: ~20 ms more per signature)",
-        "reaper": "the Landlock broker's small reaper (without: ~2 MiB more per command)",
+    purpose = {  # what each is, and what is lost without it
+        "gpg-shim": ("gpg-shim's signing fast path", "~20 ms more per signature"),
+        "reaper": ("the Landlock broker's small reaper", "~2 MiB more per command"),
     }
     out = []
     for name in SOURCES:
+        what, loss = purpose[name]
         if built(name) is not None:
-            out.append(Check(OK, f"native {name}: built, {purpose[name].split(' (')[0]}"))
+            out.append(Check(OK, f"native {name}: built, {what}"))
         else:
             out.append(
                 Check(
                     WARN,
-                    f"native {name}: not built or older than its source: {purpose[name]}",
+                    f"native {name}: not built or older than its source: {what} "
+                    f"(without: {loss})",
                     "python3 -m libbroker.native (needs a C compiler: apt-get install gcc)",
                 )
             )

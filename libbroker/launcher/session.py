@@ -215,10 +215,10 @@ class Session:
         link to it and the Python gpg-shim (started without site) waits beside
         it for everything but signing; else gpg.program is that script.
         """
-        from libbroker.native import built_gpg_shim, install_gpg_program
+        from libbroker.native import built, install_gpg_program
 
         assert self.rt is not None
-        install_gpg_program(self.rt.gpg_program, host.python, host.project_dir, built_gpg_shim())
+        install_gpg_program(self.rt.gpg_program, host.python, host.project_dir, built("gpg-shim"))
 
     def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
         assert self.rt is not None

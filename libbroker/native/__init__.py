@@ -25,9 +25,6 @@ from libbroker.errors import BuildError
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = {"gpg-shim": "gpg_shim.c", "reaper": "reaper.c"}
 """Each native program, by the name ``just setup`` builds it under beside its source."""
-GPG_SHIM_SOURCE = os.path.join(HERE, SOURCES["gpg-shim"])
-GPG_SHIM = os.path.join(HERE, "gpg-shim")
-REAPER = os.path.join(HERE, "reaper")
 
 # Warnings are errors; the usual hardening of a Debian build (fortified libc
 # calls, stack protector, PIE, full RELRO).
@@ -54,11 +51,6 @@ def built(name: str, path: str | None = None) -> str | None:
     if not os.access(path, os.X_OK) or program.st_mtime < source.st_mtime:
         return None
     return path
-
-
-def built_gpg_shim(path: str = GPG_SHIM) -> str | None:
-    """The compiled gpg-shim fast path (see :func:`built`)."""
-    return built("gpg-shim", path)
 
 
 FULL_SHIM = os.path.join("python", "gpg-shim")
@@ -117,11 +109,6 @@ def build(name: str, out: str | None = None, cc: str | None = None) -> str:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out
-
-
-def build_gpg_shim(out: str = GPG_SHIM, cc: str | None = None) -> str:
-    """Compile the gpg-shim fast path (see :func:`build`)."""
-    return build("gpg-shim", out, cc)
 
 
 def main() -> None:

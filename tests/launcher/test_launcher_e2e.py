@@ -399,7 +399,7 @@ def _gpg(home: Path, *args: str, data: bytes | None = None) -> subprocess.Comple
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_git_commit_s_signs_through_gpg_shim(world: World, backend: str) -> None:
     """git's gpg.program is the native fast path when built (just setup), else the script."""
-    from libbroker.native import built_gpg_shim
+    from libbroker.native import built
 
     if not shutil.which("gpg") or not shutil.which("git"):
         pytest.skip("gpg and git are needed")
@@ -421,7 +421,7 @@ def test_git_commit_s_signs_through_gpg_shim(world: World, backend: str) -> None
         )
         done = world.run("sh", "-c", commit, config=config, env=git_env, sandbox=backend)
         assert done.returncode == 0, done.stderr
-        assert done.stdout.strip() == (built_gpg_shim() or "script")
+        assert done.stdout.strip() == (built("gpg-shim") or "script")
         verify = subprocess.run(["git", "-C", str(world.workdir), "verify-commit", "HEAD"],
                                 capture_output=True, text=True, env=git_env, check=False)
         assert verify.returncode == 0, verify.stderr
