@@ -19,6 +19,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libbroker import reaper
+
 BIN = os.path.dirname(sys.executable)
 ROOT = Path(__file__).resolve().parent.parent.parent
 HERE = Path(__file__).resolve().parent
@@ -176,35 +178,9 @@ def open_fds(pid: int) -> int:
         return -1
 
 
-def _ppid_map() -> dict[int, int]:
-    out: dict[int, int] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as fh:
-                text = fh.read()
-        except OSError:
-            continue
-        rest = text.rsplit(")", 1)[-1].split()
-        if len(rest) > 2 and rest[0] != "Z":
-            out[int(name)] = int(rest[1])
-        elif len(rest) > 2:
-            out[int(name)] = int(rest[1])  # zombies count as lingering too
-    return out
-
-
 def descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children, grandchildren ...)."""
-    parents = _ppid_map()
-    found: list[int] = []
-    frontier = [pid]
-    while frontier:
-        cur = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == cur]
-        found += kids
-        frontier += kids
-    return found
+    """Every process below ``pid`` (children, grandchildren ...; zombies count as lingering)."""
+    return reaper.descendants(pid, reaper.process_parents())
 
 
 def wait_until(predicate: object, timeout: float, step: float = 0.05) -> bool:

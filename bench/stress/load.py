@@ -34,6 +34,7 @@ from stress.common import (
     open_fds,
     peak_rss_kib,
     percentile,
+    processes_with_arg,
     rss_kib,
     script,
     start_broker,
@@ -204,21 +205,6 @@ def broker(mode: Mode, tmp: Path) -> Table:
 # --- broker under Landlock: commands that leave processes behind -----------------------
 
 
-def _escapees(marker: str) -> int:
-    """Live processes whose command line holds ``marker`` (the commands' escapees)."""
-    count = 0
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        count += marker.encode() in cmdline and state != b"Z"
-    return count
-
-
 async def _escaping_worker(index: int, sock: str, workdir: str, deadline: float, stats: Stats,
                            marker: str) -> None:
     # Each command leaves two processes outside its process group (setsid, and
@@ -249,7 +235,7 @@ async def _escaping_load(clients: int, seconds: float, sock: str, workdir: str, 
 
     async def count() -> None:
         while True:
-            peak[0] = max(peak[0], _escapees(marker))
+            peak[0] = max(peak[0], len(processes_with_arg(marker)))
             await asyncio.sleep(0.5)
 
     with Sampler(pid) as sampler:
@@ -272,7 +258,7 @@ def broker_landlock(mode: Mode, tmp: Path) -> Table:
             _escaping_load(clients, seconds, sock, workdir, server.pid, marker))
         time.sleep(1.0)
         fds_after = open_fds(server.pid)
-        escaped = _escapees(marker)
+        escaped = len(processes_with_arg(marker))  # a zombie's cmdline is empty
         left = descendants(server.pid)
     finally:
         status = server.stop()
