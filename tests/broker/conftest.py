@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -92,10 +93,45 @@ def broker(request: pytest.FixtureRequest) -> Iterator[Broker]:
     yield from broker_for(request.param)
 
 
+def running(text: str) -> list[int]:
+    """Pids of live processes whose command line holds ``text`` (a zombie's is empty)."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as fh:
+                if text.encode() in fh.read():
+                    found.append(int(name))
+        except OSError:
+            continue
+    return found
+
+
+def _until(text: str, want_any: bool, within: float) -> list[int]:
+    deadline = time.monotonic() + within
+    while bool(found := running(text)) != want_any and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
+
+
+def started(text: str, within: float = 10.0) -> list[int]:
+    """:func:`running` once something matches, or [] after ``within`` seconds."""
+    return _until(text, True, within)
+
+
+def gone(text: str, within: float = 10.0) -> list[int]:
+    """:func:`running` once nothing matches ([]), or what still runs after ``within`` s."""
+    return _until(text, False, within)
+
+
 @dataclass
 class Tools:
     start_server = staticmethod(start_server)
     stop_server = staticmethod(stop_server)
+    running = staticmethod(running)
+    started = staticmethod(started)
+    gone = staticmethod(gone)
     server = SERVER
     client = CLIENT
     secret = SECRET

@@ -86,19 +86,7 @@ def test_signals_are_forwarded(broker) -> None:
     assert (proc.returncode, out) == (7, b"got-term\n"), err
 
 
-def _running(marker: str) -> bool:
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as fh:
-                    if marker.encode() in fh.read():
-                        return True
-            except OSError:
-                pass
-    return False
-
-
-def test_command_dies_with_its_client(broker) -> None:
+def test_command_dies_with_its_client(broker, tools) -> None:
     marker = f"61.{os.getpid()}{len(broker.backend)}"
     proc = subprocess.Popen(
         ["broker-client", "--", "sh", "-c", f"echo started; sleep {marker}; :"],
@@ -106,16 +94,10 @@ def test_command_dies_with_its_client(broker) -> None:
     )  # fmt: skip
     assert proc.stdout is not None
     assert proc.stdout.readline() == b"started\n"
-    deadline = time.monotonic() + 10
-    while not _running(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _running(marker)
+    assert tools.started(marker)
     proc.kill()
     proc.wait()
-    deadline = time.monotonic() + 10
-    while _running(marker) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not _running(marker)
+    assert tools.gone(marker) == []
 
 
 def test_fifty_concurrent_clients(broker) -> None:
@@ -189,7 +171,7 @@ def test_a_slow_reader_gets_all_of_a_stdin_larger_than_its_pipe(broker) -> None:
     assert done.stdout.split()[0] == hashlib.sha256(data).hexdigest().encode()
 
 
-def test_a_client_gone_while_the_stdin_pipe_is_full_ends_the_command(broker) -> None:
+def test_a_client_gone_while_the_stdin_pipe_is_full_ends_the_command(broker, tools) -> None:
     """The server stops reading the socket while the pipe is full; it still notices a hang-up."""
     marker = f"62.{os.getpid()}{len(broker.backend)}"
     feeder = subprocess.Popen(["head", "-c", str(16 << 20), "/dev/zero"], stdout=subprocess.PIPE)
@@ -202,17 +184,11 @@ def test_a_client_gone_while_the_stdin_pipe_is_full_ends_the_command(broker) -> 
     try:
         assert proc.stdout is not None
         assert proc.stdout.readline() == b"started\n"
-        deadline = time.monotonic() + 10
-        while not _running(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert _running(marker)
+        assert tools.started(marker)
         time.sleep(0.3)  # the stdin pipe (1 MiB) fills and the server waits for room in it
         proc.kill()
         proc.wait()
-        deadline = time.monotonic() + 10
-        while _running(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert not _running(marker)
+        assert tools.gone(marker) == []
     finally:
         feeder.kill()
         feeder.wait()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -24,29 +23,6 @@ from libbroker import reaper
 
 def _tag() -> str:
     return f"reaper-test-{uuid.uuid4().hex}"
-
-
-def _running(tag: str) -> list[str]:
-    """Command lines of live (not zombie) escapees with ``tag``."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        try:
-            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
-            state = Path(f"/proc/{name}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if _marker(tag).encode() in cmdline and state != b"Z":
-            found.append(cmdline.replace(b"\0", b" ").decode(errors="replace"))
-    return found
-
-
-def _gone(tag: str, within: float = 10.0) -> list[str]:
-    deadline = time.monotonic() + within
-    while (left := _running(tag)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return left
 
 
 def _script(workdir: str | Path, tag: str, then: str) -> str:
@@ -73,14 +49,16 @@ def _marker(tag: str) -> str:
     return f"sleep 300; : {tag}"
 
 
-def test_what_a_command_leaves_running_ends_with_it(broker: Any) -> None:
+def test_what_a_command_leaves_running_ends_with_it(broker: Any, tools: Any) -> None:
     tag = _tag()
     done = broker.sh(f"broker-client -- sh {_script(broker.workdir, tag, 'exit 3')}")
     assert done.returncode == 3, done.stderr
-    assert _gone(tag) == []
+    assert tools.gone(_marker(tag)) == []
 
 
-def test_a_client_that_goes_away_takes_the_escaped_processes_too(broker: Any) -> None:
+def test_a_client_that_goes_away_takes_the_escaped_processes_too(
+    broker: Any, tools: Any
+) -> None:
     tag = _tag()
     script = _script(broker.workdir, tag, "echo ready; sleep 300")
     client = subprocess.Popen(
@@ -89,10 +67,10 @@ def test_a_client_that_goes_away_takes_the_escaped_processes_too(broker: Any) ->
     )  # fmt: skip
     assert client.stdout is not None
     assert client.stdout.readline() == b"ready\n"
-    assert len(_running(tag)) == 2
+    assert len(tools.running(_marker(tag))) == 2
     client.kill()
     client.wait(timeout=30)
-    assert _gone(tag) == []
+    assert tools.gone(_marker(tag)) == []
 
 
 @pytest.mark.parametrize("backend", ["nono", "bwrap"])
@@ -111,10 +89,10 @@ def test_a_killed_server_takes_its_commands_along(tools: Any, tmp_path: Path, ba
     try:
         assert client.stdout is not None
         assert client.stdout.readline() == b"ready\n"
-        assert len(_running(tag)) == 2
+        assert len(tools.running(_marker(tag))) == 2
         server.kill()  # no clean-up of its own: the reaper sees its pipe close
         server.wait(timeout=30)
-        assert _gone(tag) == []
+        assert tools.gone(_marker(tag)) == []
     finally:
         client.kill()
         client.wait(timeout=30)
