@@ -13,14 +13,6 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "slow: a test that takes seconds")
 
 
-def require(tool: str) -> str:
-    """The path of ``tool``, or skip the test naming what is missing."""
-    path = shutil.which(tool)
-    if path is None:
-        pytest.skip(f"{tool} is not installed")
-    return path
-
-
 @pytest.fixture(scope="session")
 def native_program(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], str]:
     """``native_program(name)``: a compiled program of libbroker/native.
