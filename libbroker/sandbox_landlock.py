@@ -45,10 +45,11 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import Any
 
 from libbroker import native, reaper, seccomp_unix
 from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
+from libbroker.exec_command import exec_or_exit, report_and_exit
 from libbroker.executor import Child, Executor, restore_child_signals
 from libbroker.paths import under
 from libbroker.profile import Profile, command_environment
@@ -179,7 +180,7 @@ class LandlockExecutor(Executor):
             reaper.become_subreaper()
             command = os.fork()
         except BaseException as exc:  # the child must never return into the server's code
-            _report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
+            report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
         if command == 0:
             os.close(control)
             self._child(argv, cwd, stdio, env, tmp)  # never returns
@@ -208,8 +209,8 @@ class LandlockExecutor(Executor):
             os.chdir(cwd)
             self._apply(tmp)
         except BaseException as exc:  # the child must never return into the server's code
-            _report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
-        _exec_or_exit(argv, env)
+            report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
+        exec_or_exit(argv, env)
 
     def _static_caps(self) -> Any:
         """The ruleset part shared by every command, built once in the server.
@@ -272,38 +273,6 @@ class LandlockChild(Child):
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None
-
-
-def _exec_or_exit(argv: tuple[str, ...], env: dict[str, str]) -> None:
-    """execvpe with the shell's statuses: 127 not found, 126 found but not executable.
-
-    Not os.execvpe: it reports a PATH directory the sandbox hides (EACCES) as
-    the failure even when the command exists nowhere, which would be 126.
-    """
-    name = argv[0]
-    if "/" in name:
-        candidates = [name]
-    else:
-        path = env.get("PATH", os.defpath)
-        candidates = [os.path.join(d or ".", name) for d in path.split(":")]
-    denied: OSError | None = None
-    for candidate in candidates:
-        try:
-            os.execve(candidate, list(argv), env)  # noqa: S606 - the sandboxed command itself
-        except OSError as exc:
-            if isinstance(exc, (FileNotFoundError, NotADirectoryError)):
-                continue
-            if denied is None and os.path.lexists(candidate):
-                denied = exc
-    if denied is None:
-        _report_and_exit(f"{name}: command not found", 127)
-    _report_and_exit(f"{name}: cannot execute: {denied.strerror}", 126)
-
-
-def _report_and_exit(message: str, status: int) -> NoReturn:
-    with contextlib.suppress(OSError):
-        os.write(2, message.encode("utf-8", "replace") + b"\n")
-    os._exit(status)
 
 
 # --- privileges (ctypes; the server imports this once) ----------------------

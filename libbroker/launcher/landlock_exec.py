@@ -30,6 +30,7 @@ import sys
 from typing import Any
 
 from libbroker import bpf, reaper
+from libbroker.exec_command import exec_or_exit
 from libbroker.launcher import seccomp
 from libbroker.paths import under
 
@@ -129,15 +130,7 @@ def _sandboxed(spec: dict[str, Any], tty: bool) -> int:
     # an ignored disposition survives exec.
     for sig in (signal.SIGPIPE, signal.SIGXFSZ, *_REAPER_IGNORES):
         signal.signal(sig, signal.SIG_DFL)
-    try:
-        os.execvpe(cmd[0], cmd, env)  # noqa: S606 - the user's command, as given
-    except FileNotFoundError:
-        sys.stderr.write(f"agent-sandbox: {cmd[0]}: command not found\n")
-        return 127
-    except OSError as exc:
-        sys.stderr.write(f"agent-sandbox: {cmd[0]}: {exc.strerror}\n")
-        return 126
-    return 127  # not reached: execvp returns only by raising
+    exec_or_exit(cmd, env, prog="agent-sandbox: ")
 
 
 if __name__ == "__main__":

@@ -253,6 +253,16 @@ def test_command_not_found_is_127(world: World) -> None:
     assert "not found" in done.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_hidden_directory_on_path_does_not_turn_127_into_126(world: World, backend: str) -> None:
+    hidden = world.home / "bin"  # the home is not visible inside
+    hidden.mkdir()
+    env = {**world.env(), "PATH": f"{hidden}:{world.env()['PATH']}"}
+    done = world.run("no-such-command-here", sandbox=backend, env=env)
+    assert done.returncode == 127, done.stderr
+    assert "not found" in done.stderr
+
+
 def test_a_command_that_cannot_run_is_126(world: World) -> None:
     script = world.workdir / "not-executable.sh"
     script.write_text("echo ran\n")
