@@ -1,12 +1,12 @@
 """HTTP/1.1 through h11 on both sides of the proxy, bodies streamed.
 
-:class:`ClientSide` reads requests from the sandbox: each head is found,
-size-checked and screened (:mod:`libegress.heads`) before h11 parses it, and a
-fresh h11 connection serves each request, its predecessor's unread bytes
-carried over through h11's public ``trailing_data``.  :class:`UpstreamSide` is
-h11's client role.  :func:`exchange` relays one request and its response, the
+:class:`ClientSide` reads requests from the sandbox through
+:class:`~libegress.heads.RequestReader` (head limits and screening on head bytes
+only, then h11) and adds the reads and their deadlines.  :class:`UpstreamSide`
+is h11's client role.  :func:`exchange` relays one request and its response, the
 request body and the response in two tasks (``Expect: 100-continue`` and early
-responses need both at once), never holding a whole body.
+responses need both at once), never holding a whole body: one read at a time
+moves through, so memory stays bounded whatever the body's size.
 """
 
 from __future__ import annotations
@@ -19,18 +19,10 @@ from typing import Any
 
 import h11
 
-from libegress.heads import Headers, forward_headers, head_end, smuggling_reason
+from libegress.heads import Headers, RequestReader, forward_headers
+from libegress.heads import HttpError as HttpError  # re-exported: its old home
 from libegress.limits import Limits as Limits  # re-exported: its old home
 from libegress.streams import Stream
-
-
-class HttpError(Exception):
-    """A request answered by the proxy itself with ``status``."""
-
-    def __init__(self, status: int, message: str, kind: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind
 
 
 def error_events(status: int, message: str, kind: str | None) -> list[h11.Event]:
@@ -57,8 +49,12 @@ class ClientSide:
     def __init__(self, stream: Stream, limits: Limits) -> None:
         self.stream = stream
         self.limits = limits
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=limits.max_head)
-        self._pending = bytearray()
+        self.reader = RequestReader(limits)
+
+    @property
+    def conn(self) -> h11.Connection:
+        """The h11 connection of the current request (and writer of its response)."""
+        return self.reader.conn
 
     async def next_request(self) -> h11.Request | None:
         """The next request; None when the client ends the connection idle.
@@ -68,12 +64,10 @@ class ClientSide:
         ``head_timeout`` (a deadline, not a per-read timeout: a client
         dribbling one byte at a time is cut off like a silent one).
         """
-        self.conn = h11.Connection(h11.SERVER, max_incomplete_event_size=self.limits.max_head)
         loop = asyncio.get_running_loop()
         # Bytes carried over from the previous request are this head's first.
-        deadline = loop.time() + self.limits.head_timeout if self._pending else None
-        while (end := head_end(self._pending)) is None:
-            self._check_size()
+        deadline = loop.time() + self.limits.head_timeout if self.reader.in_head else None
+        while (event := self.reader.next_event()) is h11.NEED_DATA:
             wait = self.limits.idle_timeout if deadline is None else deadline - loop.time()
             try:
                 data = await asyncio.wait_for(self.stream.recv(), max(wait, 0.0))
@@ -83,51 +77,23 @@ class ClientSide:
                                     "of idle time") from None
                 raise HttpError(408, "the request head was not complete within "
                                 f"{self.limits.head_timeout:g}s") from None
-            if not data:
-                if self._pending.strip():
-                    raise HttpError(400, "the connection ended inside a request head")
-                return None
-            self._pending += data
+            self.reader.receive_data(data)
             if deadline is None:
                 deadline = loop.time() + self.limits.head_timeout
-        if end > self.limits.max_head:
-            raise HttpError(431, "request head too large")
-        self._check_size()
-        reason = smuggling_reason(bytes(self._pending[:end]))
-        if reason is not None:
-            raise HttpError(400, f"refused: {reason}")
-        self.conn.receive_data(bytes(self._pending))
-        self._pending.clear()
-        event = await self._next_event(self.limits.head_timeout)
         if isinstance(event, h11.Request):
             return event
+        if isinstance(event, h11.ConnectionClosed):
+            return None
         raise HttpError(400, "no request")
 
-    def _check_size(self) -> None:
-        line_end = self._pending.find(b"\n")
-        line = len(self._pending) if line_end < 0 else line_end
-        if line > self.limits.max_request_line:
-            raise HttpError(431, "request line too long")
-        if len(self._pending) > self.limits.max_head:
-            raise HttpError(431, "request head too large")
-
-    async def _next_event(self, timeout: float) -> h11.Event | type[h11.PAUSED]:
-        while True:
+    async def body_event(self) -> h11.Data | h11.EndOfMessage:
+        """The next piece of the request body: at most one read's worth."""
+        while (event := self.reader.next_event()) is h11.NEED_DATA:
             try:
-                event = self.conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise HttpError(exc.error_status_hint, f"bad request: {exc}") from None
-            if event is not h11.NEED_DATA:
-                return event  # type: ignore[return-value]
-            try:
-                data = await asyncio.wait_for(self.stream.recv(), timeout)
+                data = await asyncio.wait_for(self.stream.recv(), self.limits.idle_timeout)
             except TimeoutError:
                 raise HttpError(408, "the request body stalled") from None
-            self.conn.receive_data(data)
-
-    async def body_event(self) -> h11.Data | h11.EndOfMessage:
-        """The next piece of the request body."""
-        event = await self._next_event(self.limits.idle_timeout)
+            self.reader.receive_data(data)
         if isinstance(event, h11.Data | h11.EndOfMessage):
             return event
         raise HttpError(400, "the request body ended early")
@@ -145,15 +111,11 @@ class ClientSide:
 
     def next_cycle(self) -> bool:
         """Carry unread bytes over to the next request; False if none may follow."""
-        if self.conn.our_state is not h11.DONE or self.conn.their_state is not h11.DONE:
-            return False
-        data, closed = self.conn.trailing_data
-        self._pending = bytearray(data)
-        return not closed
+        return self.reader.next_cycle()
 
     def switched_data(self) -> bytes:
         """Bytes the client sent after its CONNECT head (a TLS hello, say)."""
-        return self.conn.trailing_data[0]
+        return self.reader.switched_data()
 
 
 class UpstreamSide:
