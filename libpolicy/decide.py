@@ -14,6 +14,7 @@ allow it only if every form is allowed.  Deny wins everywhere.
 from __future__ import annotations
 
 from libbroker.paths import under
+from libpolicy.hostrun import match_path
 from libpolicy.model import Policy
 from libpolicy.paths import Unresolvable, forms
 
@@ -55,12 +56,16 @@ def read_rule(policy: Policy, path: str) -> Decision:
 def write_rule(policy: Policy, path: str) -> Decision:
     """May the file tools write the clean absolute ``path``?
 
-    Under write or tool_write, never under deny, and inside harness only under
-    tool_write.
+    Under write or tool_write, never under deny, never a host-run file (at any
+    depth, whatever grant covers it), and inside harness only under tool_write.
     """
     denied = _first_under(path, policy.deny)
     if denied is not None:
         return False, f"{path} is under deny {denied}"
+    entry = match_path(path, policy.home, policy.hostrun)
+    if entry is not None:
+        return False, (f"{path} is a host-run file (rule {entry.rule}: {entry.reason}); "
+                       "the file tools never write these, whatever the write paths say")
     base = _first_under(path, policy.tool_write)
     if base is not None:
         return True, f"{path} is under tool_write {base}"

@@ -15,11 +15,12 @@ import json
 import os
 
 from libbroker.errors import PolicyError
+from libpolicy.hostrun import DEFAULT, HostRunError, Table
 
 # The contract keys (DESIGN 2.3) and the optional rendering keys this project adds.
 CONTRACT_KEYS = ("home", "runtime", "read", "write", "deny", "harness", "tool_write",
                  "domains", "proxy_port")
-OPTIONAL_KEYS = ("socks_port", "egress", "env", "hook")
+OPTIONAL_KEYS = ("socks_port", "egress", "env", "hook", "hostrun")
 KNOWN_KEYS = frozenset(CONTRACT_KEYS + OPTIONAL_KEYS)
 
 _HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_*:")
@@ -95,6 +96,15 @@ def _env(value: object) -> dict[str, str]:
     return out
 
 
+def _hostrun(value: object) -> Table:
+    if value is None:
+        return DEFAULT
+    try:
+        return Table.from_dict(value)
+    except HostRunError as exc:
+        raise PolicyError(f"policy key 'hostrun': {exc}") from None
+
+
 def _hook(value: object) -> str:
     if value is None:
         return ""
@@ -118,11 +128,12 @@ class Policy:
 
     Optional, for rendering the managed settings: ``socks_port``, ``egress`` (the
     egress directory of CA bundle and gh config), ``env`` (extra variables), ``hook``
-    (the command Claude Code runs for the hook).
+    (the command Claude Code runs for the hook), ``hostrun`` (the host-run list's
+    additions, opt-outs and root: :mod:`libpolicy.hostrun`; the built-in list without it).
     """
 
-    __slots__ = ("deny", "domains", "egress", "env", "harness", "home", "hook", "proxy_port",
-                 "read", "runtime", "socks_port", "tool_write", "write")
+    __slots__ = ("deny", "domains", "egress", "env", "harness", "home", "hook", "hostrun",
+                 "proxy_port", "read", "runtime", "socks_port", "tool_write", "write")
 
     def __init__(
         self,
@@ -140,6 +151,7 @@ class Policy:
         egress: str | None = "",
         env: dict[str, str] | None = None,
         hook: str = "",
+        hostrun: Table = DEFAULT,
     ) -> None:
         self.home = clean_absolute(home, "home")
         self.runtime = _optional_dir(runtime, "runtime")
@@ -154,6 +166,7 @@ class Policy:
         self.egress = _optional_dir(egress, "egress")
         self.env = _env(env)
         self.hook = _hook(hook)
+        self.hostrun = hostrun
 
     @classmethod
     def from_dict(cls, data: object) -> Policy:
@@ -181,6 +194,7 @@ class Policy:
             egress=data.get("egress"),
             env=_env(data.get("env")),
             hook=_hook(data.get("hook")),
+            hostrun=_hostrun(data.get("hostrun")),
         )
 
     @classmethod
@@ -226,6 +240,8 @@ class Policy:
             out["env"] = dict(self.env)
         if self.hook:
             out["hook"] = self.hook
+        if self.hostrun is not DEFAULT:
+            out["hostrun"] = self.hostrun.to_dict()
         return out
 
     def to_json(self) -> str:

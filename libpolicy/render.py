@@ -53,18 +53,31 @@ def default_hook() -> str:
     """
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     code = (  # a JSON string is a valid Python string literal
-        f"import sys; sys.path.insert(0, {json.dumps(root)}); "
+        # A checkout that moved or a broken install: one line, not a traceback
+        # (the status is made 2 by hook_command's shell guard).
+        "import sys; sys.excepthook = lambda t, v, b: sys.stderr.write("
+        "'policy-hook cannot start: ' + t.__name__ + ': ' + str(v) + chr(10)); "
+        f"sys.path.insert(0, {json.dumps(root)}); "
         "from bin.policy_hook import main; main()"
     )
     return f"{shlex.quote(sys.executable)} -I -S -c {shlex.quote(code)}"
 
 
 def hook_command(policy: Policy, policy_file: str | None) -> str:
-    """The shell command Claude Code runs for every file-tool call."""
+    """The shell command Claude Code runs for every file-tool call.
+
+    It fails closed: Claude Code blocks a call only on exit 2, and treats any
+    other failure (1 from an interpreter that cannot import us, 127 from one
+    that is gone, 128+N from a signal) as a non-blocking error that lets the
+    call through.  The hook itself exits only 0 or 2, so the shell turns every
+    other status into 2.
+    """
     command = policy.hook or default_hook()
     if policy_file:
         command += " --policy=" + shlex.quote(policy_file)
-    return command
+    if policy.hook:  # the user's command may be a list: guard all of it
+        return "{ " + command + "; } || exit 2"
+    return command + " || exit 2"
 
 
 def ca_env(egress: str) -> dict[str, str]:

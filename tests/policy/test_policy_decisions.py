@@ -90,23 +90,25 @@ WRITE = [
     ("{P}/dangling", DENY, "not under any write"),
     ("{P}/dangling_ok", ALLOW, ""),
     ("{P}/to_ssh/authorized_keys", DENY, "leads to"),
-    ("{H}/.bashrc", DENY, "not under any write"),
-    ("~/.bashrc", DENY, "not under any write"),
+    ("{H}/.notes", DENY, "not under any write"),
+    ("~/.notes", DENY, "not under any write"),
+    ("{H}/.bashrc", DENY, "host-run file (rule bashrc"),
     ("{R}/outside/sub/file", DENY, "not under any write"),
     ("/etc/passwd", DENY, "not under any write"),
     ("{H}/.claude/memory/MEMORY.md", ALLOW, "under tool_write"),
-    ("{H}/.claude/settings.json", DENY, "inside harness"),
+    ("{H}/.claude/settings.json", DENY, "rule claude-settings"),
     ("{H}/.claude/plans/p.md", DENY, "inside harness"),
     ("{P}/to_memory/MEMORY.md", ALLOW, ""),
-    ("{P}/to_harness/settings.json", DENY, "inside harness"),
-    ("{H}/.claude/memory/../settings.json", DENY, "inside harness"),
+    ("{P}/to_harness/settings.json", DENY, "rule claude-settings"),
+    ("{P}/to_harness/plans/p.md", DENY, "inside harness"),
+    ("{H}/.claude/memory/../settings.json", DENY, "rule claude-settings"),
     ("{P}/not/yet/there.py", ALLOW, "under write"),
     ("{P}/to_home/not/yet/there", DENY, "leads to"),
     ("{R}/run/egress/x", DENY, "not under any write"),
     ("{H}/.config/gh/hosts.yml", DENY, "not under any write"),
     ("/proc/self/cwd/src/x.py", ALLOW, ""),
     ("/proc/self/root{H}/.bashrc", DENY, ""),
-    ("{P}/src/deep/.bashrc", DENY, "leads to"),
+    ("{P}/src/deep/.notes", DENY, "leads to"),
     ("{P}/src/../secret/x", DENY, "under deny"),
 ]
 
@@ -192,7 +194,7 @@ def test_deny_wins_over_every_allow() -> None:
 def test_write_inside_harness_only_under_tool_write() -> None:
     policy = Policy("/h", write=["/h"], harness="/h/.claude", tool_write=["/h/.claude/mem"])
     assert write_rule(policy, "/h/file")[0]
-    assert not write_rule(policy, "/h/.claude/settings.json")[0]
+    assert not write_rule(policy, "/h/.claude/plans/p.md")[0]
     assert write_rule(policy, "/h/.claude/mem/x")[0]
 
 

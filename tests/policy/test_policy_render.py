@@ -158,7 +158,8 @@ def test_hook_command_is_quoted_and_overridable(tmp_path: Path) -> None:
     policy = Policy("/h", hook="/opt/agent sandbox/policy-hook")
     path = str(tmp_path / "my policy.json")
     command = render_settings(policy, path)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    assert command == "/opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
+    assert command == ("{ /opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
+                       + "; } || exit 2")
     plain = Policy("/h")
     command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
     assert shlex.split(command)[:3] == [sys.executable, "-I", "-S"]
