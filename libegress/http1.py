@@ -168,20 +168,7 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
     await upstream.send(request)
     body = asyncio.create_task(_pump_request_body(client, upstream))
     try:
-        while True:
-            event = await _race(upstream.next_event(), body)
-            if isinstance(event, h11.InformationalResponse):
-                if event.status_code == 100:
-                    await client.send(event)
-                continue
-            if isinstance(event, h11.Response):
-                headers = forward_headers(list(event.headers), drop_auth=False)
-                await client.send(h11.Response(status_code=event.status_code, headers=headers,
-                                               reason=event.reason))
-                break
-            if isinstance(event, h11.ConnectionClosed):
-                raise HttpError(502, "the upstream closed without a response")
-            raise HttpError(502, "the upstream sent no response")
+        withheld = await _relay_response_head(client, upstream, body)
         while True:
             event = await _race(upstream.next_event(), body)
             if isinstance(event, h11.Data):
@@ -191,10 +178,12 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
                 break
             else:
                 raise ConnectionResetError("the upstream ended the response early")
-        # The response is whole.  The client may still be sending (an early 4xx,
-        # or a refused ``Expect: 100-continue``): give it its idle time.  A body
-        # that then fails only means the connection cannot carry another request
-        # (h11's states say so), not that this exchange failed.
+        if withheld:
+            return  # the client was told the connection closes; it sends no body
+        # The response is whole.  The client may still be sending (an early 4xx):
+        # give it its idle time.  A body that then fails only means the
+        # connection cannot carry another request (h11's states say so), not
+        # that this exchange failed.
         with contextlib.suppress(HttpError, OSError, TimeoutError, h11.LocalProtocolError):
             await asyncio.wait_for(asyncio.shield(body), client.limits.idle_timeout)
     finally:
@@ -202,6 +191,37 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
             body.cancel()
             with contextlib.suppress(BaseException):
                 await body
+
+
+async def _relay_response_head(client: ClientSide, upstream: UpstreamSide,
+                               body: asyncio.Task[None]) -> bool:
+    """Relay the upstream's 100s and final head; True if the body was withheld.
+
+    Only the upstream says ``100 Continue``: the proxy never does, so a client
+    that expects it sends its body only when the upstream wants it.
+    """
+    while True:
+        event = await _race(upstream.next_event(), body)
+        if isinstance(event, h11.InformationalResponse):
+            if event.status_code == 100:
+                await client.send(event)
+            continue
+        if isinstance(event, h11.Response):
+            break
+        if isinstance(event, h11.ConnectionClosed):
+            raise HttpError(502, "the upstream closed without a response")
+        raise HttpError(502, "the upstream sent no response")
+    headers = forward_headers(list(event.headers), drop_auth=False)
+    # A final status while the client still waits for 100 (a refused
+    # expectation): it will not send the body it announced, so the connection
+    # must end with this response, else its next request would be read as that
+    # body (RFC 9110 10.1.1).  h11 forgets the wait once the response is sent.
+    withheld = client.conn.they_are_waiting_for_100_continue
+    if withheld:
+        headers.append((b"Connection", b"close"))
+    await client.send(h11.Response(status_code=event.status_code, headers=headers,
+                                   reason=event.reason))
+    return withheld
 
 
 async def _race(step: Coroutine[Any, Any, h11.Event], body: asyncio.Task[None]) -> h11.Event:

@@ -3,7 +3,10 @@
 - ``git``: git smart HTTP (``git http-backend``) that demands
   ``Basic base64(x-access-token:TOKEN)``, as github.com's git endpoint does;
 - ``echo``: answers JSON with the Authorization and Host it received;
-- ``download``: ``GET /bytes/N`` streams N bytes.
+- ``download``: ``GET /bytes/N`` streams N bytes;
+- ``sink`` (:func:`start_sink`): HTTP/1.1 with keep-alive and ``Expect:
+  100-continue``; hashes each request body as it streams in and answers JSON
+  with its sha256, length, framing and trailers.
 
 Every request's headers are recorded in ``seen`` so tests can prove where the
 token went.  Servers run in daemon threads of the test process.
@@ -12,6 +15,7 @@ token went.  Servers run in daemon threads of the test process.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import socket
@@ -147,11 +151,105 @@ def make_handler(kind: str, seen: list[dict[str, Any]], token: str | None,
     return Handler
 
 
+class SinkHandler(BaseHTTPRequestHandler):
+    """The ``sink``: every body hashed in 1 MiB reads, never held whole.
+
+    Its ``100 Continue`` carries ``X-Upstream: sink`` so a test can tell it from
+    one the proxy made up.  ``/refuse`` answers a final 413 instead of 100.
+    """
+
+    protocol_version = "HTTP/1.1"
+    seen: list[dict[str, Any]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def handle_expect_100(self) -> bool:
+        if self.path.startswith("/refuse"):
+            self._reply(413, {"refused": True}, close=True)
+            return False
+        self.send_response_only(100)
+        self.send_header("X-Upstream", "sink")
+        self.end_headers()
+        return True
+
+    def do_GET(self) -> None:
+        self._hash()
+
+    def do_POST(self) -> None:
+        self._hash()
+
+    def do_PUT(self) -> None:
+        self._hash()
+
+    def _hash(self) -> None:
+        digest = hashlib.sha256()
+        trailers: list[tuple[str, str]] = []
+        chunked = self.headers.get("Transfer-Encoding", "").lower() == "chunked"
+        if chunked:
+            length = self._chunked(digest, trailers)
+        else:
+            length = int(self.headers.get("Content-Length") or 0)
+            left = length
+            while left > 0:
+                piece = self.rfile.read(min(left, CHUNK))
+                if not piece:
+                    raise ConnectionError("the body ended early")
+                digest.update(piece)
+                left -= len(piece)
+        record = {"method": self.command, "path": self.path, "sha256": digest.hexdigest(),
+                  "length": length, "chunked": chunked, "trailers": trailers,
+                  "headers": [(k, v) for k, v in self.headers.items()]}
+        self.seen.append(record)
+        self._reply(200, {k: v for k, v in record.items() if k != "headers"})
+
+    def _chunked(self, digest: Any, trailers: list[tuple[str, str]]) -> int:
+        length = 0
+        while True:
+            size = int(self.rfile.readline().split(b";")[0].strip(), 16)
+            if size == 0:
+                while (line := self.rfile.readline()) not in (b"\r\n", b"\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    trailers.append((name.strip(), value.strip()))
+                return length
+            while size > 0:
+                piece = self.rfile.read(min(size, CHUNK))
+                if not piece:
+                    raise ConnectionError("the body ended early")
+                digest.update(piece)
+                size -= len(piece)
+                length += len(piece)
+            self.rfile.readline()
+
+    def _reply(self, status: int, answer: dict[str, Any], close: bool = False) -> None:
+        body = json.dumps(answer).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if close:
+            self.send_header("Connection", "close")
+            self.close_connection = True
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def start_sink(cert_pem: str | None, key_pem: str | None) -> Upstream:
+    """Start a ``sink`` on 127.0.0.1 (a free port); TLS unless cert_pem is None."""
+    seen: list[dict[str, Any]] = []
+    handler = type("Sink", (SinkHandler,), {"seen": seen})
+    return _serve("sink", handler, seen, cert_pem, key_pem)
+
+
 def start(kind: str, cert_pem: str | None, key_pem: str | None, token: str | None = None,
           git_root: str | None = None) -> Upstream:
     """Start a stand-in on 127.0.0.1 (a free port); TLS unless cert_pem is None."""
     seen: list[dict[str, Any]] = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), make_handler(kind, seen, token, git_root))
+    return _serve(kind, make_handler(kind, seen, token, git_root), seen, cert_pem, key_pem)
+
+
+def _serve(kind: str, handler: type[BaseHTTPRequestHandler], seen: list[dict[str, Any]],
+           cert_pem: str | None, key_pem: str | None) -> Upstream:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     server.daemon_threads = True
     if cert_pem is not None:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
