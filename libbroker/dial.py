@@ -21,7 +21,15 @@ def dial(path: str, send_buffer: int = 0) -> _socket.socket:
     ``send_buffer`` (bytes), when given, is asked for before connecting; a
     refusal is harmless.
     """
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    except OSError as exc:
+        why = f"cannot create a unix socket to reach the broker at {path}: {exc.strerror or exc}"
+        if isinstance(exc, PermissionError):
+            # A seccomp filter refuses unix sockets here: this is a command the
+            # broker itself runs (Landlock), which has no broker of its own.
+            why += "; run broker-client from the session's own shell, not from a brokered command"
+        raise BrokerUnavailable(why) from None
     try:
         if send_buffer:
             try:  # noqa: SIM105 - contextlib.suppress costs an import on every call
