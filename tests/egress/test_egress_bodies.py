@@ -424,3 +424,22 @@ def test_a_1_gib_upload_keeps_the_proxy_small(fresh: Sinks, capsys: pytest.Captu
         print(f" [1 GiB upload: proxy peak RSS {before / 1024:.1f} MiB, grew {grown:.2f} MiB]",
               end="")
     assert grown < 4, f"peak RSS grew by {grown:.1f} MiB"
+
+
+@pytest.mark.parametrize("cut", ["request-line", "mid-head", "head-end", "body+1", "32k"])
+@pytest.mark.parametrize("route", ["inject-connect", "plain-forward"])
+def test_one_request_split_in_two_reads(sinks: Sinks, route: str, cut: str) -> None:
+    """The pure reader's split-anywhere property, for a few split points, end to end."""
+    body = TRICKY * 1000
+    sock, target, host = open_route(sinks, route)
+    data = request_head(target, host, len(body), False, False) + body
+    end = data.index(b"\r\n\r\n") + 4
+    at = {"request-line": 3, "mid-head": end // 2, "head-end": end, "body+1": end + 1,
+          "32k": 32 * KIB}[cut]
+    with sock:
+        sock.sendall(data[:at])
+        time.sleep(0.05)
+        sock.sendall(data[at:])
+        status, _, answer, _ = Responses(sock).final()
+    assert status == 200
+    assert json.loads(answer)["sha256"] == hashlib.sha256(body).hexdigest()
