@@ -21,11 +21,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from libbroker.errors import ConfigError
+from libbroker.sandbox.shape import SYSTEM_READ
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
-
-SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-"""System directories every command may read (those that exist are granted)."""
 
 
 def toolchain_read() -> tuple[str, ...]:

@@ -1,10 +1,10 @@
-"""The bubblewrap backend: every command in fresh namespaces.
+"""The bubblewrap backend for brokered commands: every command in fresh namespaces.
 
-``bwrap --new-session --die-with-parent --unshare-all --cap-drop ALL``, the
-system directories bound read-only, the workdir read-write at its own path, a
-fresh /proc, /dev and /tmp, nothing of home but what the profile names.  With
-``--unshare-all`` the command has its own network namespace: no network at all,
-or in proxy mode just the proxy port, relayed (see :mod:`libbroker.netns_relay`).
+The command line comes from the one builder, :func:`libbroker.sandbox.bwrap.argv`,
+over the command's :class:`~libbroker.sandbox.shape.Shape` (the profile's
+paths, the workdir read-write, the command's cwd).  With ``--unshare-all`` the
+command has its own network namespace: no network at all, or in proxy mode
+just the proxy port, relayed (see :mod:`libbroker.sandbox.netns`).
 
 The command runs as ``sh -c 'exec "$@"'`` so that "not found" and "not
 executable" come back as 127 and 126 (bwrap itself reports both as 1).
@@ -21,49 +21,32 @@ from typing import TYPE_CHECKING
 
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly
-from libbroker.paths import under_any
 from libbroker.profile import Profile, command_environment
+from libbroker.sandbox import bwrap, seccomp
+from libbroker.sandbox.shape import Shape
 
 if TYPE_CHECKING:
-    from libbroker.netns_relay import ProxyRelay
+    from libbroker.sandbox.netns import ProxyRelay
 
 # sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
 _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
 
 
+def command_shape(profile: Profile, workdir: str, cwd: str) -> Shape:
+    """A brokered command's sandbox: the profile's paths, the workdir read-write."""
+    return Shape(
+        read=profile.read, write=(*profile.write, workdir), deny=profile.deny, cwd=cwd
+    )
+
+
 def bwrap_args(
     profile: Profile, workdir: str, cwd: str, info_fd: int | None = None,
-    block_fd: int | None = None,
+    block_fd: int | None = None, seccomp_fd: int | None = None,
 ) -> list[str]:  # fmt: skip
     """The bwrap options (everything before ``--``) for one command.  Pure but for stat."""
-    args = ["--new-session", "--die-with-parent", "--unshare-all", "--cap-drop", "ALL"]
-    if info_fd is not None:
-        args += ["--info-fd", str(info_fd)]
-    if block_fd is not None:
-        args += ["--block-fd", str(block_fd)]
-    # The private /tmp comes first: a read or write path that lives under /tmp
-    # (a venv, a checkout) must be bound on top of it, not hidden beneath it.
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-    for path in profile.read:
-        if under_any(path, profile.deny):
-            continue
-        if os.path.islink(path) and not os.path.dirname(os.readlink(path)).startswith("/"):
-            # /bin -> usr/bin on merged-/usr systems: keep it a symlink.
-            args += ["--symlink", os.readlink(path), path]
-        elif os.path.exists(path):
-            args += ["--ro-bind", path, path]
-    for path in profile.write:
-        if not under_any(path, profile.deny):
-            args += ["--bind-try", path, path]
-    args += ["--bind", workdir, workdir]
-    # Denials come last so that they cover whatever was bound above them.
-    for path in profile.deny:
-        if os.path.isdir(path):
-            args += ["--tmpfs", path, "--remount-ro", path]
-        elif os.path.lexists(path):
-            args += ["--ro-bind", "/dev/null", path]
-    args += ["--chdir", cwd]
-    return args
+    shape = command_shape(profile, workdir, cwd)
+    facts = bwrap.facts(bwrap.shape_paths(shape))
+    return bwrap.argv(shape, facts, info_fd=info_fd, block_fd=block_fd, seccomp_fd=seccomp_fd)
 
 
 class BwrapExecutor(Executor):
@@ -72,28 +55,38 @@ class BwrapExecutor(Executor):
     name = "bwrap"
 
     def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
-        bwrap = shutil.which("bwrap")
-        if bwrap is None:
+        found = shutil.which("bwrap")
+        if found is None:
             raise SandboxUnavailable(
                 "bwrap backend: bubblewrap is not installed (apt install bubblewrap)"
             )
-        self.bwrap = bwrap
+        self.bwrap = found
         self.profile = profile
         self.workdir = workdir
         self.env = command_environment(server_env, profile.env_allow, tmpdir="/tmp")
+        shape = command_shape(profile, workdir, workdir)
+        self.facts = bwrap.facts(bwrap.shape_paths(shape))  # the cwd is inside the workdir
+        prog = seccomp.program()
+        if prog is None:
+            raise SandboxUnavailable(f"bwrap backend: no seccomp filter for {os.uname().machine}")
+        self.seccomp = prog
         self._probe()
 
     def _probe(self) -> None:
         """Fail at startup, not on the first command, when namespaces are not allowed."""
         try:
-            done = subprocess.run(
-                [self.bwrap, *bwrap_args(self.profile, self.workdir, self.workdir), "--", "true"],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                timeout=10,
-                pass_fds=(),
-                env=self.env,
-            )
+            sec = bwrap.seccomp_pipe(self.seccomp)
+            try:
+                done = subprocess.run(
+                    [self.bwrap, *self._args(self.workdir, None, None, sec), "--", "true"],
+                    stdin=subprocess.DEVNULL,
+                    capture_output=True,
+                    timeout=10,
+                    pass_fds=(sec,),
+                    env=self.env,
+                )
+            finally:
+                os.close(sec)
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise SandboxUnavailable(f"bwrap backend: cannot run bwrap: {exc}") from None
         if done.returncode != 0:
@@ -105,14 +98,19 @@ class BwrapExecutor(Executor):
     def describe(self) -> str:
         return f"bwrap ({self.bwrap})"
 
+    def _args(self, cwd: str, info_fd: int | None, block_fd: int | None, sec_fd: int) -> list[str]:
+        shape = command_shape(self.profile, self.workdir, cwd)
+        return bwrap.argv(shape, self.facts, info_fd=info_fd, block_fd=block_fd, seccomp_fd=sec_fd)
+
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC) if self.profile.proxy_port else (None, None)
-        passed = (info_w,) if block_r is None else (info_w, block_r)
+        sec = bwrap.seccomp_pipe(self.seccomp)
+        passed = (info_w, sec) if block_r is None else (info_w, sec, block_r)
         try:
             # Popen, not posix_spawn: it restores SIGPIPE to default in the child.
             proc = subprocess.Popen(
-                [self.bwrap, *bwrap_args(self.profile, self.workdir, cwd, info_w, block_r), "--",
+                [self.bwrap, *self._args(cwd, info_w, block_r, sec), "--",
                  *_EXEC_WRAPPER, *argv],
                 stdin=stdio[0],
                 stdout=stdio[1],
@@ -137,7 +135,7 @@ class BwrapExecutor(Executor):
 
     def _connect_proxy(self, child: BwrapChild, block_w: int) -> None:
         """Open the proxy port inside the new namespace, then let bwrap exec the command."""
-        from libbroker.netns_relay import ProxyRelay, listen_in_netns
+        from libbroker.sandbox.netns import ProxyRelay, listen_in_netns
 
         assert self.profile.proxy_port is not None
         try:

@@ -1,37 +1,23 @@
-"""The Landlock backend, through nono-py: a fresh ruleset per command.
+"""The Landlock backend for brokered commands: a fresh ruleset per command.
 
-The server imports nono_py once (it costs ~0.2 s) and, for each command,
-forks itself: the child (one thread, a copy of a warm interpreter) builds the
-ruleset, applies it to itself and execs the command.  No Python start per
-command; the fork and the ruleset cost well under a millisecond each.
+For each command the server forks itself: the child (one thread, a copy of
+a warm interpreter) runs the one hardening sequence
+(:func:`libbroker.sandbox.enter.enter`: capabilities dropped, no_new_privs,
+the seccomp filter, the Landlock ruleset) and execs the command.  No Python
+start per command; the fork and the ruleset cost well under a millisecond.
 
-What the ruleset grants: the profile's read paths read-only (system dirs and
-Python's prefixes by default), its write paths and the workdir read-write, a
-fresh private directory named by TMPDIR (the host's /tmp is not granted), a
-few /dev nodes, and /proc read-only.  The child drops every capability and
-sets no_new_privs first: with CAP_SYS_PTRACE (a root server) it could read
-/proc/<server pid>/environ; without it Landlock's ptrace scoping refuses.
-Network: TCP bind/connect are refused, except connect to the
-proxy port in proxy mode (Landlock matches the port on any address).
-
-Landlock alone leaves UDP and netlink sockets open, so the ruleset goes on
-with nono's seccomp network baseline (``apply_seccomp_with_abi``), which
-refuses them; abstract unix sockets and signals to processes outside the
-sandbox are refused by Landlock's scoping (ABI 6).
-
-Limits, stated honestly (bwrap has none of them):
-- Landlock grants are hierarchical and cannot subtract: a ``deny`` inside a
-  granted tree cannot be enforced, so such a profile is refused for this
-  backend.  A grant inside a denied tree is simply not made (deny wins).
-- connect() to a path-named unix socket is not mediated by Landlock (the
-  person's gpg-agent or docker socket would be reachable by name), so a
-  seccomp filter refuses creating unix sockets at all
-  (:mod:`libbroker.seccomp_unix`); socketpair() still works.  32-bit and x32
-  syscalls are refused with it.
+What the ruleset grants (:func:`libbroker.sandbox.landlock.ruleset` over the
+command's :class:`~libbroker.sandbox.shape.Shape`): the profile's read paths
+read-only (system dirs and Python's prefixes by default), its write paths
+and the workdir read-write, a fresh private directory named by TMPDIR (the
+host's /tmp is not granted), a few /dev nodes, and /proc read-only.
+Network: TCP bind/connect are refused, except connect to the proxy port in
+proxy mode (Landlock matches the port on any address); the seccomp filter
+refuses every other socket (UDP, raw, netlink but ROUTE, unix).
 
 What a process group kill would miss (a daemon that called setsid(), a double
 fork) is caught by a reaper between the server and each command
-(:mod:`libbroker.reaper`): a child subreaper outside the sandbox that kills
+(:mod:`libbroker.sandbox.reaper`): a child subreaper outside the sandbox that kills
 everything left below it when the command ends.  Once it has forked the
 command it execs the C version (libbroker/native/reaper.c) when built, so
 that it does not live on as a copy-on-write twin of the server.
@@ -40,57 +26,34 @@ that it does not live on as a copy-on-write twin of the server.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import shutil
 import tempfile
 from collections.abc import Mapping
-from typing import Any
 
-from libbroker import native, reaper, seccomp_unix
-from libbroker.errors import ConfigError, SandboxUnavailable, SpawnError
-from libbroker.exec_command import exec_or_exit, report_and_exit
+from libbroker import native
+from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, restore_child_signals
-from libbroker.paths import under
 from libbroker.profile import Profile, command_environment
-
-Rule = tuple[str, str, bool]  # path, "r" or "rw", is a directory
-
-DEV_NODES: tuple[tuple[str, str], ...] = (
-    ("/dev/null", "rw"),
-    ("/dev/zero", "r"),
-    ("/dev/full", "rw"),
-    ("/dev/random", "r"),
-    ("/dev/urandom", "r"),
-)
+from libbroker.sandbox import enter, landlock, reaper, seccomp
+from libbroker.sandbox.exec import exec_or_exit, report_and_exit
+from libbroker.sandbox.shape import Shape
 
 SETUP_FAILED = 125
+TMP_PREFIX = "agent-broker-tmp-"
 
 
-def landlock_rules(profile: Profile, workdir: str) -> list[Rule]:
-    """The static part of every command's ruleset; ConfigError for an unenforceable deny."""
-    grants = [(p, "r") for p in profile.read] + [(p, "rw") for p in profile.write]
-    grants.append((workdir, "rw"))
-    rules: list[Rule] = []
-    for path, mode in grants:
-        if any(under(path, d) for d in profile.deny):
-            continue  # deny wins: a grant inside a denied tree is not made
-        inside = [d for d in profile.deny if under(d, path)]
-        if inside:
-            raise ConfigError(
-                f"nono backend: Landlock cannot deny {inside[0]} inside the granted {path}; "
-                "use --sandbox=bwrap or change the profile"
-            )
-        if os.path.isdir(path):
-            rules.append((path, mode, True))
-        elif os.path.exists(path):
-            rules.append((path, mode, False))
-    rules += [(node, mode, False) for node, mode in DEV_NODES if os.path.exists(node)]
-    # /proc read-only: what matters in it (environ, mem, fd/ of processes
-    # outside the sandbox) is behind ptrace checks, which Landlock scopes to
-    # the command's own domain once capabilities are dropped.
-    rules.append(("/proc", "r", True))
-    return rules
+def command_shape(profile: Profile, workdir: str, tmp: str = "") -> Shape:
+    """A brokered command's sandbox: the profile's paths, the workdir, its private tmp."""
+    write = (*profile.write, workdir, *((tmp,) if tmp else ()))
+    ports = () if profile.proxy_port is None else (profile.proxy_port,)
+    return Shape(read=profile.read, write=write, deny=profile.deny, tcp_connect=ports, tmp=tmp)
+
+
+def landlock_rules(profile: Profile, workdir: str, tmp: str = "") -> landlock.Ruleset:
+    """The ruleset of one command (ConfigError for a deny Landlock cannot enforce)."""
+    shape = command_shape(profile, workdir, tmp)
+    return landlock.ruleset(shape, landlock.kinds(landlock.shape_paths(shape)))
 
 
 class LandlockExecutor(Executor):
@@ -100,29 +63,22 @@ class LandlockExecutor(Executor):
 
     def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
         try:
-            import nono_py
-        except ImportError:
-            raise SandboxUnavailable("nono backend: nono-py is not installed") from None
-        try:
-            self.abi = nono_py.detect_abi()
-        except RuntimeError as exc:
-            raise SandboxUnavailable(f"nono backend: Landlock is not available: {exc}") from None
-        self.nono: Any = nono_py
+            self.abi = landlock.require()
+        except SandboxUnavailable as exc:
+            raise SandboxUnavailable(f"nono backend: {exc}") from None
+        if seccomp.program(seccomp.Filter(sockets=True)) is None:
+            raise SandboxUnavailable(f"nono backend: no seccomp filter for {os.uname().machine}")
         self.profile = profile
-        if not seccomp_unix.supported():
-            raise SandboxUnavailable(
-                "nono backend: no unix-socket seccomp filter for this machine; use bwrap"
-            )
-        self.rules = landlock_rules(profile, workdir)
-        self.caps = self._static_caps()
+        self.rules = landlock_rules(profile, workdir)  # ConfigError now, not per command
         self.allow = profile.env_allow
         self.server_env = dict(server_env)
-        self.tmp_base = tempfile.mkdtemp(prefix="agent-broker-tmp-")
+        reclaim_stale_tmp(tempfile.gettempdir())
+        self.tmp_base = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self.native_reaper = native.built("reaper")
         self._probe()
 
     def describe(self) -> str:
-        return f"nono (Landlock {self.abi.version})"
+        return f"nono (Landlock {self.abi})"
 
     def _probe(self) -> None:
         """Apply a ruleset once at startup, so a kernel that refuses fails now."""
@@ -168,7 +124,7 @@ class LandlockExecutor(Executor):
     ) -> None:  # fmt: skip
         """In the forked child: start the command below us, then outlive all it starts.
 
-        See :mod:`libbroker.reaper`.  The reaper stays outside the sandbox (the
+        See :mod:`libbroker.sandbox.reaper`.  The reaper stays outside the sandbox (the
         command cannot signal it) in a session of its own, keeps no fd but its
         end of the control pipe (not the server's sockets, not the command's
         stdio), and exits with the command's status once nothing the command
@@ -212,34 +168,12 @@ class LandlockExecutor(Executor):
             report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
         exec_or_exit(argv, env)
 
-    def _static_caps(self) -> Any:
-        """The ruleset part shared by every command, built once in the server.
-
-        Each forked child inherits a copy and adds its own tmp and /proc entry,
-        so a spawn does not re-validate a dozen paths.
-        """
-        nono = self.nono
-        caps = nono.CapabilitySet()
-        modes = {"r": nono.AccessMode.READ, "rw": nono.AccessMode.READ_WRITE}
-        for path, mode, is_dir in self.rules:
-            if is_dir:
-                caps.allow_path(path, modes[mode])
-            else:
-                caps.allow_file(path, modes[mode])
-        caps.block_network()
-        if self.profile.proxy_port is not None:
-            caps.allow_tcp_connect_port(self.profile.proxy_port)
-        return caps
-
     def _apply(self, tmp: str) -> None:
-        nono = self.nono
-        caps = self.caps
-        caps.allow_path(tmp, nono.AccessMode.READ_WRITE)
-        drop_privileges()
-        seccomp_unix.install()
-        # Landlock plus nono's seccomp network baseline: Landlock alone leaves
-        # UDP and netlink open; the baseline refuses them, TCP stays Landlock's.
-        nono.apply_seccomp_with_abi(caps, self.abi)
+        rules = landlock.Ruleset(
+            (*self.rules.rules, landlock.Rule(tmp, writable=True, is_dir=True)),
+            self.rules.tcp_connect,
+        )
+        enter.enter(rules, self.abi, seccomp.Filter(sockets=True))
 
 
 class LandlockChild(Child):
@@ -247,7 +181,7 @@ class LandlockChild(Child):
 
     ``pid`` is the reaper's, what the server waits for: it exits as the
     command did, once nothing the command started is left.  Signals are
-    written to the reaper (:func:`libbroker.reaper.supervise`), which sends
+    written to the reaper (:func:`libbroker.sandbox.reaper.supervise`), which sends
     them to the command's group while that group is still the command's;
     closing the pipe on release kills whatever is still running.
     """
@@ -275,54 +209,21 @@ class LandlockChild(Child):
             self.tmp = None
 
 
-# --- privileges (ctypes; the server imports this once) ----------------------
+def reclaim_stale_tmp(parent: str) -> None:
+    """Remove the private tmp bases of broker-servers that died without cleaning up.
 
-_PR_SET_NO_NEW_PRIVS = 38
-_PR_CAPBSET_DROP = 24
-_PR_CAP_AMBIENT = 47
-_PR_CAP_AMBIENT_CLEAR_ALL = 4
-_CAP_VERSION_3 = 0x20080522
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
-def _last_cap() -> int:
-    try:
-        with open("/proc/sys/kernel/cap_last_cap") as fh:
-            return int(fh.read())
-    except (OSError, ValueError):
-        return 63
-
-
-_LAST_CAP = _last_cap()
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [
-        ("effective", ctypes.c_uint32),
-        ("permitted", ctypes.c_uint32),
-        ("inheritable", ctypes.c_uint32),
-    ]
-
-
-def drop_privileges() -> None:
-    """no_new_privs, and no capabilities now or after exec (the server may run as root).
-
-    Landlock stops file access even for root, but not what capabilities allow
-    beside it (raw sockets, ptrace of other processes, ...).
+    Each base is named after its server's pid; one whose pid is gone (a
+    SIGKILLed server) is removed.  A base whose pid now belongs to another
+    process is left alone: never remove what might be in use.
     """
-    if _libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
-    for cap in range(_LAST_CAP + 1):
-        # EPERM without CAP_SETPCAP: then there is nothing to drop (an
-        # unprivileged bounding set is inert under no_new_privs).
-        if _libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            break
-    _libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
-    header = _CapHeader(_CAP_VERSION_3, 0)
-    data = (_CapData * 2)()
-    if _libc.capset(ctypes.byref(header), data) != 0:
-        raise OSError(ctypes.get_errno(), "capset failed")
+    uid = os.getuid()
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            pid = entry.name[len(TMP_PREFIX) :].split("-", 1)[0]
+            if not entry.name.startswith(TMP_PREFIX) or not pid.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if entry.stat(follow_symlinks=False).st_uid != uid or entry.is_symlink():
+                    continue
+                if not os.path.exists(f"/proc/{pid}"):
+                    shutil.rmtree(entry.path, ignore_errors=True)

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libbroker import reaper
+from libbroker.sandbox import reaper
 
 BIN = os.path.dirname(sys.executable)
 ROOT = Path(__file__).resolve().parent.parent.parent

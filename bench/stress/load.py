@@ -8,7 +8,7 @@ requests on the injected path (the token's header checked on every answer).
 Figures: requests done, errors, latency, peak RSS, open fds before/after,
 children left, audit lines against requests (nothing lost).  Then the broker
 under Landlock, every command leaving two processes outside its process group
-(setsid): none may outlive its command (libbroker.reaper).
+(setsid): none may outlive its command (libbroker.sandbox.reaper).
 """
 
 from __future__ import annotations

@@ -9,17 +9,19 @@ Modules:
 - :mod:`.config`: the TOML config over built-in defaults;
 - :mod:`.runtime`: the session's private runtime directory;
 - :mod:`.plan`: what a session starts, as data (argv, broker profile, policy);
-- :mod:`.agent_sandbox`: the sandbox's shape (bwrap argv, Landlock spec, env);
-- :mod:`.seccomp`: the TIOCSTI/TIOCLINUX filter, as BPF bytes;
+- :mod:`.agent_sandbox`: the session's :class:`~libbroker.sandbox.shape.Shape`
+  (the sandbox itself is :mod:`libbroker.sandbox`'s, shared with the broker), env;
+- :mod:`.door`: the broker's door into a Landlock session (no unix sockets there);
 - :mod:`.supervise`: children (pdeathsig, pidfds, ordered stop) and the janitor;
 - :mod:`.child`: posix_spawn, pipes and pidfds (light: the servers' spawn uses it);
 - :mod:`.boot`: argv for our own Python programs without site, the deferred
   boot and its PR_SET_PDEATHSIG (light, like :mod:`.child`);
 - :mod:`.prestart`: the servers' early start, before the launcher parses;
 - :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
-- :mod:`.forwarder` (in the sandbox, stdlib only) and :mod:`.relay` (host side):
-  the network bridge into bwrap's network namespace;
+- :mod:`libbroker.sandbox.forwarder` (in the sandbox, stdlib only) and :mod:`.relay`
+  (host side): the network bridge into bwrap's network namespace;
 - :mod:`.landlock_exec`: the Landlock backend's helper: it forks the command,
-  which applies the rules and execs, and stays as its reaper (:mod:`libbroker.reaper`);
+  which runs :func:`libbroker.sandbox.enter.enter` and execs, and stays as its
+  reaper (:mod:`libbroker.sandbox.reaper`);
 - :mod:`.doctor`, :mod:`.settings`: ``doctor`` and ``render-settings``.
 """

@@ -1,19 +1,27 @@
-"""The agent sandbox's shape, as data: bwrap argv, Landlock spec, environment.
+"""The agent session's sandbox, as data: its Shape, bwrap argv, Landlock spec, environment.
 
 Pure functions of the config, the runtime directory and a few facts about the
-host (:class:`Host`), so every rule is tested without starting anything.
+host (:class:`Host`), so every rule is tested without starting anything.  The
+sandbox itself is :mod:`libbroker.sandbox`'s, the same one brokered commands
+get: this module only says what the session's :class:`Shape` holds.
 
 What both backends give the command:
 
-- the system (``/usr``, ``/etc``, ...) read-only; ``/proc``; a fresh ``/tmp``;
+- the system (``/usr``, ``/etc``, ...) read-only; ``/proc``; a fresh ``/tmp``
+  (Landlock: a private directory named by TMPDIR);
 - the home directory hidden, except the config's ``read`` (read-only) and
   ``write`` (read-write) paths, the Python installation and the project (our
   own executables, broker-client and gpg-shim, run inside);
 - the workdir read-write; ``deny`` paths hidden even inside those;
 - the runtime directory read-only (broker socket, proxy bridge, egress dir);
-- network only to the egress proxy: bwrap has no network namespace of its own
-  beyond loopback, where the forwarder listens on :3128 and :1080; Landlock
-  allows TCP connect to the proxy's two ports only.
+- no capabilities, even for root; the seccomp filter of
+  :mod:`libbroker.sandbox.seccomp` (no TIOCSTI, no keyring; under Landlock no
+  socket but TCP and NETLINK_ROUTE);
+- network only to the egress proxy: bwrap has a network namespace of its own
+  with nothing but loopback, where the forwarder listens on :3128 and :1080;
+  Landlock allows TCP connect to the proxy's two ports only, and reaches the
+  broker through an inherited descriptor (:mod:`.door`), since it may create
+  no unix socket.
 """
 
 from __future__ import annotations
@@ -25,13 +33,11 @@ from typing import NamedTuple
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
 from libbroker.paths import under
+from libbroker.sandbox import bwrap
+from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES, Shape
 
 HTTP_PORT = 3128
 SOCKS_PORT = 1080
-# The system, read-only; merged-/usr symlinks are recreated as symlinks.
-SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
-# Readable system files that hold secrets when the session runs as root.
-MASKED_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-")
 # Variables taken from the launcher's own environment, when set.
 PASS_ENV = (
     "PATH",
@@ -50,8 +56,7 @@ PASS_ENV = (
 # git there (hooks; core.hooksPath, core.fsmonitor, aliases in .git/config):
 # read-only inside, so a sandboxed command cannot plant an escape (bwrap).
 PROTECTED_IN_WORKDIR = (".git/hooks", ".git/config")
-# Device files a command may write (Landlock; bwrap makes its own /dev).
-DEV_WRITE = ("/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/ptmx", "/dev/pts", "/dev/shm")
+DOOR_ENV_VAR = "AGENT_SANDBOX_BROKER_DOOR"
 
 
 class Host(NamedTuple):
@@ -63,8 +68,7 @@ class Host(NamedTuple):
     forwarder: str  # forwarder.py's path
     bin_dir: str  # where the console scripts are (gpg-shim, broker-client)
     cwd: str
-    symlinks: Mapping[str, str]  # system dirs that are symlinks: path -> target
-    existing: frozenset[str]  # which of the paths we may bind exist
+    facts: bwrap.Facts  # what exists among the shape's paths (see session_paths)
 
 
 def proxy_urls(http_port: int, socks_port: int) -> tuple[str, str]:
@@ -133,70 +137,60 @@ def inside_cwd(cfg: Config, cwd: str) -> str:
     return cfg.workdir
 
 
-def bwrap_argv(
+def session_shape(
     cfg: Config,
+    rt: Runtime,
+    host: Host,
+    env: Mapping[str, str],
+    *,
+    landlock: bool,
+    tty: bool,
+    ports: tuple[int, ...] = (),
+    tmpdir: str = "",
+) -> Shape:
+    """The agent session's :class:`Shape`, for either backend.
+
+    bwrap: the home directory is an empty tmpfs under the grants, the
+    workdir's git files are held read-only, the hostname is the sandbox's.
+    Landlock: a private TMPDIR, the terminal's devices, TCP connect to the
+    proxy's ``ports`` only.  ``--new-session`` (which drops the controlling
+    tty) only without a tty: an interactive shell needs its terminal for job
+    control, and the seccomp filter refuses TIOCSTI either way.
+    """
+    read = (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt.root)
+    write = (*cfg.write, cfg.workdir, *((tmpdir,) if tmpdir else ()))
+    return Shape(
+        read=tuple(dict.fromkeys(read)),
+        write=write,
+        deny=cfg.deny,
+        protect=() if landlock else tuple(protected_paths(cfg)),
+        empty=() if landlock or cfg.home in ("/", "") else (cfg.home,),
+        devices=(*DEVICES, *TERMINAL_DEVICES),
+        tcp_connect=ports if landlock else (),
+        cwd=inside_cwd(cfg, host.cwd),
+        env=dict(env),
+        tmp=tmpdir,
+        new_session=not tty,
+        hostname="" if landlock else "agent-sandbox",
+    )
+
+
+def bwrap_argv(
+    shape: Shape,
     rt: Runtime,
     host: Host,
     cmd: list[str],
     *,
     control_fd: int,
-    seccomp_fd: int | None,
-    tty: bool,
+    seccomp_fd: int,
 ) -> list[str]:
-    """bwrap's argv for the session's command, wrapped in the forwarder.
-
-    ``--new-session`` (which drops the controlling tty) is used only without a
-    tty: an interactive shell needs its terminal for job control, and the
-    seccomp filter (:mod:`.seccomp`) refuses TIOCSTI either way.  Without a
-    seccomp filter for this machine, ``--new-session`` is always used.
-    """
-    argv = ["bwrap", "--unshare-all", "--die-with-parent", "--hostname", "agent-sandbox"]
-    if not tty or seccomp_fd is None:
-        argv.append("--new-session")
-    for d in SYSTEM_DIRS:
-        if d in host.symlinks:
-            argv += ["--symlink", host.symlinks[d], d]
-        elif d in host.existing:
-            argv += ["--ro-bind", d, d]
-    for f in MASKED_FILES:
-        if f in host.existing:
-            argv += ["--ro-bind", "/dev/null", f]
-    argv += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
-    if cfg.home not in ("/", ""):
-        argv += ["--tmpfs", cfg.home]
-    for p in host.python_dirs:
-        argv += ["--ro-bind", p, p]
-    if host.project_dir not in host.python_dirs:
-        argv += ["--ro-bind", host.project_dir, host.project_dir]
-    for p in cfg.read:
-        argv += ["--ro-bind-try", p, p]
-    for p in cfg.write:
-        argv += ["--bind-try", p, p]
-    argv += ["--bind", cfg.workdir, cfg.workdir]
-    for p in protected_paths(cfg):
-        if p in host.existing:
-            argv += ["--ro-bind", p, p]
-    for p in cfg.deny:
-        if p in host.existing:
-            argv += ["--tmpfs", p] if os.path.isdir(p) else ["--ro-bind", "/dev/null", p]
-    argv += ["--ro-bind", rt.root, rt.root]
-    argv += ["--chdir", inside_cwd(cfg, host.cwd)]
-    if seccomp_fd is not None:
-        argv += ["--seccomp", str(seccomp_fd)]
-    argv += [
-        "--",
-        host.python,
-        "-I",
-        "-S",
-        host.forwarder,
-        "--listen",
-        f"{HTTP_PORT}={rt.http_relay}",
-        "--listen",
-        f"{SOCKS_PORT}={rt.socks_relay}",
-        "--control",
-        str(control_fd),
-    ]
-    if not tty:
+    """bwrap's argv for the session's command, wrapped in the forwarder."""
+    argv = ["bwrap", *bwrap.argv(shape, host.facts, seccomp_fd=seccomp_fd), "--"]
+    argv += [host.python, "-I", "-S", host.forwarder]
+    for port, relay in ((HTTP_PORT, rt.http_relay), (SOCKS_PORT, rt.socks_relay)):
+        argv += ["--listen", f"{port}={relay}"]
+    argv += ["--control", str(control_fd)]
+    if shape.new_session:
         argv.append("--own-group")
     return [*argv, "--", *cmd]
 
@@ -206,36 +200,3 @@ def protected_paths(cfg: Config) -> list[str]:
     if not cfg.protect_git:
         return []
     return [os.path.join(cfg.workdir, rel) for rel in PROTECTED_IN_WORKDIR]
-
-
-def bind_candidates(cfg: Config) -> list[str]:
-    """Every path whose existence :func:`bwrap_argv` asks about."""
-    return [*SYSTEM_DIRS, *MASKED_FILES, *cfg.deny, *protected_paths(cfg)]
-
-
-def landlock_spec(
-    cfg: Config,
-    rt: Runtime,
-    host: Host,
-    cmd: list[str],
-    *,
-    http_port: int,
-    socks_port: int,
-    tmpdir: str,
-    tty: bool,
-) -> dict[str, object]:
-    """What the Landlock helper (:mod:`.landlock_exec`) applies before exec."""
-    read = [d for d in SYSTEM_DIRS if d in host.existing and d not in host.symlinks]
-    read += ["/proc", "/dev", *host.python_dirs, host.project_dir, rt.root]
-    read += [p for p in cfg.read if os.path.exists(p)]
-    write = [cfg.workdir, tmpdir, *(p for p in cfg.write if os.path.exists(p))]
-    write += [p for p in DEV_WRITE if os.path.exists(p)]
-    return {
-        "read": read,
-        "write": write,
-        "deny": list(cfg.deny),
-        "ports": [http_port, socks_port],
-        "cwd": inside_cwd(cfg, host.cwd),
-        "new_session": not tty,
-        "argv": cmd,
-    }

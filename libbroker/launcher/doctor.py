@@ -83,28 +83,14 @@ def check_bwrap() -> Check:
 
 
 def check_landlock() -> Check:
-    code, out = _run(
-        [
-            sys.executable,
-            "-I",
-            "-c",
-            "import nono_py;a=nono_py.detect_abi();print(a.version,a.has_network)",
-        ]
-    )
-    if code != 0:
-        return Check(
-            FAIL,
-            f"Landlock: unavailable ({out.splitlines()[-1] if out else code})",
-            "a kernel with Landlock (5.13+, lsm=landlock), pip install nono-py; or use bwrap",
-        )
-    version, net = ([*out.split(), "", ""])[:2]
-    if net != "True":
-        return Check(
-            FAIL,
-            f"Landlock: ABI {version} has no network rules",
-            "a kernel >= 6.7 (Landlock ABI 4) for --sandbox=nono; or use bwrap",
-        )
-    return Check(OK, f"Landlock: ABI {version} with network rules")
+    from libbroker.errors import SandboxUnavailable
+    from libbroker.sandbox import landlock
+
+    try:
+        version = landlock.require()
+    except SandboxUnavailable as exc:
+        return Check(FAIL, f"Landlock: {exc}", "a kernel >= 6.12 with lsm=landlock; or use bwrap")
+    return Check(OK, f"Landlock: ABI {version} (network rules, signal and socket scoping)")
 
 
 def check_backend(kind: str) -> list[Check]:
@@ -124,7 +110,7 @@ def check_backend(kind: str) -> list[Check]:
 
 def check_terminal() -> Check:
     """Whether an interactive session can keep job control without TIOCSTI."""
-    from libbroker.launcher import seccomp
+    from libbroker.sandbox import seccomp
 
     if seccomp.program() is None:
         return Check(

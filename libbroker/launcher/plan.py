@@ -21,6 +21,7 @@ from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
 from libbroker.launcher.prestart import choose_backend as choose_backend
 from libbroker.launcher.runtime import Runtime
+from libbroker.sandbox import bwrap
 
 BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 
@@ -66,27 +67,25 @@ def prepare_workdir(cfg: Config) -> None:
             os.mkdir(os.path.join(git, "hooks"), 0o755)
 
 
-def host_facts(cfg: Config, cwd: str) -> Host:
+def host_facts(cfg: Config, cwd: str, rt: Runtime) -> Host:
+    """The host facts the session's sandbox depends on, its paths stat'ed once."""
     project = project_dir()
     prefixes: list[str] = []
     for p in (sys.prefix, sys.base_prefix):
         p = os.path.realpath(p)
         if p not in prefixes:
             prefixes.append(p)
-    candidates = agent_sandbox.bind_candidates(cfg)
-    symlinks = {d: os.readlink(d) for d in agent_sandbox.SYSTEM_DIRS if os.path.islink(d)}
-    existing = frozenset(p for p in candidates if os.path.lexists(p))
-    python = os.path.realpath(sys.executable)
-    return Host(
-        python=python,
+    host = Host(
+        python=os.path.realpath(sys.executable),
         python_dirs=tuple(prefixes),
         project_dir=project,
-        forwarder=os.path.join(project, "libbroker", "launcher", "forwarder.py"),
+        forwarder=os.path.join(project, "libbroker", "sandbox", "forwarder.py"),
         bin_dir=scripts_dir(),
         cwd=cwd,
-        symlinks=symlinks,
-        existing=existing,
+        facts=bwrap.Facts(frozenset(), frozenset(), {}),
     )
+    shape = agent_sandbox.session_shape(cfg, rt, host, {}, landlock=False, tty=False)
+    return host._replace(facts=bwrap.facts(bwrap.shape_paths(shape)))
 
 
 def proxy_args(cfg: Config, rt: Runtime) -> list[str]:

@@ -34,7 +34,7 @@ PROXY_WARM = ("libegress.app",)
 BROKER_WARM = ("libbroker.server", "libbroker.profile", "libbroker.audit", "libbroker.executor")
 BACKEND_WARM = {
     "bwrap": ("libbroker.sandbox_bwrap",),
-    "nono": ("nono_py", "libbroker.sandbox_landlock"),
+    "nono": ("libbroker.sandbox_landlock",),
 }
 # run's options that take a value (docopt also accepts it as the next word).
 _VALUED = ("--config", "--workdir", "--sandbox")

@@ -8,7 +8,7 @@ passed over as a descriptor (SCM_RIGHTS), after which both ends close.  The
 proxy thus sees the launcher (same user, host loopback) as its peer, and the
 allow list, address rules and token injection apply unchanged; the bytes then
 flow between the sandbox's forwarder and the proxy without a host hop (see
-:func:`libbroker.launcher.forwarder.dial_proxy`).
+:func:`libbroker.sandbox.forwarder.dial_proxy`).
 
 Why not let the proxy listen on this unix socket itself: the proxy serves one
 person's token and decides who its peer is from the kernel's TCP table (the

@@ -7,7 +7,7 @@ launcher does its own work while it waits.
    spawned first thing, and import what they need while the launcher parses
    its command line and config;
 1. runtime directory (0700) and the janitor (cleanup if we are SIGKILLed);
-   (Landlock) the sandbox helper, which imports nono-py meanwhile;
+   (Landlock) the sandbox helper, whose interpreter starts meanwhile;
 2. each server gets its arguments (the proxy at once; the broker once its
    profile is written and the sign key known); git's gpg.program script is
    written; (bwrap) the sandbox (bwrap + forwarder) is built and waits for a
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     import signal
     import subprocess
 
+    from libbroker.launcher.door import Door
     from libbroker.launcher.relay import Relay
 else:
     # The C module: signal.py's enum conversions cost the launcher ~1 ms of
@@ -94,6 +95,7 @@ class Session:
         self.sandbox: supervise.Child | None = None
         self.control = -1  # write end: go byte (bwrap), then signal numbers (both)
         self._spec = -1  # write end of the Landlock helper's spec
+        self.door: Door | None = None  # the broker's door into a Landlock session
         self._live = False  # servers' stderr is copied to the log once started
         self._log = 2
         self._early: list[str] = []
@@ -152,8 +154,8 @@ class Session:
             # No PID namespace to end what the command leaves behind (setsid(),
             # double forks): the helper reaps and kills those; should it be
             # killed itself, the launcher, a child subreaper too, inherits
-            # them and the teardown kills them (libbroker.reaper).
-            from libbroker import reaper
+            # them and the teardown kills them (libbroker.sandbox.reaper).
+            from libbroker.sandbox import reaper
 
             reaper.become_subreaper()
             self.subreaper = True
@@ -162,7 +164,7 @@ class Session:
         git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         plan.prepare_workdir(cfg)
-        host = plan.host_facts(cfg, os.getcwd())
+        host = plan.host_facts(cfg, os.getcwd(), rt)
         import json  # after the servers' spawn: nothing before it that need not be
 
         plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
@@ -237,53 +239,52 @@ class Session:
         """The bwrap sandbox: built now, CMD started by the forwarder on the go byte."""
         assert self.rt is not None
         rt = self.rt
-        r, w = os.pipe()
-        self.control = w
-        os.set_inheritable(r, True)
-        from libbroker.launcher import seccomp
         from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
+        from libbroker.sandbox import bwrap, seccomp
 
+        prog = seccomp.program()
+        if prog is None:
+            raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
         try:
             self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
         except OSError as exc:
             raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
-        prog = seccomp.program()
-        sec_fd: int | None = None
-        if prog is not None:
-            sec_r, sec_w = os.pipe()
-            os.write(sec_w, prog)
-            os.close(sec_w)
-            sec_fd = sec_r
-        argv = agent_sandbox.bwrap_argv(
-            self.cfg, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd, tty=self.tty
-        )
-        fds = [r] if sec_fd is None else [r, sec_fd]
+        r, w = os.pipe()
+        self.control = w
+        os.set_inheritable(r, True)
+        sec_fd = bwrap.seccomp_pipe(prog)
+        env = self._env(host, HTTP_PORT, SOCKS_PORT)
+        shape = agent_sandbox.session_shape(self.cfg, rt, host, env, landlock=False, tty=self.tty)
+        argv = agent_sandbox.bwrap_argv(shape, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd)
         try:
             self.sandbox = self._spawn(
                 "sandbox",
                 argv,  # bwrap's --die-with-parent: it ends with the launcher
-                env=self._env(host, HTTP_PORT, SOCKS_PORT),
-                pass_fds=fds,
+                env=env,
+                pass_fds=[r, sec_fd],
                 pipes=False,
                 ignore=(signal.SIGINT, signal.SIGQUIT) if self.tty else (),
             )
         finally:
-            if sec_fd is not None:
-                os.close(sec_fd)
+            os.close(sec_fd)
             os.close(r)
 
     def _start_landlock_helper(self) -> None:
-        """The Landlock backend's sandbox: a helper that imports nono-py, then waits for its spec.
+        """The Landlock backend's sandbox: a helper that starts now, then waits for its spec.
 
         It needs nothing of the session to start, so it starts right after
         the servers: its import overlaps theirs.
         """
+        assert self.rt is not None
+        from libbroker.launcher.door import Door
+
         r, w = os.pipe()  # the spec, written once the servers listen
         life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
         self._spec = w
         self.control = life_w
         os.set_inheritable(r, True)
         os.set_inheritable(life_r, True)
+        self.door = Door(self.rt.broker_socket)
         helper = "libbroker.launcher.landlock_exec"
         slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
         # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
@@ -296,7 +297,7 @@ class Session:
                 "sandbox",
                 argv,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                pass_fds=[r, life_r],
+                pass_fds=[r, life_r, self.door.inner_fd],
                 pipes=False,
                 own_group=not self.tty,  # the helper calls setsid() then
             )
@@ -305,28 +306,31 @@ class Session:
             os.close(life_r)
 
     def _send_landlock_spec(self, host: Host, found: plan.Listening) -> None:
-        assert self.rt is not None
+        assert self.rt is not None and self.door is not None
         tmpdir = os.path.join(self.rt.root, "tmp")
         os.mkdir(tmpdir, 0o700)
-        spec = agent_sandbox.landlock_spec(
+        env = self._env(host, found.http_port, found.socks_port, tmpdir)
+        env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.inner_fd)
+        shape = agent_sandbox.session_shape(
             self.cfg,
             self.rt,
             host,
-            self.cmd,
-            http_port=found.http_port,
-            socks_port=found.socks_port,
-            tmpdir=tmpdir,
+            env,
+            landlock=True,
             tty=self.tty,
+            ports=(found.http_port, found.socks_port),
+            tmpdir=tmpdir,
         )
-        spec["env"] = self._env(host, found.http_port, found.socks_port, tmpdir)
         import json
 
+        spec = {"shape": shape.to_json(), "argv": self.cmd, "door": self.door.inner_fd}
         data = json.dumps(spec).encode()
         view = memoryview(data)
         while view:
             view = view[os.write(self._spec, view) :]
         os.close(self._spec)
         self._spec = -1
+        self.door.close_inner()  # the helper holds it now
 
     def _start_kubeconfig(
         self, rt: Runtime, socks_port: int = SOCKS_PORT
@@ -525,6 +529,9 @@ class Session:
         for relay in self.relays:
             relay.close()
         self.relays = []
+        if self.door is not None:
+            self.door.close()
+            self.door = None
         for child in self.children:
             child.close()
         self.children = []
@@ -535,7 +542,7 @@ class Session:
             self.janitor.dismiss()
             self.janitor = None
         if self.subreaper:  # what escaped the command's process group is ours now
-            from libbroker import reaper
+            from libbroker.sandbox import reaper
 
             reaper.kill_below(os.getpid())
         if self._log != 2:

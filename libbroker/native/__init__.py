@@ -4,7 +4,7 @@
   and what it hands to the Python gpg-shim).  git runs its ``gpg.program``
   once per signature and waits for it, and a Python start is most of that
   wait; the C program has none.
-- ``reaper.c``: :func:`libbroker.reaper.supervise` as a small program, which
+- ``reaper.c``: :func:`libbroker.sandbox.reaper.supervise` as a small program, which
   the broker's per-command reaper execs so that it does not live on as a
   copy of the whole server (its header says why that matters).
 

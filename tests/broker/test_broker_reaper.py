@@ -1,7 +1,7 @@
 """Nothing a brokered command starts outlives it: setsid(), double forks, a dead server.
 
 bwrap's PID namespace ends everything with the command; under Landlock the
-reaper (libbroker.reaper) does.  Each test runs on both backends unless it is
+reaper (libbroker.sandbox.reaper) does.  Each test runs on both backends unless it is
 about the reaper itself.  Signal forwarding through the reaper is
 test_broker_pipelines.py's test_signals_are_forwarded.
 """
@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libbroker import reaper
+from libbroker.sandbox import reaper
 
 
 def _tag() -> str:

@@ -1,5 +1,5 @@
 """The reaper's two implementations, side by side: libbroker/native/reaper.c and
-``python3 -m libbroker.reaper`` take the same arguments and must do the same.
+``python3 -m libbroker.sandbox.reaper`` take the same arguments and must do the same.
 
 A harness does what the broker's Landlock backend does: it becomes a child
 subreaper, forks the command (``sh -c SCRIPT``), then execs the reaper with
@@ -24,7 +24,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
 HARNESS = f"""
 import os, sys
 sys.path.insert(0, {ROOT!r})
-from libbroker import reaper
+from libbroker.sandbox import reaper
 control, group, impl = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
 reaper.become_subreaper()
 command = os.fork()
@@ -42,7 +42,7 @@ os.execv(impl[0], [*impl, str(command), str(control), group])
 def impl(request: pytest.FixtureRequest) -> list[str]:
     if request.param == "c":
         return [request.getfixturevalue("native_program")("reaper")]
-    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from libbroker.reaper import main; "
+    code = (f"import sys; sys.path.insert(0, {ROOT!r}); from libbroker.sandbox.reaper import main; "
             "sys.exit(main(sys.argv[1:]))")
     return [sys.executable, "-I", "-S", "-c", code]
 

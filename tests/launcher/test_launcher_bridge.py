@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher.forwarder import dial_proxy, pump
 from libbroker.launcher.relay import Relay
+from libbroker.sandbox.forwarder import dial_proxy, pump
 
-FORWARDER = Path(__file__).resolve().parents[2] / "libbroker" / "launcher" / "forwarder.py"
+FORWARDER = Path(__file__).resolve().parents[2] / "libbroker" / "sandbox" / "forwarder.py"
 Handler = Callable[[socket.socket], None]
 
 

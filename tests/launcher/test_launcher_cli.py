@@ -13,7 +13,7 @@ from pathlib import Path
 
 from launcher_world import World
 
-from libbroker.launcher.forwarder import pump
+from libbroker.sandbox.forwarder import pump
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,17 +1,14 @@
-"""The sandbox's shape as data: seccomp program, bwrap argv, Landlock spec, env (pure)."""
+"""The session's sandbox as data: its Shape, bwrap argv, environment, what it starts (pure)."""
 
 from __future__ import annotations
 
-import struct
-
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
-from libbroker.launcher import agent_sandbox, plan, seccomp
+from libbroker.launcher import agent_sandbox, plan
 from libbroker.launcher.agent_sandbox import Host
 from libbroker.launcher.config import HostFacts, from_mapping
 from libbroker.launcher.runtime import Runtime
+from libbroker.sandbox.bwrap import Facts
 
 FACTS = HostFacts(home="/home/u", cwd="/home/u/project", gh_present=False)
 CFG = from_mapping({"read": ["~/.cargo"], "deny": ["/home/u/project/.env"]}, FACTS)
@@ -20,85 +17,47 @@ HOST = Host(
     python="/home/u/.pyenv/versions/3.11/bin/python3.11",
     python_dirs=("/home/u/.pyenv/versions/3.11",),
     project_dir="/opt/agent-sandbox",
-    forwarder="/opt/agent-sandbox/libbroker/launcher/forwarder.py",
+    forwarder="/opt/agent-sandbox/libbroker/sandbox/forwarder.py",
     bin_dir="/home/u/.pyenv/versions/3.11/bin",
     cwd="/home/u/project/sub",
-    symlinks={"/bin": "usr/bin", "/lib": "usr/lib"},
-    existing=frozenset({"/usr", "/etc", "/etc/shadow", "/home/u/project/.env"}),
-)
-
-
-# --- seccomp: a tiny classic-BPF interpreter runs the real program ------------
-
-
-def _run_bpf(prog: bytes, nr: int, arch: int, arg1: int) -> int:
-    insns = [struct.unpack("<HBBI", prog[i : i + 8]) for i in range(0, len(prog), 8)]
-    data = struct.pack("<iIQ6Q", nr, arch, 0, 0, arg1, 0, 0, 0, 0)
-    pc, acc = 0, 0
-    for _ in range(len(insns) + 1):
-        code, jt, jf, k = insns[pc]
-        if code == 0x20:
-            acc, pc = struct.unpack_from("<I", data, k)[0], pc + 1
-        elif code == 0x15:
-            pc += 1 + (jt if acc == k else jf)
-        elif code == 0x35:
-            pc += 1 + (jt if acc >= k else jf)
-        elif code == 0x06:
-            return k
-        else:
-            raise AssertionError(f"unknown opcode {code:#x}")
-    raise AssertionError("the program does not end")
-
-
-ALLOW, EPERM = 0x7FFF0000, 0x00050001
-
-
-@pytest.mark.parametrize("machine", ["x86_64", "aarch64"])
-@given(nr=st.integers(0, 0x3FFFFFFF), arg=st.integers(0, 2**64 - 1))
-def test_seccomp_refuses_only_the_injection_ioctls(machine: str, nr: int, arg: int) -> None:
-    prog = seccomp.program(machine)
-    assert prog is not None
-    (arch, ioctl), (compat_arch, compat_ioctl) = seccomp._ARCHES[machine]
-    low = arg & 0xFFFFFFFF
-    injecting = low in (seccomp.TIOCSTI, seccomp.TIOCLINUX)
-    want = EPERM if nr == ioctl and injecting else ALLOW
-    assert _run_bpf(prog, nr, arch, arg) == want
-    want_compat = EPERM if nr == compat_ioctl and injecting else ALLOW
-    assert _run_bpf(prog, nr, compat_arch, arg) == want_compat
-
-
-def test_seccomp_refuses_x32_and_unknown_arches() -> None:
-    prog = seccomp.program("x86_64")
-    assert prog is not None
-    assert _run_bpf(prog, 0x40000010, 0xC000003E, 0) == EPERM
-    assert _run_bpf(prog, 1, 0x12345678, 0) == EPERM
-    assert seccomp.program("riscv64") is None
+    facts=Facts(
+        dirs=frozenset({"/usr", "/etc", "/home/u/.pyenv/versions/3.11", "/opt/agent-sandbox",
+                        "/home/u/project", "/home/u/.cargo", RT.root}),
+        files=frozenset({"/etc/shadow", "/home/u/project/.env"}),
+        links={"/bin": "usr/bin", "/lib": "usr/lib"},
+    ),
+)  # fmt: skip
 
 
 # --- bwrap -------------------------------------------------------------------
 
 
-def _argv(tty: bool, seccomp_fd: int | None = 5) -> list[str]:
-    return agent_sandbox.bwrap_argv(
-        CFG, RT, HOST, ["claude", "--x"], control_fd=4, seccomp_fd=seccomp_fd, tty=tty
+def _shape(cfg=CFG, host=HOST, tty: bool = False, landlock: bool = False):  # type: ignore[no-untyped-def]
+    ports = (4000, 4001) if landlock else ()
+    tmp = RT.root + "/tmp" if landlock else ""
+    return agent_sandbox.session_shape(
+        cfg, RT, host, {"A": "b"}, landlock=landlock, tty=tty, ports=ports, tmpdir=tmp
     )
+
+
+def _argv(tty: bool, cfg=CFG, host=HOST) -> list[str]:  # type: ignore[no-untyped-def]
+    shape = _shape(cfg, host, tty)
+    return agent_sandbox.bwrap_argv(shape, RT, host, ["claude", "--x"], control_fd=4, seccomp_fd=5)
 
 
 def _pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
     return [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == flag]
 
 
-def test_bwrap_has_no_network_and_dies_with_the_launcher() -> None:
+def test_bwrap_has_no_network_no_capabilities_and_dies_with_the_launcher() -> None:
     argv = _argv(tty=False)
-    assert argv[:3] == ["bwrap", "--unshare-all", "--die-with-parent"]
+    assert argv[:5] == ["bwrap", "--unshare-all", "--die-with-parent", "--cap-drop", "ALL"]
     assert "--share-net" not in argv
 
 
 def test_new_session_only_without_a_tty() -> None:
     assert "--new-session" in _argv(tty=False)
     assert "--new-session" not in _argv(tty=True)
-    # no seccomp filter for this machine: --new-session is the defence
-    assert "--new-session" in _argv(tty=True, seccomp_fd=None)
     assert _argv(tty=True)[_argv(tty=True).index("--seccomp") :][:2] == ["--seccomp", "5"]
 
 
@@ -110,9 +69,10 @@ def test_home_is_hidden_then_only_allowed_paths_come_back() -> None:
     assert ("/home/u/.pyenv/versions/3.11", "/home/u/.pyenv/versions/3.11") in _pairs(
         after, "--ro-bind"
     )
-    assert ("/home/u/.cargo", "/home/u/.cargo") in _pairs(after, "--ro-bind-try")
+    assert ("/home/u/.cargo", "/home/u/.cargo") in _pairs(after, "--ro-bind")
     assert ("/home/u/project", "/home/u/project") in _pairs(after, "--bind")
-    assert ("/home/u/.claude", "/home/u/.claude") in _pairs(after, "--bind-try")
+    # a grant that does not exist on the host is not bound (nor created)
+    assert "/home/u/.claude" not in after
     # the deny path is masked after the workdir is bound
     assert ("/dev/null", "/home/u/project/.env") in _pairs(after, "--ro-bind")
 
@@ -122,6 +82,7 @@ def test_system_read_only_secrets_masked_runtime_read_only() -> None:
     assert ("/usr", "/usr") in _pairs(argv, "--ro-bind")
     assert ("usr/bin", "/bin") in _pairs(argv, "--symlink")
     assert ("/dev/null", "/etc/shadow") in _pairs(argv, "--ro-bind")
+    assert ("/dev/null", "/etc/gshadow") not in _pairs(argv, "--ro-bind")  # not on this host
     assert (RT.root, RT.root) in _pairs(argv, "--ro-bind")
     assert tuple(argv[argv.index("--chdir") :][:2]) == ("--chdir", "/home/u/project/sub")
 
@@ -129,6 +90,7 @@ def test_system_read_only_secrets_masked_runtime_read_only() -> None:
 def test_the_forwarder_wraps_the_command() -> None:
     argv = _argv(tty=False)
     tail = argv[argv.index("--", argv.index("--seccomp")) + 1 :]
+    assert argv[argv.index("--seccomp") + 2] == "--"
     assert tail[:4] == [HOST.python, "-I", "-S", HOST.forwarder]
     assert f"3128={RT.http_relay}" in tail and f"1080={RT.socks_relay}" in tail
     assert tail[-3:] == ["--", "claude", "--x"]
@@ -197,16 +159,22 @@ def test_kubeconfig_only_when_configured() -> None:
 # --- Landlock ------------------------------------------------------------------
 
 
-def test_landlock_spec_grants_reads_writes_and_the_two_ports() -> None:
-    spec = agent_sandbox.landlock_spec(
-        CFG, RT, HOST, ["true"], http_port=4000, socks_port=4001, tmpdir=RT.root + "/tmp", tty=True
-    )
-    assert spec["ports"] == [4000, 4001]
-    assert "/home/u" not in spec["read"]  # type: ignore[operator]
-    assert RT.root in spec["read"]  # type: ignore[operator]
-    assert CFG.workdir in spec["write"]  # type: ignore[operator]
-    assert spec["new_session"] is False
-    assert spec["cwd"] == "/home/u/project/sub"
+def test_landlock_shape_grants_reads_writes_and_the_two_ports() -> None:
+    shape = _shape(tty=True, landlock=True)
+    assert shape.tcp_connect == (4000, 4001)
+    assert "/home/u" not in shape.read and RT.root in shape.read
+    assert CFG.workdir in shape.write and RT.root + "/tmp" in shape.write
+    assert shape.tmp == RT.root + "/tmp" and shape.env == {"A": "b"}
+    assert shape.new_session is False
+    assert shape.cwd == "/home/u/project/sub"
+    assert "/dev/shm" not in shape.devices and "/dev/tty" in shape.devices
+    assert shape.protect == () and shape.empty == ()  # Landlock cannot hold them
+
+
+def test_the_two_backends_share_one_shape_but_for_what_each_can_do() -> None:
+    bw, ll = _shape(), _shape(landlock=True)
+    assert bw.read == ll.read and bw.deny == ll.deny and bw.cwd == ll.cwd
+    assert bw.empty == ("/home/u",) and bw.hostname == "agent-sandbox" and bw.tcp_connect == ()
 
 
 # --- what the session starts -----------------------------------------------------
@@ -271,11 +239,11 @@ def test_listening_lines(name: str, line: str, field: str, value: object) -> Non
 
 def test_git_hooks_and_config_are_bound_read_only_after_the_workdir() -> None:
     git = ("/home/u/project/.git/hooks", "/home/u/project/.git/config")
-    host = HOST._replace(existing=HOST.existing | set(git))
-    argv = agent_sandbox.bwrap_argv(CFG, RT, host, ["true"], control_fd=4, seccomp_fd=5, tty=False)
+    facts = HOST.facts
+    host = HOST._replace(facts=Facts(facts.dirs | {git[0]}, facts.files | {git[1]}, facts.links))
+    argv = _argv(tty=False, host=host)
     after = argv[argv.index("/home/u/project", argv.index("--bind")) :]
     for p in git:
         assert (p, p) in _pairs(after, "--ro-bind")
-    off = CFG._replace(protect_git=False)
-    argv = agent_sandbox.bwrap_argv(off, RT, host, ["true"], control_fd=4, seccomp_fd=5, tty=False)
+    argv = _argv(tty=False, cfg=CFG._replace(protect_git=False), host=host)
     assert not any(p in argv for p in git)

@@ -187,7 +187,7 @@ def _reaped(command: int) -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    """``python3 -m libbroker.reaper COMMAND CONTROL_FD GROUP``: as libbroker/native/reaper.c.
+    """``python3 -m libbroker.sandbox.reaper COMMAND CONTROL_FD GROUP``: as native/reaper.c.
 
     The same interface as the C program, so the tests run both side by side.
     """

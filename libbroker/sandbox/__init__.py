@@ -1,0 +1,15 @@
+"""The one sandbox, for brokered commands and for the agent's session alike.
+
+Mechanism only: callers bring the policy as a :class:`~.shape.Shape` (the
+broker from its ``--profile``, the launcher from its config) and get the same
+sandbox for it on either backend.
+
+- :mod:`.shape`: what a sandbox grants, as data;
+- :mod:`.bwrap`: bubblewrap's argv for a shape (pure), and the host facts it needs;
+- :mod:`.landlock`: the Landlock ruleset for a shape (pure), and its system calls;
+- :mod:`.seccomp`: the one seccomp filter (TIOCSTI, keyring, io_uring, sockets);
+- :mod:`.enter`: the one hardening sequence before exec under Landlock;
+- :mod:`.netns`, :mod:`.forwarder`: the proxy inside bwrap's network namespace;
+- :mod:`.reaper`: nothing a command starts outlives it (Landlock has no PID namespace);
+- :mod:`.exec`: exec with the shell's 126/127.
+"""
