@@ -43,6 +43,12 @@ def error_events(status: int, message: str, kind: str | None) -> list[h11.Event]
             h11.EndOfMessage()]
 
 
+def serialised(conn: h11.Connection, events: tuple[h11.Event, ...]) -> bytes:
+    """``events`` as bytes; a lone Content-Length body piece is not copied."""
+    pieces = [piece for e in events for piece in conn.send_with_data_passthrough(e) or ()]
+    return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+
 class ClientSide:
     """The sandbox's end of an HTTP connection (h11 server role)."""
 
@@ -100,8 +106,7 @@ class ClientSide:
 
     async def send(self, *events: h11.Event) -> None:
         """Serialise ``events`` with h11 and send them."""
-        out = b"".join(self.conn.send(e) or b"" for e in events)
-        await self.stream.send(out)
+        await self.stream.send(serialised(self.conn, events))
 
     async def refuse(self, error: HttpError) -> None:
         """Answer ``error`` if a response can still be sent."""
@@ -127,8 +132,7 @@ class UpstreamSide:
         self.conn = h11.Connection(h11.CLIENT)
 
     async def send(self, *events: h11.Event) -> None:
-        out = b"".join(self.conn.send(e) or b"" for e in events)
-        await self.stream.send(out)
+        await self.stream.send(serialised(self.conn, events))
 
     async def next_event(self) -> h11.Event:
         while True:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
-from typing import Protocol
+from typing import Protocol, cast
 
 READ_SIZE = 256 * 1024
 
@@ -43,10 +43,23 @@ class SocketStream:
         # the locks keep each direction's bytes in order.
         self.send_lock = asyncio.Lock()
         self._recv_lock = asyncio.Lock()
+        self._scratch: bytearray | None = None
 
     async def recv(self) -> bytes:
         async with self._recv_lock:
             return await self.loop.sock_recv(self.sock, READ_SIZE)
+
+    async def recv_scratch(self) -> memoryview:
+        """Some bytes in a buffer this stream reuses: valid until its next call.
+
+        For TLS, whose BIO copies them at once: no fresh READ_SIZE object (and
+        its page faults) per read.
+        """
+        if self._scratch is None:
+            self._scratch = bytearray(READ_SIZE)
+        async with self._recv_lock:
+            n = await self.loop.sock_recv_into(self.sock, self._scratch)
+        return memoryview(self._scratch)[:n]
 
     async def send(self, data: bytes) -> None:
         if data:
@@ -67,6 +80,7 @@ class TlsStream:
         self._obj = obj
         self._in = incoming
         self._out = outgoing
+        self._plain = bytearray(READ_SIZE)  # decrypted records land here first
 
     @classmethod
     async def server(cls, raw: SocketStream, ctx: ssl.SSLContext, early: bytes) -> TlsStream:
@@ -94,10 +108,10 @@ class TlsStream:
                 await self.raw.loop.sock_sendall(self.raw.sock, self._out.read())
 
     async def _fill(self) -> bool:
-        data = await self.raw.recv()
-        if data:
-            self._in.write(data)
-            return True
+        with await self.raw.recv_scratch() as data:
+            if data:
+                self._in.write(data)
+                return True
         self._in.write_eof()
         return False
 
@@ -113,21 +127,26 @@ class TlsStream:
         await self._flush()
 
     def _read_records(self) -> bytes:
-        """Every decrypted byte ready now, up to READ_SIZE (one read is one record)."""
-        chunks: list[bytes] = []
+        """Every decrypted byte ready now, up to READ_SIZE (one read is one record).
+
+        The records are decrypted straight into one reused buffer: a fresh
+        READ_SIZE object per 16 KiB record, then joined, cost bodies a third of
+        their speed.
+        """
         total = 0
-        while total < READ_SIZE:
-            try:
-                data = self._obj.read(READ_SIZE - total)
-            except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
-                if chunks:
+        with memoryview(self._plain) as view:
+            while total < READ_SIZE:
+                try:
+                    # With a buffer, read() returns a count (typeshed says bytes).
+                    n = cast(int, self._obj.read(READ_SIZE - total, view[total:]))
+                except (ssl.SSLWantReadError, ssl.SSLZeroReturnError):
+                    if total:
+                        break
+                    raise
+                if not n:
                     break
-                raise
-            if not data:
-                break
-            chunks.append(data)
-            total += len(data)
-        return b"".join(chunks)
+                total += n
+            return bytes(view[:total])
 
     async def recv(self) -> bytes:
         while True:
