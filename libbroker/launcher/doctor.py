@@ -90,7 +90,11 @@ def check_landlock() -> Check:
         version = landlock.require()
     except SandboxUnavailable as exc:
         return Check(FAIL, f"Landlock: {exc}", "a kernel >= 6.12 with lsm=landlock; or use bwrap")
-    return Check(OK, f"Landlock: ABI {version} (network rules, signal and socket scoping)")
+    return Check(
+        OK,
+        f"Landlock: ABI {version} (network rules, signal and socket scoping); under it, "
+        "other processes' command lines stay visible in /proc (bwrap hides them)",
+    )
 
 
 def check_backend(kind: str) -> list[Check]:
@@ -264,6 +268,19 @@ def check_workdir(cfg: Config) -> Check:
     return Check(OK, f"workdir {cfg.workdir}")
 
 
+def check_hostrun(cfg: Config) -> list[Check]:
+    """The host-run list in effect (libpolicy.hostrun + hostrun_add - hostrun_allow)."""
+    from libbroker.launcher.config import hostrun_table
+
+    table = hostrun_table(cfg)
+    head = Check(
+        OK,
+        f"host-run files: {len(table.entries)} kinds held in {cfg.workdir} at every depth "
+        "(swept back to their state at the start when every session ends)",
+    )
+    return [head, *(Check(OK, "  " + line) for line in table.lines())]
+
+
 def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     return [
         lambda: [check_workdir(cfg)],
@@ -275,6 +292,7 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
         lambda: [check_signing(cfg)],
         lambda: [check_token(cfg)],
         lambda: [check_settings(cfg)],
+        lambda: check_hostrun(cfg),
     ]
 
 

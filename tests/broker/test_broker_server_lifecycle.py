@@ -258,3 +258,29 @@ def test_an_unwritable_audit_log_fails_closed(place, tools) -> None:
     assert first.returncode == 0  # it ran; its own line is what failed
     assert second.returncode == 125 and "audit log" in second.stderr
     assert proc.stderr is not None and "cannot write the audit log" in proc.stderr.read()
+
+
+def test_a_killed_servers_private_tmp_is_reclaimed_by_the_next(place, tools) -> None:
+    """issue 11 item 4: a SIGKILLed Landlock server leaves its tmp base; the next removes it."""
+    base, workdir, sock = place
+    tmp = os.path.join(base, "tmp")
+    os.mkdir(tmp)
+    env = dict(os.environ, TMPDIR=tmp)
+    first = tools.start_server("nono", workdir, sock, env=env)
+    left = [n for n in os.listdir(tmp) if n.startswith("agent-broker-tmp-")]
+    assert left == [f for f in left if f.split("-")[3] == str(first.pid)] and len(left) == 1
+    first.kill()
+    first.wait()
+    assert os.listdir(tmp) == left  # SIGKILL: nothing could clean up
+    # A base whose owner pid is alive (another server) and a look-alike are left alone.
+    alive = os.path.join(tmp, f"agent-broker-tmp-{os.getpid()}-x")
+    os.mkdir(alive)
+    os.mkdir(os.path.join(tmp, "agent-broker-tmp-notapid"))
+    second = tools.start_server("nono", workdir, sock + "2", env=env)
+    try:
+        names = sorted(os.listdir(tmp))
+        assert left[0] not in names
+        assert os.path.basename(alive) in names and "agent-broker-tmp-notapid" in names
+        assert any(n.startswith(f"agent-broker-tmp-{second.pid}-") for n in names)
+    finally:
+        assert tools.stop_server(second) == 0
