@@ -20,6 +20,7 @@ from libbroker.paths import under
 
 if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
+    from libpolicy.hostrun import Table
 
 SANDBOX_KINDS = ("auto", "bwrap", "nono")
 
@@ -76,6 +77,8 @@ class Config(NamedTuple):
     log_file: str = ""  # "": stderr, or the state dir's session.log when stderr is a tty
     home: str = "/"
     harness: str = ""
+    hostrun_add: tuple[str, ...] = ()  # host-run files beyond libpolicy.hostrun's list
+    hostrun_allow: tuple[str, ...] = ()  # rule ids, patterns or workdir paths not held
 
 
 _KEYS = frozenset(
@@ -98,6 +101,8 @@ _KEYS = frozenset(
         "start_timeout",
         "log_file",
         "protect_git",
+        "hostrun_add",
+        "hostrun_allow",
     }
 )
 
@@ -233,6 +238,8 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         start_timeout=timeout,
         log_file=path(log, "log_file") if log else "",
         protect_git=get.boolean("protect_git", True),
+        hostrun_add=_hostrun(get.strings("hostrun_add", ()), source, "hostrun_add"),
+        hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )
@@ -328,6 +335,22 @@ def _cidr(value: str, source: str) -> str:
     except ValueError:
         raise ConfigError(f"{source}: allow_cidr entry {value!r} is not a CIDR range") from None
     return value
+
+
+def _hostrun(values: tuple[str, ...], source: str, key: str) -> tuple[str, ...]:
+    from libpolicy.hostrun import HostRunError, check_pattern
+
+    try:
+        return tuple(check_pattern(v, key) for v in values)
+    except HostRunError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+
+
+def hostrun_table(cfg: Config) -> Table:
+    """The host-run list in effect for ``cfg`` (libpolicy.hostrun), rooted at the workdir."""
+    from libpolicy.hostrun import Table
+
+    return Table(cfg.hostrun_add, cfg.hostrun_allow, cfg.workdir)
 
 
 def _check_env_name(name: str, source: str) -> None:

@@ -31,17 +31,12 @@ is moved aside and the recorded entry written in its place.
 
 from __future__ import annotations
 
-import base64
+import contextlib
 import errno
-import hashlib
-import json
 import os
 import shlex
-import shutil
 import stat
-import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from libpolicy.hostrun import NESTED_GIT, Entry, Table
@@ -132,6 +127,9 @@ class Snapshot:
         self.seconds = 0.0
 
     def to_json(self) -> str:
+        import base64
+        import json
+
         return json.dumps({
             "workdir": self.workdir, "session": self.session, "table": self.table.to_dict(),
             "entries": {rel: [rule, None if node is None else node.to_json()]
@@ -142,6 +140,9 @@ class Snapshot:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Snapshot:
+        import base64
+        import json
+
         data = json.loads(text)
         snap = cls(data["workdir"], data["session"], Table.from_dict(data["table"]))
         snap.entries = {rel: (rule, None if node is None else Node.from_json(node))
@@ -161,6 +162,12 @@ class Snapshot:
 
 
 # --- looking, without following ------------------------------------------------------
+
+def _digest(data: bytes) -> str:
+    import hashlib  # imported in the scan's thread, not on the launcher's path
+
+    return hashlib.sha256(data).hexdigest()
+
 
 def _join(rel: str, name: str) -> str:
     return f"{rel}/{name}" if rel else name
@@ -203,7 +210,7 @@ class _Looker:
         self.snap = snap
         self.copies_dir = copies_dir
 
-    def node(self, dfd: int, name: str, depth: int = 0) -> Node | None:
+    def node(self, dfd: int, name: str, depth: int = 0, *, shallow: bool = False) -> Node | None:
         try:
             st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
         except FileNotFoundError:
@@ -217,9 +224,11 @@ class _Looker:
                 st, data = _read_file(dfd, name)
             except OSError:  # swapped between stat and open: a change in itself
                 return Node("other", *base)
-            digest = hashlib.sha256(data).hexdigest()
+            digest = _digest(data)
             self._keep(digest, data)
             return Node("file", st.st_mode, st.st_size, st.st_mtime_ns, st.st_ino, digest)
+        if kind == "dir" and shallow:  # a repository: its own entries are fingerprinted
+            return Node("dir", *base)
         if kind == "dir":
             children: dict[str, Node] | None = {}
             try:
@@ -256,6 +265,9 @@ class _Looker:
                 fh.write(data)
 
 
+_BARE_MARKS = {"HEAD": 1, "objects": 2, "refs": 4, "commondir": 8}
+
+
 def _is_git_dir(names: set[str]) -> bool:
     """git's own test (is_git_directory): HEAD, objects and refs, or a worktree's commondir."""
     return "HEAD" in names and ("commondir" in names or {"objects", "refs"} <= names)
@@ -264,20 +276,18 @@ def _is_git_dir(names: set[str]) -> bool:
 class _Walk:
     """One pass over the workdir: every repository and every tree entry, by directory fds."""
 
-    def __init__(self, table: Table) -> None:
+    def __init__(self, table: Table, *, inodes: bool = False) -> None:
         self.table = table
+        self.inodes = inodes  # keep every directory's inode (to find a renamed .git)
         self.by_last: dict[str, list[Entry]] = {}
         for entry in table.tree:
             self.by_last.setdefault(entry.parts[-1], []).append(entry)
-        self.git_dirs: list[tuple[str, int, int]] = []  # (relpath, parent fd dup, inode)
+        self.git_dirs: list[tuple[str, int]] = []  # (relpath, inode; 0 for a bare one)
         self.found: list[tuple[str, Entry]] = []  # tree entries (relpath, entry)
         self.dirs_by_ino: dict[tuple[int, int], str] = {}  # for finding a renamed .git
-        self.fds: list[int] = []
 
     def close(self) -> None:
-        for fd in self.fds:
-            os.close(fd)
-        self.fds = []
+        """Nothing is held between calls; kept so callers need not know."""
 
     def run(self, root_fd: int) -> None:
         self._dir(root_fd, "", ())
@@ -290,29 +300,36 @@ class _Walk:
         return None
 
     def _dir(self, dfd: int, rel: str, parts: tuple[str, ...]) -> None:
+        # The hot loop of the scan (100k files in ~5k directories): per file,
+        # one set lookup and one d_type test; everything else only for the
+        # few names that can matter.
         subdirs = []
-        names = set()
+        marks = 0
+        by_last, bare = self.by_last, _BARE_MARKS
         with os.scandir(dfd) as it:
             for item in it:
                 name = item.name
-                names.add(name)
-                here = (*parts, name)
-                try:
-                    is_dir = item.is_dir(follow_symlinks=False)
-                except OSError:
-                    continue
-                if name == ".git":
-                    if is_dir:
+                if name in bare:
+                    marks |= bare[name]
+                if name in by_last or name == ".git":
+                    try:
+                        is_dir = item.is_dir(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    if name == ".git" and is_dir:
+                        # (a .git file or link is a tree entry, git-dir, below)
                         self._git_dir(dfd, _join(rel, name), name, item.inode())
-                    # a .git file or link is a tree entry (git-dir) below
-                entry = self._tree_entry(here)
-                if entry is not None and not self.table._opted_out(_join(rel, name)):
-                    self.found.append((_join(rel, name), entry))
-                    continue  # a held directory is fingerprinted whole
-                if is_dir and name != ".git":
+                    entry = self._tree_entry((*parts, name))
+                    if entry is not None and not self.table._opted_out(_join(rel, name)):
+                        self.found.append((_join(rel, name), entry))
+                        continue  # a held directory is fingerprinted whole
+                    if is_dir and name != ".git":
+                        subdirs.append((name, item.inode()))
+                elif item.is_dir(follow_symlinks=False):
                     subdirs.append((name, item.inode()))
-        if rel and _is_git_dir(names):  # a bare repository, under any name
-            self.git_dirs.append((rel, -1, 0))
+        if rel and marks & 1 and (marks & 6 == 6 or marks & 8):
+            # a bare repository (HEAD, objects, refs) or a worktree's git dir, under any name
+            self.git_dirs.append((rel, 0))
             subdirs = [(n, i) for n, i in subdirs if n not in _GIT_SKIP and n != "hooks"]
         for name, ino in subdirs:
             try:
@@ -321,14 +338,15 @@ class _Walk:
                 continue
             try:
                 child = _join(rel, name)
-                self.dirs_by_ino[(os.fstat(fd).st_dev, ino)] = child
+                if self.inodes:
+                    self.dirs_by_ino[(os.fstat(fd).st_dev, ino)] = child
                 self._dir(fd, child, (*parts, name))
             finally:
                 os.close(fd)
 
     def _git_dir(self, dfd: int, rel: str, name: str, ino: int) -> None:
         """A git directory and the git directories inside it (modules/**, worktrees/*)."""
-        self.git_dirs.append((rel, -1, ino))
+        self.git_dirs.append((rel, ino))
         try:
             fd = os.open(name, _DIR, dir_fd=dfd)
         except OSError:
@@ -387,7 +405,7 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
     walk = _Walk(table)
     try:
         walk.run(root)
-        for rel, _, ino in walk.git_dirs:
+        for rel, ino in walk.git_dirs:
             snap.repos[rel] = ino
             with _parent(root, rel) as (pfd, name):
                 if pfd < 0:
@@ -402,7 +420,8 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
         for rel, entry in walk.found:
             with _parent(root, rel) as (pfd, name):
                 if pfd >= 0:
-                    snap.entries[rel] = (entry.rule, looker.node(pfd, name))
+                    node = looker.node(pfd, name, shallow=entry.rule == "git-dir")
+                    snap.entries[rel] = (entry.rule, node)
     finally:
         walk.close()
         os.close(root)
@@ -416,7 +435,7 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
     return snap
 
 
-class _parent:  # noqa: N801 - used as a context manager, like open()
+class _parent:
     """The directory fd holding ``rel``'s last name, walked one name at a time.
 
     Yields ``(-1, name)`` when a directory on the way is missing, a link or
@@ -473,10 +492,8 @@ class _Sweeper:
         parts = rel.split("/")
         fd = os.dup(self.qfd)
         for name in parts[:-1]:
-            try:
+            with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o700, dir_fd=fd)
-            except FileExistsError:
-                pass
             nxt = os.open(name, _DIR, dir_fd=fd)
             os.close(fd)
             fd = nxt
@@ -503,7 +520,9 @@ class _Sweeper:
                 _copy(pfd, name, qfd, qname)
                 st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
                 if stat.S_ISDIR(st.st_mode):
-                    shutil.rmtree(name, dir_fd=pfd)
+                    import shutil
+
+                    shutil.rmtree(name, dir_fd=pfd)  # fd-based: never follows a link
                 else:
                     os.unlink(name, dir_fd=pfd)
         finally:
@@ -518,7 +537,7 @@ class _Sweeper:
         elif node.kind == "file":
             data = self.snap.content(node.digest)
             tmp = f".{name}.agent-sandbox-restore"
-            with _suppress_missing():
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp, dir_fd=pfd)
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                          0o600, dir_fd=pfd)
@@ -570,8 +589,9 @@ class _Sweeper:
             self.say(rel, rule, f"{what}; the original is back, the session's version moved "
                      f"to {qp}", cmd)
         elif now_node is not None:
-            what = ("a link to " + shlex.quote(now_node.link) + " appeared"
-                    if now_node.kind == "link" else "appeared in the session")
+            what = "a link to " + shlex.quote(now_node.link) if now_node.kind == "link" else (
+                "a " + now_node.kind)
+            what += " appeared" if recorded is None else " replaced it"
             self.say(rel, rule, f"{what}; moved to {shlex.quote(q)}",
                      f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
 
@@ -598,25 +618,17 @@ class _Sweeper:
                 os.close(fd)
                 fd = nxt
             name = parts[-1]
-            now_node = self.looker.node(fd, name)
+            now_node = self.looker.node(fd, name, shallow=rule == "git-dir")
             if recorded is None and now_node is None:
                 return
             if recorded is not None and now_node is not None and recorded.same(now_node):
                 return
-            if recorded is not None and recorded.kind == "dir" and recorded.children is None:
-                if now_node is not None and now_node.kind == "dir":
-                    return  # a repository or a huge directory: its own entries are checked
+            if (recorded is not None and recorded.kind == "dir" and recorded.children is None
+                    and now_node is not None and now_node.kind == "dir"):
+                return  # a repository or a huge directory: its own entries are checked
             self.restore(root, rel, rule, recorded, now_node, fd, name)
         finally:
             os.close(fd)
-
-
-class _suppress_missing:  # noqa: N801
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind: object, exc: object, tb: object) -> bool:
-        return isinstance(exc, FileNotFoundError)
 
 
 def _copy(sfd: int, name: str, dfd: int, dname: str) -> None:
@@ -663,6 +675,8 @@ def config_entries(data: bytes) -> list[tuple[str, str]] | None:
     The bytes come on stdin (never a path the agent could swap), and
     ``--no-includes`` keeps git from reading anything else.
     """
+    import subprocess
+
     try:
         done = subprocess.run(["git", "config", "--file", "-", "--list", "--null",
                                "--no-includes"], input=data, capture_output=True, timeout=10,
@@ -685,7 +699,10 @@ def _alias_runs(key: str, value: str) -> bool:
 
 
 def sanitized_config(data: bytes) -> tuple[bytes, list[str]] | None:
-    """The config without its command-running keys, and those keys; None when none (or unparseable: all)."""
+    """The config without its command-running keys, and those keys; None when it has none.
+
+    A config git cannot parse counts as all command-running: nothing of it is kept.
+    """
     pairs = config_entries(data)
     if pairs is None:
         return b"", ["(not parseable by git)"]
@@ -723,7 +740,7 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
         # 1. Every recorded entry, shallow first: a .git replaced before its hooks.
         for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
             rule, recorded = snap.entries[rel]
-            _guard(sweeper, rel, lambda: sweeper.check(root, rel, rule, recorded))
+            _guard(sweeper, rel, sweeper.check, root, rel, rule, recorded)
         _put_back_renamed_git(sweeper, root)
         # 2. What appeared: walk again, fds all the way down.
         walk = _Walk(snap.table)
@@ -734,13 +751,13 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
         for rel, entry in walk.found:
             if rel not in snap.entries or snap.entries[rel][1] is None:
                 if rel.endswith(".git") and entry.rule == "git-dir":
-                    _guard(sweeper, rel, lambda: _gitlink(sweeper, root, rel, snap))
+                    _guard(sweeper, rel, _gitlink, sweeper, root, rel, snap)
                 else:
-                    _guard(sweeper, rel, lambda: sweeper.check(root, rel, entry.rule, None))
-        for rel, _, _ in walk.git_dirs:
+                    _guard(sweeper, rel, sweeper.check, root, rel, entry.rule, None)
+        for rel, _ in walk.git_dirs:
             if rel in snap.repos:
                 continue
-            _guard(sweeper, rel, lambda: _new_repo(sweeper, root, rel))
+            _guard(sweeper, rel, _new_repo, sweeper, root, rel)
     finally:
         os.close(root)
         if sweeper.qfd >= 0:
@@ -751,45 +768,61 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
     return sweeper.lines
 
 
-def _guard(sweeper: _Sweeper, rel: str, step: Any) -> None:
+def _guard(sweeper: _Sweeper, rel: str, step: Any, *args: Any) -> None:
     """One entry's failure (a permission, a full disk) is reported, and the sweep goes on."""
     try:
-        step()
+        step(*args)
     except OSError as exc:
         sweeper.lines.append(f"agent-sandbox: {rel}: could not be checked or restored: "
                              f"{exc.strerror or exc}; look at it before using git there")
 
 
 def _put_back_renamed_git(sweeper: _Sweeper, root: int) -> None:
-    """A recorded .git that is gone from its place but found elsewhere (by inode) goes back."""
+    """A recorded .git found elsewhere (by inode) goes back; what took its place goes aside.
+
+    ``mv .git .git-away && cp -r .git-away .git`` leaves a copy where the
+    repository was: the copy (with whatever the session did in it) is moved
+    aside, the original moved back.  A .git that is simply gone stays gone.
+    """
     snap = sweeper.snap
-    missing = {}
+    displaced = {}
     for rel, ino in snap.repos.items():
         if not ino or not rel.endswith(".git"):
             continue
         with _parent(root, rel) as (pfd, name):
-            if pfd >= 0 and sweeper.looker.node(pfd, name) is None:
-                missing[ino] = rel
-    if not missing:
+            if pfd < 0:
+                continue
+            now = sweeper.looker.node(pfd, name, shallow=True)
+            if now is None or now.ino != ino:
+                displaced[ino] = rel
+    if not displaced:
         return
-    walk = _Walk(snap.table)
+    walk = _Walk(snap.table, inodes=True)
     try:
         walk.run(root)
     finally:
         walk.close()
     for (_, ino), where in walk.dirs_by_ino.items():
-        rel = missing.get(ino)
-        if rel is None:
+        if ino not in displaced:
             continue
-        with _parent(root, where) as (sfd, sname), _parent(root, rel) as (dfd, dname):
-            if sfd < 0 or dfd < 0:
-                continue
-            os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+        rel = displaced[ino]
         path = os.path.join(snap.workdir, rel)
+        with _parent(root, rel) as (dfd, dname):
+            if dfd < 0:
+                continue
+            now = sweeper.looker.node(dfd, dname, shallow=True)
+            if now is not None:
+                q = sweeper.move_aside(dfd, dname, rel)
+                sweeper.say(rel, "git-dir", f"a {now.kind} took the repository's place in the "
+                            f"session; moved to {shlex.quote(q)}", "")
+            with _parent(root, where) as (sfd, sname):
+                if sfd < 0:
+                    continue
+                os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
         sweeper.say(rel, "git-dir", f"the repository was moved to {where} in the session; "
                     "moved back", f"mv -T -- {shlex.quote(path)} "
                     f"{shlex.quote(os.path.join(snap.workdir, where))}")
-        # Its entries were skipped (their directory was gone): check them now.
+        # Its entries were checked where they stood: check them again.
         for entry_rel, (rule, recorded) in snap.entries.items():
             if entry_rel.startswith(rel + "/"):
                 sweeper.check(root, entry_rel, rule, recorded)
@@ -846,8 +879,11 @@ def _new_repo(sweeper: _Sweeper, root: int, rel: str) -> None:
         # hooks/: only git's *.sample files stay (git never runs them).
         hooks = sweeper.looker.node(gfd, "hooks")
         if hooks is not None and hooks.kind != "dir":
-            sweeper.check(gfd_root(gfd), "hooks", "git-hooks", None)
-            _relabel(sweeper, rel)
+            q = sweeper.move_aside(gfd, "hooks", f"{rel}/hooks")
+            path = os.path.join(sweeper.snap.workdir, rel, "hooks")
+            sweeper.say(f"{rel}/hooks", "git-hooks", f"a {hooks.kind} in a repository made in "
+                        f"the session; moved to {shlex.quote(q)}",
+                        f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
         elif hooks is not None and hooks.children is not None:
             hfd = os.open("hooks", _DIR, dir_fd=gfd)
             try:
@@ -880,17 +916,6 @@ def _new_repo(sweeper: _Sweeper, root: int, rel: str) -> None:
                             f"{shlex.quote(q)}", f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
 
 
-def gfd_root(fd: int) -> int:
-    return fd
-
-
-def _relabel(sweeper: _Sweeper, rel: str) -> None:
-    """Lines written relative to a git dir name the whole path."""
-    if sweeper.lines and sweeper.lines[-1].startswith("agent-sandbox: hooks "):
-        sweeper.lines[-1] = sweeper.lines[-1].replace("agent-sandbox: hooks ",
-                                                      f"agent-sandbox: {rel}/hooks ", 1)
-
-
 def _sanitize_config(sweeper: _Sweeper, gfd: int, rel: str, name: str, rule: str) -> None:
     node = sweeper.looker.node(gfd, name)
     if node is None:
@@ -908,7 +933,7 @@ def _sanitize_config(sweeper: _Sweeper, gfd: int, rel: str, name: str, rule: str
         return
     clean, keys = result
     q = sweeper.move_aside(gfd, name, entry_rel)
-    digest = hashlib.sha256(clean).hexdigest()
+    digest = _digest(clean)
     sweeper.snap.blobs[digest] = clean
     sweeper.materialize(gfd, name, Node("file", 0o644, len(clean), time.time_ns(), 0, digest))
     sweeper.say(entry_rel, rule, f"a repository made in the session names commands in its "
@@ -917,6 +942,66 @@ def _sanitize_config(sweeper: _Sweeper, gfd: int, rel: str, name: str, rule: str
 
 
 # --- for the launcher ----------------------------------------------------------------
+
+class Guard:
+    """One session's guard: the scan in a thread from the start, the sweep at the end.
+
+    The scan overlaps the servers' start (its directory reads release the
+    GIL, and the launcher mostly waits on their ``listening`` lines);
+    :meth:`wait` joins it before the command may run.  :meth:`finish` sweeps
+    (once every process of the session is gone) and prints its lines.
+    """
+
+    def __init__(self, workdir: str, table: Table, runtime_dir: str, state: str) -> None:
+        import threading
+
+        self.state = state
+        self.snap: Snapshot | None = None
+        self.error: BaseException | None = None
+        self._args = (workdir, table, runtime_dir)
+        self._thread = threading.Thread(target=self._scan, name="hostrun-scan", daemon=True)
+        self._thread.start()
+
+    def _scan(self) -> None:
+        workdir, table, runtime_dir = self._args
+        try:
+            self.snap = scan(workdir, table, runtime_dir=runtime_dir)
+        except BaseException as exc:  # reported by wait(), in the launcher's thread
+            self.error = exc
+
+    def wait(self) -> Snapshot:
+        """The snapshot, once the scan is done; LaunchError if it failed (no session then)."""
+        self._thread.join()
+        if self.snap is None:
+            from libbroker.errors import LaunchError
+
+            why = self.error.strerror if isinstance(self.error, OSError) else self.error
+            raise LaunchError(f"cannot look at the workdir's host-run files: {why}")
+        return self.snap
+
+    def finish(self, out: int = 2) -> list[str]:
+        """Sweep (nothing of the session may be alive) and write its lines to ``out``."""
+        self._thread.join()
+        if self.snap is None:
+            return []
+        snap, self.snap = self.snap, None
+        try:
+            lines = sweep(snap, self.state)
+        except OSError as exc:
+            lines = [f"agent-sandbox: the sweep of {snap.workdir} failed: "
+                     f"{exc.strerror or exc}; check its git hooks and config before using git"]
+        if lines:
+            text = "".join(line + "\n" for line in lines)
+            with contextlib.suppress(OSError):
+                os.write(out, text.encode(errors="replace"))
+        return lines
+
+
+def janitor_sweep(runtime_dir: str) -> None:
+    """The janitor's sweep, after a launcher killed before its own (lines go to sweep.log)."""
+    snap = load(runtime_dir)
+    if snap is not None:
+        sweep(snap, state_dir())
 
 def load(runtime_dir: str) -> Snapshot | None:
     """The snapshot the scan left in ``runtime_dir``, if any."""
@@ -958,5 +1043,3 @@ def bwrap_args(snap: Snapshot) -> list[str]:
     return argv
 
 
-def entries_in_effect(table: Table) -> Iterator[str]:
-    yield from table.lines()

@@ -5,8 +5,9 @@ terminal signal reaches it) with two arguments: the read end of a pipe and
 the runtime directory.  The launcher writes ``PID GROUP`` lines to the pipe
 for every child, and ``done`` once it has cleaned up itself.  End of file
 without ``done`` means the launcher died: the janitor ends the children
-(SIGTERM, a grace, SIGKILL; the sandbox, started last, first) and removes the
-runtime directory.  Standard library only, little of it: this starts beside
+(SIGTERM, a grace, SIGKILL; the sandbox, started last, first), sweeps the
+workdir's host-run files (:mod:`.hostrun_guard`) and removes the runtime
+directory.  Standard library only, little of it: this starts beside
 the servers.
 """
 
@@ -83,6 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     # The launcher is gone without cleaning up: the session ends here.
     for pid, fd, group in reversed(watched):
         _end(pid, fd, group)
+    # Then the host-run files, from the snapshot the launcher's scan left in
+    # the runtime dir (lines go to the quarantine's sweep.log: no terminal here).
+    try:
+        from libbroker.launcher.hostrun_guard import janitor_sweep
+
+        janitor_sweep(runtime_dir)
+    except Exception as exc:  # the runtime dir is removed whatever happened
+        sys.stderr.write(f"agent-sandbox-janitor: the host-run sweep failed: {exc}\n")
     import shutil
 
     deadline = time.monotonic() + 5

@@ -12,7 +12,7 @@ import contextlib
 import os
 import sys
 
-from libbroker.launcher import agent_sandbox
+from libbroker.launcher import agent_sandbox, config
 from libbroker.launcher.agent_sandbox import Host
 from libbroker.launcher.boot import deferred_python_argv as deferred_python_argv
 from libbroker.launcher.boot import encode_args as encode_args
@@ -158,6 +158,7 @@ def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> s
         proxy_port=proxy_port,
         socks_port=socks_port,
         egress=rt.egress_dir,
+        hostrun=config.hostrun_table(cfg),
     )
     return policy.to_json()
 

@@ -29,7 +29,16 @@ import time
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable
-from libbroker.launcher import agent_sandbox, config, plan, prestart, runtime, supervise, trace
+from libbroker.launcher import (
+    agent_sandbox,
+    config,
+    hostrun_guard,
+    plan,
+    prestart,
+    runtime,
+    supervise,
+    trace,
+)
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -99,6 +108,7 @@ class Session:
         self._live = False  # servers' stderr is copied to the log once started
         self._log = 2
         self._early: list[str] = []
+        self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
 
     # --- the whole run -------------------------------------------------------
 
@@ -144,6 +154,11 @@ class Session:
         _trace("session starts (interpreter, imports, config before this)")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
+        # The host-run files' scan runs in a thread while the servers start
+        # (it leaves its snapshot in rt for the janitor); joined before go.
+        self.hostrun = hostrun_guard.Guard(
+            cfg.workdir, config.hostrun_table(cfg), rt.root, hostrun_guard.state_dir(cfg.home)
+        )
         if servers is None:
             servers = prestart.start(self.backend)
             servers.taken = True
@@ -192,6 +207,8 @@ class Session:
         self._log = _open_log(self.cfg)
         if self._early:
             os.write(self._log, "".join(line + "\n" for line in self._early).encode())
+        self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
+        _trace("host-run files fingerprinted")
         if self.backend == "bwrap":
             self.relays[0].start(found.http_port)
             self.relays[1].start(found.socks_port)
@@ -545,6 +562,10 @@ class Session:
             from libbroker.sandbox import reaper
 
             reaper.kill_below(os.getpid())
+        if self.hostrun is not None:  # last: nothing of the session is alive to race it
+            self.hostrun.finish()
+            self.hostrun = None
+            _trace("host-run files swept")
         if self._log != 2:
             os.close(self._log)
             self._log = 2
