@@ -1,7 +1,7 @@
 """Run a command (a coding agent, a shell, a build) in a whole sandboxed session.
 
 Usage:
-  agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--] CMD...
+  agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--agent=NAME] [--] CMD...
   agent-sandbox doctor [--config=FILE] [--sandbox=KIND]
   agent-sandbox render-settings [--config=FILE]
   agent-sandbox -h | --help
@@ -20,6 +20,8 @@ Options:
   --config=FILE    The TOML config (default: ~/.config/agent-sandbox/config.toml).
   --workdir=DIR    The writable project directory (default: the config's, else cwd).
   --sandbox=KIND   auto, bwrap or nono (Landlock) (default: the config's, else auto).
+  --agent=NAME     The agent profile: claude, codex, gemini, one of the config's
+                   [agents.NAME], or none (default: from CMD's name).
   -h --help        Show this help.
   --version        Show the version.
 
@@ -48,7 +50,11 @@ def _config(args: Args) -> Config:
 
     facts = config.host_facts()
     path = args["--config"]
-    overrides = {"workdir": args.get("--workdir"), "sandbox": args.get("--sandbox")}
+    overrides = {
+        "workdir": args.get("--workdir"),
+        "sandbox": args.get("--sandbox"),
+        "agent": args.get("--agent"),
+    }
     try:
         return config.load(os.path.expanduser(path) if path else None, facts, overrides=overrides)
     except ConfigError as exc:

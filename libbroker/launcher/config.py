@@ -34,10 +34,12 @@ DEFAULT_DOMAINS = (
     "api.anthropic.com",
 )
 DEFAULT_INJECT = ("github.com", "api.github.com")
-# Claude Code keeps its settings, sessions and login here; it runs inside the
-# sandbox, so it must be able to write them.  git's identity is read-only.
+# git's identity is read-only.  Nothing of home is writable by default: an
+# agent's own config (~/.claude, ~/.codex, ~/.gemini) reaches a session as a
+# private copy (libbroker.launcher.agent_home), never the real files, where
+# a planted hook or MCP server would run on the host later.
 DEFAULT_READ = ("~/.gitconfig", "~/.config/git")
-DEFAULT_WRITE = ("~/.claude", "~/.claude.json")
+DEFAULT_WRITE: tuple[str, ...] = ()
 HARNESS = "~/.claude"
 # Names a session must never carry in, whatever the config says: a phantom
 # GitHub token would shadow real logins, NONO_* would rewrite nono's policy,
@@ -77,6 +79,9 @@ class Config(NamedTuple):
     log_file: str = ""  # "": stderr, or the state dir's session.log when stderr is a tty
     home: str = "/"
     harness: str = ""
+    agent: str = ""  # "": from the command's basename (libbroker.launcher.agents)
+    agent_write_back: tuple[str, ...] = ()  # "AGENT:KEY" opted in to come back
+    agents: tuple[tuple[str, Any], ...] = ()  # [agents.NAME] profiles: (name, Profile)
     hostrun_add: tuple[str, ...] = ()  # host-run files beyond libpolicy.hostrun's list
     hostrun_allow: tuple[str, ...] = ()  # rule ids, patterns or workdir paths not held
 
@@ -103,6 +108,9 @@ _KEYS = frozenset(
         "protect_git",
         "hostrun_add",
         "hostrun_allow",
+        "agent",
+        "agent_write_back",
+        "agents",
     }
 )
 
@@ -216,6 +224,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
     timeout = get.number("start_timeout", 10.0)
     if not 0 < timeout <= 300:
         raise ConfigError(f"{source}: start_timeout must be in (0, 300] seconds")
+    extra, write_back = _agents(data, get, source)
     kube = get.string("kubeconfig", "")
     log = get.string("log_file", "")
     ca = get.string("upstream_ca", "")
@@ -238,6 +247,9 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         start_timeout=timeout,
         log_file=path(log, "log_file") if log else "",
         protect_git=get.boolean("protect_git", True),
+        agent=get.string("agent", ""),
+        agent_write_back=write_back,
+        agents=extra,
         hostrun_add=_hostrun(get.strings("hostrun_add", ()), source, "hostrun_add"),
         hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
         home=facts.home,
@@ -351,6 +363,23 @@ def hostrun_table(cfg: Config) -> Table:
     from libpolicy.hostrun import Table
 
     return Table(cfg.hostrun_add, cfg.hostrun_allow, cfg.workdir)
+
+
+def _agents(
+    data: Mapping[str, Any], get: _Getter, source: str
+) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
+    """The config's own agent profiles and write-back opt-ins (libbroker.launcher.agents)."""
+    tables = data.get("agents", {})
+    if not isinstance(tables, Mapping) or not all(isinstance(t, Mapping) for t in tables.values()):
+        raise ConfigError(f"{source}: agents must be a table of [agents.NAME] tables")
+    write_back = get.strings("agent_write_back", ())
+    if not tables and not write_back:
+        return (), ()
+    from libbroker.launcher import agents
+
+    extra = {name: agents.from_config(name, t, source) for name, t in tables.items()}
+    agents.check_write_back(write_back, extra, source)
+    return tuple(extra.items()), write_back
 
 
 def _check_env_name(name: str, source: str) -> None:

@@ -92,6 +92,15 @@ def main(argv: list[str] | None = None) -> int:
         janitor_sweep(runtime_dir)
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: the host-run sweep failed: {exc}\n")
+    # The agent's private config: what is safe goes back to the user's real
+    # one (libbroker.launcher.agent_home), as the launcher would have done.
+    try:
+        from libbroker.launcher.agent_home import write_back
+
+        for problem in write_back(runtime_dir):
+            sys.stderr.write(f"agent-sandbox-janitor: not written back: {problem}\n")
+    except Exception as exc:  # the runtime dir is removed whatever happened
+        sys.stderr.write(f"agent-sandbox-janitor: the agent config write-back failed: {exc}\n")
     import shutil
 
     deadline = time.monotonic() + 5

@@ -37,7 +37,7 @@ BACKEND_WARM = {
     "nono": ("libbroker.sandbox_landlock",),
 }
 # run's options that take a value (docopt also accepts it as the next word).
-_VALUED = ("--config", "--workdir", "--sandbox")
+_VALUED = ("--config", "--workdir", "--sandbox", "--agent")
 
 
 class Servers:
@@ -83,7 +83,7 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
 
     Parsing with docopt costs the launcher ~8 ms of CPU while the servers
     start.  The usual command line (``agent-sandbox run [--config=F]
-    [--workdir=D] [--sandbox=K] -- CMD...``, each option at most once and
+    [--workdir=D] [--sandbox=K] [--agent=A] -- CMD...``, each option at most once and
     spelled out with ``=``) is read here instead, giving exactly what docopt
     would (a test checks); anything else (no ``--``, abbreviations, repeats,
     -h, unknown words) is left to docopt, errors included.

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from libbroker.errors import LaunchError, SandboxUnavailable
 from libbroker.launcher import (
     agent_sandbox,
+    agent_session,
     config,
     hostrun_guard,
     plan,
@@ -109,6 +110,7 @@ class Session:
         self._log = 2
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
+        self.agent: agent_session.Agent | None = None  # the agent profile's part
 
     # --- the whole run -------------------------------------------------------
 
@@ -177,7 +179,14 @@ class Session:
             self._start_landlock_helper()
         proxy, broker = servers.proxy, servers.broker
         git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
+        self.agent = agent = agent_session.pick(cfg, self.cmd, os.environ)
+        if agent is not None:  # its API and login hosts join the allow list
+            self.cfg = cfg = agent.cfg
+            self.cmd = agent.cmd
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
+        if agent is not None:  # its private config, while the servers start
+            self.cfg = cfg = agent.prepare(rt)
+            _trace(f"{agent.profile.name}'s private config copied")
         plan.prepare_workdir(cfg)
         host = plan.host_facts(cfg, os.getcwd(), rt)
         import json  # after the servers' spawn: nothing before it that need not be
@@ -208,6 +217,7 @@ class Session:
         if self._early:
             os.write(self._log, "".join(line + "\n" for line in self._early).encode())
         self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
+        agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
         _trace("host-run files fingerprinted")
         if self.backend == "bwrap":
             self.relays[0].start(found.http_port)
@@ -241,7 +251,7 @@ class Session:
 
     def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
         assert self.rt is not None
-        return agent_sandbox.environment(
+        env = agent_sandbox.environment(
             self.cfg,
             self.rt,
             os.environ,
@@ -251,6 +261,7 @@ class Session:
             kubeconfig=self.rt.kubeconfig if self.cfg.kubeconfig else "",
             tmpdir=tmpdir,
         )
+        return agent_session.environment(self.agent, env, self.rt, os.environ)
 
     def _start_bwrap(self, host: Host) -> None:
         """The bwrap sandbox: built now, CMD started by the forwarder on the go byte."""
@@ -554,6 +565,12 @@ class Session:
         self.children = []
         _trace("children ended")
         if self.rt is not None:
+            if self.agent is not None:  # the sandbox is gone: what is safe comes back
+                from libbroker.launcher import agent_home
+
+                for problem in agent_home.write_back(self.rt.root):
+                    os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
+                _trace("agent config written back")
             runtime.remove(self.rt)
         if self.janitor is not None:
             self.janitor.dismiss()

@@ -27,7 +27,37 @@ def test_defaults_need_no_file() -> None:
     assert cfg.sign_key is None  # git's user.signingkey, looked up later
     assert cfg.home == "/home/u"
     assert cfg.harness == "/home/u/.claude"
-    assert "/home/u/.claude" in cfg.write
+    # The agent's real config is never writable: a session gets a private copy.
+    assert cfg.write == ()
+    assert cfg.agent == "" and cfg.agent_write_back == () and cfg.agents == ()
+
+
+def test_explicit_write_paths_still_work() -> None:
+    cfg = from_mapping({"write": ["~/.claude", "/data"]}, FACTS)
+    assert cfg.write == ("/home/u/.claude", "/data")
+
+
+def test_agent_keys_are_checked() -> None:
+    cfg = from_mapping(
+        {
+            "agent_write_back": ["claude:mcpServers", "gemini:mcpServers"],
+            "agents": {"mine": {"commands": ["aider"], "config": ["~/.aider"],
+                                "domains": ["api.example.com"], "write_back": [".aider/hist/**"]}},
+        },
+        FACTS,
+    )
+    assert cfg.agent_write_back == ("claude:mcpServers", "gemini:mcpServers")
+    assert dict(cfg.agents)["mine"].commands == ("aider",)
+    for bad in (
+        {"agent_write_back": ["claude"]},
+        {"agent_write_back": ["nobody:key"]},
+        {"agent_write_back": ["codex:mcp_servers"]},  # config.toml never comes back
+        {"agents": {"mine": {"bogus": 1}}},
+        {"agents": {"claude": {}}},
+        {"agents": {"mine": {"config": ["/etc/x"]}}},
+    ):
+        with pytest.raises(ConfigError):
+            from_mapping(bad, FACTS)
 
 
 def test_no_gh_means_no_token_command() -> None:

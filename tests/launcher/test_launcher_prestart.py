@@ -93,6 +93,7 @@ _WORDS = [
     "run", "doctor", "render-settings", "--", "--config=a.toml", "--config", "--conf=b",
     "--workdir=/w", "--workdir=", "--sandbox=bwrap", "--sandbox=nono", "--sandbox",
     "true", "sh", "-c", "-h", "--help", "--version", "--bogus", "", "x y",
+    "--agent=codex", "--agent", "--agent=", "codex",
 ]
 
 
@@ -118,6 +119,7 @@ def test_run_args_reads_the_usual_command_lines() -> None:
         ["run", "--", "true"],
         ["run", "--config=/c.toml", "--sandbox=bwrap", "--", "sh", "-c", "exit 3"],
         ["--workdir=/w", "run", "--config=c", "--", "--config=x", "--"],
+        ["run", "--agent=codex", "--sandbox=nono", "--", "my-codex", "exec", "hi"],
     ):
         assert prestart.run_args(argv) is not None
         assert prestart.run_args(argv) == _docopt(argv)

@@ -1,0 +1,338 @@
+"""The agent's private config home for one session, and what comes back from it.
+
+The sandbox never writes the user's real ``~/.claude``, ``~/.claude.json``,
+``~/.codex`` or ``~/.gemini``: a hook, an MCP server or a ``notify`` planted
+there would run on the host the next time the user starts the agent.
+Instead each session gets a private copy, made while the servers start:
+
+    $XDG_STATE_HOME/agent-sandbox/agents/<agent>/<session>/   (0700, on disk)
+
+which the sandbox may write (it is added to the session's ``write`` paths,
+so both backends and the file-tool policy grant it) and which the agent is
+pointed at by its own variable (``CLAUDE_CONFIG_DIR``, ``CODEX_HOME``,
+``GEMINI_CLI_HOME``).  A manifest (what was copied, its sizes and times, the
+rules) goes to the session's runtime directory, which the sandbox can read
+but not change.
+
+When the session ends (the launcher's teardown, or the janitor's after a
+``kill -9`` of the launcher) :func:`write_back` takes from the copy only what
+the profile's rules name: logins, transcripts, history, sessions; keys in
+JSON files only where listed (:mod:`.agents`).  It walks the copy with
+directory fds and never follows a symlink the session made (``os.fwalk``,
+``O_NOFOLLOW``), reads regular files only, and replaces host files
+atomically (temp file + rename, 0600).  Then the copy is removed.
+
+Standard library only (the janitor imports it after the launcher died).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import stat
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from libbroker.launcher import agents
+from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
+
+MANIFEST = "agent-home.json"
+_MAX_JSON = 64 << 20  # a settings or state file larger than this is not merged
+
+
+class AgentHome(NamedTuple):
+    """The private copy of one session: where it is and the agent's variables."""
+
+    root: str
+    env: dict[str, str]
+
+
+def state_dir(home: str, env: Mapping[str, str]) -> str:
+    base = env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
+    return os.path.join(base, "agent-sandbox", "agents")
+
+
+def _copy_tree(
+    src: str, dst: str, rel: str, profile: Profile, only: dict[str, str], seen: dict[str, list[int]]
+) -> None:
+    """Copy ``src`` (the user's own: symlinks there are followed) into ``dst``."""
+    try:
+        names = os.listdir(src)
+    except OSError:
+        return
+    os.makedirs(dst, mode=0o700, exist_ok=True)
+    for name in names:
+        sub = f"{rel}/{name}"
+        if any(agents.match(p, sub) for p in profile.skip):
+            continue
+        if rel in only and name != only[rel]:
+            continue  # a per-project dir: only the workdir's entry
+        s, d = os.path.join(src, name), os.path.join(dst, name)
+        try:
+            st = os.stat(s)
+        except OSError:
+            continue  # a dangling link
+        if stat.S_ISDIR(st.st_mode):
+            _copy_tree(s, d, sub, profile, only, seen)
+        elif stat.S_ISREG(st.st_mode):
+            _copy_file(s, d, sub, st.st_mode, seen)
+
+
+def _copy_file(src: str, dst: str, rel: str, mode: int, seen: dict[str, list[int]]) -> None:
+    try:
+        shutil.copyfile(src, dst)
+        os.chmod(dst, stat.S_IMODE(mode) & 0o700 | 0o600)
+        st = os.stat(dst)
+    except OSError:
+        return  # unreadable: the agent will do without it
+    seen[rel] = [st.st_size, st.st_mtime_ns]
+
+
+def _read_json(path: str) -> Any:
+    try:
+        with open(path, "rb") as fh:
+            return json.loads(fh.read(_MAX_JSON))
+    except (OSError, ValueError):
+        return None
+
+
+def _write_json(path: str, data: Mapping[str, Any]) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        json.dump(data, fh, indent=2)
+
+
+def prepare(
+    profile: Profile,
+    *,
+    home: str,
+    workdir: str,
+    session: str,
+    runtime: str,
+    env: Mapping[str, str],
+    opted: Sequence[str] = (),
+    claude_session: Mapping[str, Any] | None = None,
+) -> AgentHome:
+    """Make the session's private copy of the agent's config; write the manifest."""
+    parent = os.path.join(state_dir(home, env), profile.name)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    root = os.path.join(parent, session)
+    os.mkdir(root, 0o700)
+    seen: dict[str, list[int]] = {}
+    only: dict[str, str] = {}
+    for entry in profile.entries:
+        host = agents.host_path(profile, home, entry.copy)
+        assert host is not None
+        if entry.copy in profile.per_workdir or any(
+            d.startswith(entry.copy + "/") for d in profile.per_workdir
+        ):
+            projects = _read_json(os.path.join(host, "projects.json")) or {}
+            inner = projects.get("projects") if isinstance(projects, dict) else None
+            key = agents.workdir_key(profile, workdir, inner if isinstance(inner, dict) else {})
+            for d in profile.per_workdir:
+                only[d] = key or "\0"  # no entry yet: copy none
+        dst = os.path.join(root, entry.copy)
+        if entry.is_dir:
+            os.makedirs(dst, mode=0o700, exist_ok=True)
+            _copy_tree(host, dst, entry.copy, profile, only, seen)
+        elif os.path.isfile(host):
+            os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
+            _copy_file(host, dst, entry.copy, os.stat(host).st_mode, seen)
+    _session_settings(profile, root, claude_session, seen)
+    manifest = {
+        "agent": profile._asdict(),
+        "root": root,
+        "home": home,
+        "opted": list(opted),
+        "copied": seen,
+        "claude_session": claude_session or {},
+    }
+    with open(os.path.join(runtime, MANIFEST), "w") as fh:
+        json.dump(manifest, fh)
+    env_out = {var: os.path.join(root, rel) for var, rel in profile.home_env}
+    env_out.update(profile.env)
+    return AgentHome(root, env_out)
+
+
+def _session_settings(
+    profile: Profile,
+    root: str,
+    claude_session: Mapping[str, Any] | None,
+    seen: dict[str, list[int]],
+) -> None:
+    """The copy's settings made to work inside our sandbox (never written back)."""
+    if profile.name == "claude" and claude_session is not None:
+        path = os.path.join(root, "claude", "settings.json")
+        user = _read_json(path)
+        _write_json(
+            path, agents.claude_settings(user if isinstance(user, dict) else {}, claude_session)
+        )
+    elif profile.name == "gemini":
+        path = os.path.join(root, "home", ".gemini", "settings.json")
+        user = _read_json(path)
+        _write_json(path, agents.gemini_settings(user if isinstance(user, dict) else {}))
+    else:
+        return
+    # What we wrote is the baseline: only the agent's own later changes count.
+    st = os.stat(path)
+    seen[os.path.relpath(path, root)] = [st.st_size, st.st_mtime_ns]
+
+
+# --- write-back --------------------------------------------------------------
+
+
+def _profile_from(data: Mapping[str, Any]) -> Profile:
+    raw = dict(data)
+    raw["entries"] = tuple(agents.Entry(*e) for e in raw["entries"])
+    raw["rules"] = tuple(agents.Rule(r[0], r[1], tuple(r[2])) for r in raw["rules"])
+    for key in ("commands", "command_keys", "domains", "key_env", "skip", "per_workdir"):
+        raw[key] = tuple(raw[key])
+    for key in ("home_env", "env"):
+        raw[key] = tuple(tuple(p) for p in raw[key])
+    return Profile(**raw)
+
+
+def _read_session_file(dirfd: int, name: str, limit: int | None = None) -> bytes | None:
+    """A regular file's bytes from the copy, never through a symlink."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            return fh.read() if limit is None else fh.read(limit)
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: str, data: bytes) -> None:
+    """Replace ``path`` (the user's own file, a link of theirs followed) atomically, 0600."""
+    path = os.path.realpath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.agent-sandbox-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _get(data: Any, parts: list[str]) -> list[tuple[list[str], Any]]:
+    """Every (concrete path, value) under ``parts`` (``*`` matches any key)."""
+    if not parts:
+        return [([], data)]
+    if not isinstance(data, dict):
+        return []
+    head, rest = parts[0], parts[1:]
+    keys = list(data) if head == "*" else [head] if head in data else []
+    return [([k, *p], v) for k in keys for p, v in _get(data[k], rest)]
+
+
+def _set(data: dict[str, Any], path: list[str], value: Any) -> None:
+    for key in path[:-1]:
+        nxt = data.get(key)
+        if not isinstance(nxt, dict):
+            nxt = data[key] = {}
+        data = nxt
+    data[path[-1]] = value
+
+
+def merge_keys(host: Any, session: Any, keep: Sequence[str]) -> dict[str, Any]:
+    """``host`` with the ``keep`` keys (dotted, ``*``) set as the session has them.
+
+    Keys the session lacks are left as the host has them (never deleted): a
+    host login made while the session ran must not be undone by it.
+    """
+    out: dict[str, Any] = json.loads(json.dumps(host)) if isinstance(host, dict) else {}
+    if not isinstance(session, dict):
+        return out
+    for key in keep:
+        for path, value in _get(session, key.split(".")):
+            _set(out, path, value)
+    return out
+
+
+def write_back(runtime: str, *, remove: bool = True) -> list[str]:
+    """Bring back what is safe from the session's copy (see the module doc); problems."""
+    manifest = _read_json(os.path.join(runtime, MANIFEST))
+    if not isinstance(manifest, dict):
+        return []
+    problems: list[str] = []
+    try:
+        profile = _profile_from(manifest["agent"])
+        profile = agents.rules_with(profile, manifest.get("opted") or [])
+        root, home = str(manifest["root"]), str(manifest["home"])
+        copied: dict[str, list[int]] = manifest.get("copied") or {}
+        claude_session = manifest.get("claude_session") or {}
+    except (KeyError, TypeError, ValueError) as exc:
+        return [f"unreadable manifest: {exc}"]
+    # fwalk's dir fds are open only while it yields them: iterate as it goes.
+    for dirpath, _dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
+        for name in files:
+            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            rule = agents.rule_for(profile, rel)
+            target = agents.host_path(profile, home, rel)
+            if rule is None or target is None:
+                continue
+            try:
+                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+                if not stat.S_ISREG(st.st_mode):
+                    continue
+                before = copied.get(rel)
+                if before is not None and before == [st.st_size, st.st_mtime_ns]:
+                    continue  # untouched by the session
+                _bring(rule, dirfd, name, rel, target, before, claude_session)
+            except OSError as exc:
+                problems.append(f"{target}: {exc.strerror or exc}")
+    if remove:
+        shutil.rmtree(root, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(runtime, MANIFEST))
+    return problems
+
+
+def _bring(
+    rule: agents.Rule,
+    dirfd: int,
+    name: str,
+    rel: str,
+    target: str,
+    before: list[int] | None,
+    claude_session: Mapping[str, Any],
+) -> None:
+    if rule.mode == WHOLE:
+        data = _read_session_file(dirfd, name)
+        if data is not None:
+            _atomic_write(target, data)
+    elif rule.mode == APPEND:
+        data = _read_session_file(dirfd, name)
+        if data is None:
+            return
+        start = before[0] if before is not None else 0
+        if len(data) < start:
+            _atomic_write(target, data)  # rewritten shorter by the agent
+        elif len(data) > start:
+            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data[start:])
+    elif rule.mode == JSON and rule.keep:
+        raw = _read_session_file(dirfd, name, _MAX_JSON)
+        try:
+            session = json.loads(raw) if raw else None
+        except ValueError:
+            return
+        if rel.endswith("claude/settings.json") and isinstance(session, dict):
+            session = agents.claude_unsettle(session, claude_session)
+        host = _read_json(target)
+        merged = merge_keys(host, session, rule.keep)
+        if merged != host:
+            _atomic_write(target, (json.dumps(merged, indent=2) + "\n").encode())

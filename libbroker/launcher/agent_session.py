@@ -1,0 +1,141 @@
+"""The agent profile in a session: what :mod:`.session` asks of it, in order.
+
+1. :func:`pick` (before the proxy gets its arguments): the profile from the
+   command's name or ``--agent``; its hosts join the allow list; a command
+   line that forces the agent's own sandbox is refused; an exported API key
+   that stays outside is said in one line;
+2. :meth:`Agent.prepare` (while the servers start): the private copy of the
+   agent's config (:mod:`.agent_home`), added to the session's ``write``;
+3. :meth:`Agent.environment`: the agent's variables, and the CA variables
+   bundling the user's own CA files with ours;
+4. :func:`write_cas` (once the proxy has written its CA, before the command
+   runs); 5. the teardown and the janitor call :func:`.agent_home.write_back`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from libbroker.errors import LaunchError
+from libbroker.launcher import agents
+from libbroker.launcher.agents import Profile
+from libbroker.launcher.config import Config
+from libbroker.launcher.runtime import Runtime
+
+# The user's own CA files, which the session's bundles add to ours instead of
+# replacing: (the user's variable, the session file, our part's file name).
+_USER_CAS = (
+    ("NODE_EXTRA_CA_CERTS", "node-ca.pem", "ca.pem"),
+    ("SSL_CERT_FILE", "bundle.pem", "bundle.pem"),
+)
+_BUNDLE_VARS = ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO")
+
+
+class Agent:
+    """One session's agent: its profile, the config it runs under, its command."""
+
+    def __init__(self, profile: Profile, cfg: Config, cmd: list[str]) -> None:
+        self.profile = profile
+        self.cfg = cfg
+        self.cmd = cmd
+        self.env: dict[str, str] = {}
+
+    def prepare(self, rt: Runtime) -> Config:
+        """Copy the agent's config into its private home; the config that grants it."""
+        from libbroker.launcher import agent_home
+
+        cfg = self.cfg
+        claude = _claude_session(cfg, rt) if self.profile.name == "claude" else None
+        try:
+            home = agent_home.prepare(
+                self.profile,
+                home=cfg.home,
+                workdir=cfg.workdir,
+                session=os.path.basename(rt.root),
+                runtime=rt.root,
+                env=os.environ,
+                opted=agents.opted_keys(self.profile, cfg.agent_write_back),
+                claude_session=claude,
+            )
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot make {self.profile.name}'s private config: {exc.strerror} ({exc.filename})"
+            ) from None
+        self.env = home.env
+        self.cfg = cfg._replace(write=(*cfg.write, home.root))
+        return self.cfg
+
+
+def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | None:
+    """The session's agent, or None for a command that is no known agent."""
+    profile = agents.pick(cmd, cfg.agent, dict(cfg.agents))
+    if profile is None:
+        return None
+    agents.check_argv(profile, cmd)
+    warning = agents.key_warning(profile, host_env, cfg.env)
+    if warning:
+        os.write(2, (warning + "\n").encode())
+    domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))
+    return Agent(profile, cfg._replace(domains=domains), agents.session_argv(profile, cmd))
+
+
+def _claude_session(cfg: Config, rt: Runtime) -> dict[str, object]:
+    """The hook and deny rules Claude Code gets in a session (its settings, not the host's)."""
+    from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT
+    from libpolicy.model import Policy
+    from libpolicy.render import render_settings
+
+    policy = Policy(
+        cfg.home,
+        runtime=rt.root,
+        read=cfg.read,
+        write=(cfg.workdir, *cfg.write),
+        deny=cfg.deny,
+        harness=cfg.harness,
+        domains=cfg.domains,
+        proxy_port=HTTP_PORT,
+        socks_port=SOCKS_PORT,
+    )
+    rendered = render_settings(policy, rt.policy)
+    return {"hooks": rendered["hooks"], "permissions": rendered["permissions"]}
+
+
+def environment(
+    agent: Agent | None, env: dict[str, str], rt: Runtime, host_env: Mapping[str, str]
+) -> dict[str, str]:
+    """``env`` with the agent's variables and CA bundles that keep the user's own CAs."""
+    if agent is not None:
+        env.update(agent.env)
+    for var, name, _ in _USER_CAS:
+        if _user_ca(host_env, var):
+            path = os.path.join(rt.root, name if var != "SSL_CERT_FILE" else "ssl-bundle.pem")
+            for target in _BUNDLE_VARS if var == "SSL_CERT_FILE" else (var,):
+                env[target] = path
+    return env
+
+
+def _user_ca(host_env: Mapping[str, str], var: str) -> str:
+    path = host_env.get(var, "")
+    return path if path and os.path.isfile(path) else ""
+
+
+def write_cas(rt: Runtime, host_env: Mapping[str, str]) -> None:
+    """Write the bundles :func:`environment` named: ours, then the user's CA file."""
+    for var, name, ours in _USER_CAS:
+        user = _user_ca(host_env, var)
+        if not user:
+            continue
+        out = os.path.join(rt.root, name if var != "SSL_CERT_FILE" else "ssl-bundle.pem")
+        try:
+            with open(os.path.join(rt.egress_dir, ours), "rb") as fh:
+                data = fh.read()
+            with open(user, "rb") as fh:
+                data += b"\n" + fh.read()
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "wb") as fh:
+                fh.write(data)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot bundle {var} ({user}) with the session's CA: {exc.strerror}"
+            ) from None

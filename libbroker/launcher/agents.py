@@ -1,0 +1,468 @@
+"""Agent profiles, as data: what each coding agent needs from a session.
+
+One table (:data:`PROFILES`, plus ``[agents.NAME]`` tables in the config)
+says, for every agent the launcher knows:
+
+- which of the user's config dirs and files it needs, and where their
+  private copy lives inside the session's agent home (:mod:`.agent_home`),
+  with the variable that points the agent at that copy;
+- which config keys make the agent run commands on the host (hooks, MCP
+  servers, ``notify``, status lines, key helpers, plugins): never written
+  back from a session unless the user opts a key in;
+- what does come back: logins, transcripts, history, sessions;
+- its API and login hosts (added to the session's allow list), the variable
+  that holds its key and the header that carries it;
+- how it runs inside our sandbox without nesting its own.
+
+Pure: no I/O.  The profile is picked from the command's basename
+(``agent-sandbox run -- codex``) unless ``--agent=NAME`` says otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+from libbroker.errors import ConfigError, UsageError
+
+WHOLE, APPEND, JSON = "whole", "append", "json"
+
+
+class Entry(NamedTuple):
+    """One of the user's config paths and where its copy lives in the agent home."""
+
+    host: str  # "~/.claude": ~ is the user's home
+    copy: str  # relative to the agent home
+    is_dir: bool
+
+
+class Rule(NamedTuple):
+    """What comes back from the session's copy: a pattern and how.
+
+    ``pattern`` is relative to the agent home, ``/``-separated, with
+    fnmatch segments and ``**`` for any depth.  ``whole``: a new or changed
+    regular file replaces the host's; ``append``: bytes added after the
+    copied length are appended to the host's file (history logs); ``json``:
+    only the ``keep`` keys (dotted, ``*`` segments) are taken from the
+    session's object, everything else stays as the host has it.
+    """
+
+    pattern: str
+    mode: str
+    keep: tuple[str, ...] = ()
+
+
+class Profile(NamedTuple):
+    name: str
+    commands: tuple[str, ...]  # basenames that pick this profile
+    entries: tuple[Entry, ...]
+    home_env: tuple[tuple[str, str], ...]  # (variable, path relative to the agent home)
+    rules: tuple[Rule, ...]
+    command_keys: tuple[str, ...]  # "file:key" that run commands on the host
+    domains: tuple[str, ...]
+    key_env: tuple[str, ...]  # variables that carry an API key
+    key_header: str
+    skip: tuple[str, ...] = ()  # patterns not copied in (bulky, or regenerated)
+    per_workdir: tuple[str, ...] = ()  # dirs copied in only for the workdir's entry
+    env: tuple[tuple[str, str], ...] = ()  # fixed variables for a session
+    sandbox_note: str = ""
+
+
+# Claude Code: CLAUDE_CONFIG_DIR moves ~/.claude, and ~/.claude.json with it
+# (to $CLAUDE_CONFIG_DIR/.claude.json), so one variable covers both.
+CLAUDE = Profile(
+    name="claude",
+    commands=("claude",),
+    entries=(
+        Entry("~/.claude", "claude", True),
+        Entry("~/.claude.json", "claude/.claude.json", False),
+    ),
+    home_env=(("CLAUDE_CONFIG_DIR", "claude"),),
+    rules=(
+        Rule("claude/.credentials.json", WHOLE),
+        Rule("claude/history.jsonl", APPEND),
+        Rule("claude/projects/**", WHOLE),
+        Rule("claude/todos/**", WHOLE),
+        # Login and usage state only.  projects.<dir> also holds local MCP
+        # servers, allowed tools and the trust and .mcp.json approvals:
+        # none of those come back.
+        Rule(
+            "claude/.claude.json",
+            JSON,
+            (
+                "oauthAccount",
+                "userID",
+                "hasCompletedOnboarding",
+                "lastOnboardingVersion",
+                "numStartups",
+                "firstStartTime",
+                "tipsHistory",
+                "projects.*.lastSessionId",
+            ),
+        ),
+        Rule("claude/settings.json", JSON),  # settings: only what the user opts in
+    ),
+    command_keys=(
+        ".claude.json:mcpServers",
+        ".claude.json:projects.*.mcpServers",
+        ".claude.json:projects.*.enabledMcpjsonServers",
+        ".claude.json:projects.*.enableAllProjectMcpServers",
+        ".claude.json:projects.*.hasTrustDialogAccepted",
+        ".claude.json:projects.*.allowedTools",
+        "settings.json:hooks",
+        "settings.json:statusLine",
+        "settings.json:apiKeyHelper",
+        "settings.json:awsAuthRefresh",
+        "settings.json:awsCredentialExport",
+        "settings.json:otelHeadersHelper",
+        "settings.json:permissions",
+        "settings.json:env",
+        "settings.json:enabledPlugins",
+        "settings.json:extraKnownMarketplaces",
+        "settings.json:enableAllProjectMcpServers",
+        "settings.json:fileSuggestion",
+        "plugins/",
+        "commands/",
+        "agents/",
+        "shell-snapshots/",
+    ),
+    domains=("api.anthropic.com", "platform.claude.com", "console.anthropic.com"),
+    key_env=("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
+    key_header="x-api-key (API key) or Authorization: Bearer (OAuth)",
+    skip=(
+        "claude/shell-snapshots",
+        "claude/debug",
+        "claude/statsig",
+        "claude/telemetry",
+        "claude/file-history",
+        "claude/backups",
+        "claude/todos",
+    ),
+    per_workdir=("claude/projects",),
+    sandbox_note="its own sandbox (sandbox.enabled) is off in the session's settings",
+)
+
+CODEX = Profile(
+    name="codex",
+    commands=("codex",),
+    entries=(Entry("~/.codex", "codex", True),),
+    home_env=(("CODEX_HOME", "codex"),),
+    rules=(
+        Rule("codex/auth.json", WHOLE),
+        Rule("codex/history.jsonl", APPEND),
+        Rule("codex/sessions/**", WHOLE),
+        Rule("codex/archived_sessions/**", WHOLE),
+    ),
+    # config.toml is never written back (so no TOML writer is needed):
+    # all of these live there.
+    command_keys=(
+        "config.toml:mcp_servers",
+        "config.toml:notify",
+        "config.toml:profiles",
+        "config.toml:model_providers",
+        "config.toml:shell_environment_policy",
+        "config.toml:sandbox_mode",
+        "config.toml:approval_policy",
+        "config.toml:projects",
+        "rules/",
+        "skills/",
+        "shell_snapshots/",
+    ),
+    domains=("api.openai.com", "auth.openai.com", "chatgpt.com"),
+    key_env=("OPENAI_API_KEY", "CODEX_API_KEY"),
+    key_header="Authorization: Bearer",
+    skip=("codex/log", "codex/logs_*.sqlite*", "codex/shell_snapshots", "codex/.tmp"),
+    sandbox_note="runs with sandbox_mode=danger-full-access (no nested bwrap/Landlock)",
+)
+
+GEMINI = Profile(
+    name="gemini",
+    commands=("gemini",),
+    entries=(Entry("~/.gemini", "home/.gemini", True),),
+    # GEMINI_CLI_HOME stands in for the home directory: the CLI reads
+    # $GEMINI_CLI_HOME/.gemini.
+    home_env=(("GEMINI_CLI_HOME", "home"),),
+    rules=(
+        Rule("home/.gemini/oauth_creds.json", WHOLE),
+        Rule("home/.gemini/google_accounts.json", WHOLE),
+        Rule("home/.gemini/tmp/*/chats/**", WHOLE),
+        Rule("home/.gemini/tmp/*/logs.json", WHOLE),
+        Rule("home/.gemini/projects.json", JSON, ("projects",)),
+        Rule("home/.gemini/settings.json", JSON),  # settings: only what the user opts in
+    ),
+    command_keys=(
+        "settings.json:mcpServers",
+        "settings.json:hooks",
+        "settings.json:tools.discoveryCommand",
+        "settings.json:tools.callCommand",
+        "settings.json:tools.sandbox",
+        "settings.json:security",
+        "settings.json:advanced.bugCommand",
+        "trustedFolders.json",
+        "extensions/",
+        "commands/",
+        "history/ (checkpoint git repositories)",
+    ),
+    domains=(
+        "generativelanguage.googleapis.com",
+        "oauth2.googleapis.com",
+        "cloudcode-pa.googleapis.com",
+        "www.googleapis.com",
+    ),
+    key_env=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
+    key_header="x-goog-api-key (API key) or Authorization: Bearer (OAuth)",
+    skip=("home/.gemini/history",),
+    per_workdir=("home/.gemini/tmp",),
+    # Its whole-process sandbox (docker/podman/sandbox-exec) is off whatever
+    # the settings or -s say; tool sandboxing is off in the session's settings.
+    env=(("GEMINI_SANDBOX", "false"),),
+    sandbox_note="its own sandbox (GEMINI_SANDBOX, security.toolSandboxing) is off",
+)
+
+PROFILES: dict[str, Profile] = {p.name: p for p in (CLAUDE, CODEX, GEMINI)}
+NONE = "none"  # --agent=none: no profile, even for a known command
+
+
+def pick(cmd: Sequence[str], name: str, extra: Mapping[str, Profile]) -> Profile | None:
+    """The profile for ``cmd``: ``name`` when given, else by the command's basename."""
+    known = {**PROFILES, **extra}
+    if name == NONE:
+        return None
+    if name:
+        if name not in known:
+            raise UsageError(f"--agent: unknown agent {name!r} (known: {', '.join(sorted(known))})")
+        return known[name]
+    base = os.path.basename(cmd[0]) if cmd else ""
+    return next((p for p in known.values() if base in p.commands), None)
+
+
+def check_argv(profile: Profile, cmd: list[str]) -> None:
+    """Refuse a command line that forces the agent's own sandbox inside ours."""
+    args = cmd[1:]
+    if profile.name == "codex":
+        for i, arg in enumerate(args):
+            value = ""
+            if arg in ("--sandbox", "-s") and i + 1 < len(args):
+                value = args[i + 1]
+            elif arg.startswith("--sandbox="):
+                value = arg.split("=", 1)[1]
+            elif arg == "--full-auto":
+                value = "workspace-write"
+            if value and value != "danger-full-access":
+                raise UsageError(
+                    f"codex {arg} {value if arg != '--full-auto' else ''}".rstrip()
+                    + ": Codex's own sandbox cannot nest inside agent-sandbox's "
+                    "(we are the sandbox); drop it"
+                )
+    if profile.name == "gemini":
+        for arg in args:
+            if arg in ("-s", "--sandbox") or arg.startswith("--sandbox="):
+                raise UsageError(
+                    f"gemini {arg}: Gemini CLI's own sandbox cannot run inside "
+                    "agent-sandbox's (we are the sandbox); drop it"
+                )
+
+
+def session_argv(profile: Profile | None, cmd: list[str]) -> list[str]:
+    """The command as the session runs it."""
+    if profile is not None and profile.name == "codex":
+        # A -c override beats config.toml, so a sandbox_mode there cannot
+        # make Codex nest bwrap or Landlock inside ours.
+        return [cmd[0], "-c", 'sandbox_mode="danger-full-access"', *cmd[1:]]
+    return cmd
+
+
+def workdir_key(profile: Profile, workdir: str, host_projects: Mapping[str, Any]) -> str:
+    """The name the agent gives the workdir's entry in its per-project dirs."""
+    if profile.name == "claude":
+        return re.sub(r"[^A-Za-z0-9]", "-", workdir)
+    if profile.name == "gemini":
+        found = host_projects.get(workdir)
+        return found if isinstance(found, str) else ""
+    return ""
+
+
+def match(pattern: str, rel: str) -> bool:
+    """``rel`` (a relative path) against ``pattern`` (fnmatch segments, ``**``)."""
+    from fnmatch import fnmatchcase
+
+    want = pattern.split("/")
+    have = rel.split("/")
+    for i, seg in enumerate(want):
+        if seg == "**":
+            return len(have) > i
+        if i >= len(have) or not fnmatchcase(have[i], seg):
+            return False
+    return len(have) == len(want)
+
+
+def rule_for(profile: Profile, rel: str) -> Rule | None:
+    """The write-back rule for ``rel`` in the agent home; None: it stays in the session."""
+    if any(part in (".git", "..") for part in rel.split("/")):
+        return None  # never a git repository's files (hooks, config)
+    return next((r for r in profile.rules if match(r.pattern, rel)), None)
+
+
+def host_path(profile: Profile, home: str, rel: str) -> str | None:
+    """Where ``rel`` (in the agent home) lives on the host."""
+    best: Entry | None = None
+    for entry in profile.entries:
+        if (rel == entry.copy or rel.startswith(entry.copy + "/")) and (
+            best is None or len(entry.copy) > len(best.copy)
+        ):
+            best = entry
+    if best is None:
+        return None
+    base = home + best.host[1:] if best.host.startswith("~") else best.host
+    return base + rel[len(best.copy) :]
+
+
+def opted_keys(profile: Profile, write_back: Sequence[str]) -> tuple[str, ...]:
+    """The keys the config's ``agent_write_back`` opts in for this agent."""
+    out = []
+    for item in write_back:
+        name, _, key = item.partition(":")
+        if name == profile.name:
+            out.append(key)
+    return tuple(out)
+
+
+def check_write_back(items: Sequence[str], extra: Mapping[str, Profile], source: str) -> None:
+    known = {**PROFILES, **extra}
+    for item in items:
+        name, sep, key = item.partition(":")
+        if not sep or not key or name not in known:
+            raise ConfigError(
+                f"{source}: agent_write_back entry {item!r} must be AGENT:KEY "
+                f"(agents: {', '.join(sorted(known))})"
+            )
+        if not any(r.mode == JSON for r in known[name].rules):
+            raise ConfigError(
+                f"{source}: agent_write_back {item!r}: {name} keeps its settings in a file "
+                "that is never written back"
+            )
+
+
+def rules_with(profile: Profile, opted: Sequence[str]) -> Profile:
+    """``profile`` with the opted-in keys added to each of its JSON rules."""
+    if not opted:
+        return profile
+    rules = tuple(
+        r._replace(keep=(*r.keep, *opted)) if r.mode == JSON else r for r in profile.rules
+    )
+    return profile._replace(rules=rules)
+
+
+def from_config(name: str, table: Mapping[str, Any], source: str) -> Profile:
+    """A profile from a config's ``[agents.NAME]`` table.
+
+    Keys: ``commands`` (basenames), ``config`` (the dirs and files it
+    needs, ``~/`` paths), ``home_env`` (a variable pointed at the copy of the
+    first config dir), ``domains``, ``write_back`` (patterns under those
+    paths, as ``.mydir/sessions/**``, copied back whole), ``key_env``.
+    """
+    allowed = {"commands", "config", "home_env", "domains", "write_back", "key_env"}
+    for key in table:
+        if key not in allowed:
+            raise ConfigError(f"{source}: agents.{name}: unknown key {key!r}")
+
+    def strings(key: str) -> tuple[str, ...]:
+        value = table.get(key, [])
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{source}: agents.{name}.{key} must be a list of strings")
+        return tuple(value)
+
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name) or name in (*PROFILES, NONE):
+        raise ConfigError(f"{source}: agents.{name}: not a usable agent name")
+    entries = []
+    for path in strings("config"):
+        if not path.startswith("~/") or ".." in path.split("/"):
+            raise ConfigError(f"{source}: agents.{name}.config path {path!r} must start with ~/")
+        rel = path[2:].rstrip("/")
+        entries.append(Entry("~/" + rel, rel, not path.endswith((".json", ".toml", ".yaml"))))
+    home_env = table.get("home_env", "")
+    if not isinstance(home_env, str) or (home_env and not entries):
+        raise ConfigError(f"{source}: agents.{name}.home_env needs a config dir to point at")
+    rules = tuple(Rule(p.removeprefix("~/"), WHOLE) for p in strings("write_back"))
+    return Profile(
+        name=name,
+        commands=strings("commands") or (name,),
+        entries=tuple(entries),
+        home_env=((home_env, entries[0].copy),) if home_env else (),
+        rules=rules,
+        command_keys=(),
+        domains=strings("domains"),
+        key_env=strings("key_env"),
+        key_header="",
+    )
+
+
+def key_warning(profile: Profile, host_env: Mapping[str, str], passed: Sequence[str]) -> str:
+    """The one line that says an exported key stays outside, or ""."""
+    dropped = [k for k in profile.key_env if host_env.get(k) and k not in passed]
+    if not dropped:
+        return ""
+    names = ", ".join(dropped)
+    return (
+        f"agent-sandbox: {names} is set here but not passed into the session; "
+        f"add it to `env` in the config to pass it ({profile.name} sends it as "
+        f"{profile.key_header or 'its key'})"
+    )
+
+
+def claude_settings(user: Mapping[str, Any], session: Mapping[str, Any]) -> dict[str, Any]:
+    """The session's Claude Code settings: the user's, plus our hook and deny rules.
+
+    Claude Code's own sandbox is turned off (we are the sandbox: nested, it
+    breaks unix sockets under bwrap and every command under Landlock).
+    """
+    out = dict(user)
+    hooks = {k: list(v) for k, v in dict(out.get("hooks") or {}).items() if isinstance(v, list)}
+    for event, groups in dict(session.get("hooks") or {}).items():
+        hooks[event] = [*hooks.get(event, []), *groups]
+    out["hooks"] = hooks
+    perms = dict(out.get("permissions") or {})
+    deny = list(perms.get("deny") or [])
+    extra = list(dict(session.get("permissions") or {}).get("deny") or [])
+    perms["deny"] = deny + [r for r in extra if r not in deny]
+    out["permissions"] = perms
+    sandbox = dict(out.get("sandbox") or {})
+    sandbox["enabled"] = False
+    out["sandbox"] = sandbox
+    return out
+
+
+def gemini_settings(user: Mapping[str, Any]) -> dict[str, Any]:
+    """The session's Gemini CLI settings: the user's, with its tool sandboxing off."""
+    out = dict(user)
+    security = dict(out.get("security") or {})
+    security["toolSandboxing"] = False
+    out["security"] = security
+    tools = dict(out.get("tools") or {})
+    if "sandbox" in tools:
+        tools["sandbox"] = False
+    out["tools"] = tools
+    return out
+
+
+def claude_unsettle(settings: Mapping[str, Any], session: Mapping[str, Any]) -> dict[str, Any]:
+    """:func:`claude_settings` undone: what the session added is not the user's to keep."""
+    out = dict(settings)
+    ours = dict(session.get("hooks") or {})
+    hooks = {
+        event: [g for g in groups if g not in ours.get(event, [])]
+        for event, groups in dict(out.get("hooks") or {}).items()
+        if isinstance(groups, list)
+    }
+    out["hooks"] = {k: v for k, v in hooks.items() if v}
+    perms = dict(out.get("permissions") or {})
+    extra = list(dict(session.get("permissions") or {}).get("deny") or [])
+    perms["deny"] = [r for r in perms.get("deny") or [] if r not in extra]
+    out["permissions"] = {k: v for k, v in perms.items() if v}
+    for key in ("hooks", "permissions"):
+        if not out[key]:
+            del out[key]
+    out.pop("sandbox", None)
+    return out
