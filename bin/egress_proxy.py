@@ -1,9 +1,9 @@
-"""The sandbox's egress proxy: allow list, address rules, GitHub token injection.
+"""The sandbox's egress proxy: allow list, address rules, token and secret injection.
 
 Usage:
   egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
-               [--token-every=SECONDS] [--token-timeout=SECONDS]
+               [--token-every=SECONDS] [--token-timeout=SECONDS] [--secrets=FILE]
                [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
                [--upstream-ca=FILE] [--log=FILE] [--log-allowed]
                [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
@@ -15,7 +15,8 @@ Serves HTTP CONNECT and absolute-form plain HTTP on --listen (and SOCKS5 on
 (resolved once, checked, then dialled).  The inject hosts are never a raw
 tunnel: TLS is terminated with a leaf from an in-memory CA constrained to
 those hosts, and the token from --token-command is set as the Authorization
-header.  Prints `listening http://HOST:PORT` (and `listening socks5://...`)
+header.  Each --secrets host is an inject host too, and gets its own header
+from its own command.  Prints `listening http://HOST:PORT` (and `listening socks5://...`)
 once serving; SIGTERM or SIGINT ends it with status 0.
 
 Options:
@@ -32,6 +33,11 @@ Options:
                              group) after this long [default: 30].  `listening`
                              waits at most 5 s for the first token; a slower
                              one arrives while the proxy serves.
+  --secrets=FILE             JSON list of {"host", "header", "command", "format"
+                             (default "Bearer {}"), "every" (default 300)}: each
+                             host becomes an inject host and gets that header,
+                             its value from the command (run like
+                             --token-command, under --token-timeout).
   --resolve=HOST:IP          Pin HOST to IP (trusted; HOST:IP:PORT also redirects
                              the port, IPv6 as [ADDR]:PORT).
   --allow-cidr=CIDR          Allow addresses in this range despite the address rules.

@@ -22,8 +22,9 @@ from libegress.eventlog import EventLog
 from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
 from libegress.limits import Limits
 from libegress.policy import EgressPolicy, Pin
+from libegress.secrets import Secret, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
-from libegress.tokens import TokenKeeper, token_argv
+from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
 
 DEFAULT_INJECT = "github.com,api.github.com"
 
@@ -43,6 +44,24 @@ class Options:
     log_file: str | None = None
     log_allowed: bool = False
     limits: Limits = field(default_factory=Limits)
+    secrets: tuple[Secret, ...] = ()
+    github_inject: tuple[str, ...] = ()  # --inject alone: the token's hosts
+
+
+def read_secrets(path: str, inject: tuple[str, ...]) -> tuple[Secret, ...]:
+    """The checked ``--secrets`` file; UsageError naming what is wrong."""
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read((1 << 20) + 1)
+    except OSError as exc:
+        raise UsageError(f"--secrets {path}: {exc.strerror or exc}") from None
+    if len(raw) > 1 << 20:
+        raise UsageError(f"--secrets {path}: larger than 1 MiB")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise UsageError(f"--secrets {path}: not UTF-8") from None
+    return parse_secrets(text, path, inject)
 
 
 def _listen(text: str, scheme: str) -> Listen:
@@ -115,10 +134,15 @@ def options_from_args(args: dict[str, Any]) -> Options:
     upstream_ca = args.get("--upstream-ca")
     if upstream_ca is not None and not os.path.isfile(upstream_ca):
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")
+    secrets_file = args.get("--secrets")
+    secrets = read_secrets(secrets_file, inject) if secrets_file else ()
     return Options(
         listen=_listen(args["--listen"], "http"),
         socks=_listen(args["--socks"], "socks5") if args.get("--socks") else None,
-        policy=EgressPolicy(allow=allow, inject=inject, pins=pins, allow_cidrs=cidrs),
+        policy=EgressPolicy(allow=allow, inject=inject + tuple(s.host for s in secrets),
+                            pins=pins, allow_cidrs=cidrs),
+        secrets=secrets,
+        github_inject=inject,
         egress_dir=args.get("--egress-dir"),
         token_argv=token_argv(command) if command else None,
         token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
@@ -160,7 +184,9 @@ def serve(options: Options) -> int:
         log = EventLog(stream, log_allowed=options.log_allowed)
         authority = make_authority(list(options.policy.inject))
         if options.egress_dir:
-            write_egress_dir(options.egress_dir, authority.cert_pem(), list(options.policy.inject))
+            # gh's login names the token's hosts only.
+            write_egress_dir(options.egress_dir, authority.cert_pem(),
+                             list(options.github_inject))
         listeners: list[tuple[socket.socket, str]] = [(bind(options.listen), "http")]
         if options.socks is not None:
             listeners.append((bind(options.socks), "socks5"))
@@ -181,6 +207,8 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         tokens=tokens,
         log=log,
         upstream_ca=options.upstream_ca,
+        secrets={s.host: SecretKeeper(s, log.note, bound=options.token_timeout)
+                 for s in options.secrets},
     )
     if options.upstream_ca:
         # A named CA file is read now, so a bad one stops the start; the

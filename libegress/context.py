@@ -1,4 +1,4 @@
-"""What every connection handler shares: the policy, limits, CA, token, log."""
+"""What every connection handler shares: the policy, limits, CA, token, secrets, log."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from libegress.eventlog import EventLog
 from libegress.limits import Limits
 from libegress.peers import PidFinder
 from libegress.policy import EgressPolicy
-from libegress.tokens import TokenKeeper
+from libegress.tokens import SecretKeeper, TokenKeeper
 
 
 @dataclass
@@ -24,8 +24,13 @@ class Services:
     tokens: TokenKeeper
     log: EventLog
     upstream_ca: str | None = None  # --upstream-ca, else the system's roots
+    secrets: dict[str, SecretKeeper] = field(default_factory=dict)  # by host
     pids: PidFinder = field(default_factory=PidFinder)
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
+
+    def keepers(self) -> list[TokenKeeper]:
+        """Every runner: the GitHub token's and one per secret."""
+        return [self.tokens, *(s.keeper for s in self.secrets.values())]
 
     @property
     def upstream_tls(self) -> ssl.SSLContext:

@@ -3,7 +3,9 @@
 Reached after a CONNECT (or SOCKS connect) to an inject host on 443.  The
 client gets a leaf from the proxy's name-constrained CA; each request inside is
 held to the CONNECT host (its Host and any absolute target must name it), loses
-the client's Authorization and Proxy-* fields, and gets the token's header.
+the client's Authorization and Proxy-* fields (and, for a ``--secrets`` host,
+the client's own value of that secret's header), and gets the proxy's: the
+GitHub token's Authorization, or the secret's header.
 The upstream is dialled under the address rules and its certificate verified.
 """
 
@@ -43,13 +45,30 @@ def inner_target(request: h11.Request, host: str, port: int) -> bytes:
     return (path + ("?" + url.query if url.query else "")).encode("ascii")
 
 
-def upstream_request(request: h11.Request, host: str, target: bytes,
-                     token: str | None) -> h11.Request:
-    """The request as it goes to ``host``: credentials replaced by the token's."""
+def upstream_request(request: h11.Request, target: bytes,
+                     credential: tuple[bytes, bytes] | None,
+                     drop: bytes = b"authorization") -> h11.Request:
+    """The request as it goes upstream: the client's credentials replaced.
+
+    ``drop`` (lower case) is the credential's field name; the client's values
+    of it go, as do Authorization and Proxy-*, whether or not ``credential``
+    (the proxy's field) is held yet.
+    """
     headers = forward_headers(list(request.headers), drop_auth=True)
-    if token is not None:
-        headers.append((b"Authorization", authorization(host, token)))
+    if drop != b"authorization":
+        headers = [(n, v) for n, v in headers if n.lower() != drop]
+    if credential is not None:
+        headers.append(credential)
     return h11.Request(method=request.method, target=target, headers=headers)
+
+
+def credential_for(services: Services, host: str) -> tuple[bytes, bytes] | None:
+    """The field the proxy sets for ``host`` now: its secret's, else the token's."""
+    secret = services.secrets.get(host)
+    if secret is not None:
+        return secret.field()
+    token = services.tokens.current()
+    return None if token is None else (b"Authorization", authorization(host, token))
 
 
 async def serve_intercepted(services: Services, raw: SocketStream, early: bytes, host: str,
@@ -64,6 +83,8 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
         return
     client = ClientSide(tls, limits)
     upstream: UpstreamSide | None = None
+    secret = services.secrets.get(host)
+    drop = secret.lower_name if secret is not None else b"authorization"
     try:
         while True:
             try:
@@ -75,7 +96,8 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                 target = inner_target(request, host, port)
                 if upstream is None:
                     upstream = await _open_upstream(services, host, port)
-                outgoing = upstream_request(request, host, target, services.tokens.current())
+                outgoing = upstream_request(request, target, credential_for(services, host),
+                                            drop)
                 await exchange(client, upstream, outgoing)
             except HttpError as exc:
                 event = "limit" if exc.status in (408, 431) else "refused"

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from libbroker.errors import EgressError
 from libegress.context import Peer, Services
 from libegress.peers import is_loopback, peer_socket
+from libegress.tokens import keep_all, start_all
 
 Handler = Callable[[Services, socket.socket, Peer], Awaitable[None]]
 
@@ -69,10 +70,10 @@ class ProxyServer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stop.set)
-        # The first token read comes before serving (waited for at most
-        # tokens.FIRST_WAIT), so the first GitHub request already carries it; a
+        # The first token and secret reads come before serving (waited for at
+        # most tokens.FIRST_WAIT), so the first request already carries them; a
         # signal meanwhile still ends the proxy cleanly.
-        first = asyncio.create_task(self.services.tokens.start())
+        first = asyncio.create_task(start_all(self.services.keepers()))
         stop = asyncio.create_task(self._stop.wait())
         await asyncio.wait({first, stop}, return_when=asyncio.FIRST_COMPLETED)
         if self._stop.is_set():
@@ -81,7 +82,7 @@ class ProxyServer:
             for sock, _ in listeners:
                 sock.close()
             return
-        keeper = asyncio.create_task(self.services.tokens.keep())
+        keeper = asyncio.create_task(keep_all(self.services.keepers()))
         accepts = [asyncio.create_task(self._accept(s, h)) for s, h in listeners]
         announce()
         try:

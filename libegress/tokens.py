@@ -32,6 +32,7 @@ import subprocess
 from collections.abc import Callable
 
 from libbroker.errors import TokenError, UsageError
+from libegress.secrets import Secret, header_value
 
 # Printable ASCII without spaces: whatever goes into a header must not be able
 # to end it (no CR/LF) or be mistaken for another field.
@@ -254,3 +255,42 @@ class TokenKeeper:
                 wait = self._every
             await asyncio.sleep(wait)
             failures = 0 if await self.refresh() else failures + 1
+
+
+class SecretKeeper:
+    """One ``--secrets`` entry at run time: its own runner, and the field it makes.
+
+    The command runs exactly as ``--token-command`` does (a :class:`TokenKeeper`
+    of its own); what is logged names the host, never the value.
+    """
+
+    def __init__(self, secret: Secret, say: Callable[[str], None],
+                 bound: float = RUN_BOUND, first_wait: float = FIRST_WAIT) -> None:
+        self.secret = secret
+        self.name = secret.header.encode("ascii")
+        self.lower_name = self.name.lower()
+        host = secret.host
+        self.keeper = TokenKeeper(list(secret.argv), secret.every,
+                                  lambda message: say(f"secret for {host}: {message}"),
+                                  bound=bound, first_wait=first_wait)
+        self._made: tuple[str, bytes] | None = None
+
+    def field(self) -> tuple[bytes, bytes] | None:
+        """The header to set (name, value), or None while no value is held."""
+        value = self.keeper.current()
+        if value is None:
+            return None
+        made = self._made
+        if made is None or made[0] is not value:
+            made = self._made = (value, header_value(self.secret.format, value))
+        return self.name, made[1]
+
+
+async def start_all(keepers: list[TokenKeeper]) -> None:
+    """Every keeper's first read, side by side (each bounded by its ``first_wait``)."""
+    await asyncio.gather(*(k.start() for k in keepers))
+
+
+async def keep_all(keepers: list[TokenKeeper]) -> None:
+    """Every keeper's renewals, until cancelled."""
+    await asyncio.gather(*(k.keep() for k in keepers))
