@@ -820,8 +820,7 @@ def _put_back_renamed_git(sweeper: _Sweeper, root: int) -> None:
                     continue
                 os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
         sweeper.say(rel, "git-dir", f"the repository was moved to {where} in the session; "
-                    "moved back", f"mv -T -- {shlex.quote(path)} "
-                    f"{shlex.quote(os.path.join(snap.workdir, where))}")
+                    f"moved back to {shlex.quote(path)}", "")
         # Its entries were checked where they stood: check them again.
         for entry_rel, (rule, recorded) in snap.entries.items():
             if entry_rel.startswith(rel + "/"):
