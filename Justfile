@@ -5,6 +5,10 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 # curl, kubectl as real clients in the tests; gcc for gpg-shim's C fast path).
 debs := "bubblewrap gnupg git curl ca-certificates procps iproute2 util-linux gcc libc6-dev"
 
+# The coding agents tests/agents runs for real (Claude Code's 2.1.197 is the
+# last tested; its newer releases want node >= 22, Debian has 20).
+agents := "@anthropic-ai/claude-code@2.1.197 @openai/codex@0.171.0 @google/gemini-cli@0.61.0"
+
 default:
     @just --list
 
@@ -13,6 +17,9 @@ setup:
     if [ "$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq {{debs}} >/dev/null; fi
     command -v kubectl >/dev/null || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq kubectl >/dev/null; } || echo "setup: kubectl not installable here; its tests will be skipped" >&2
     pip install -q --disable-pip-version-check -e '.[test]'
+    # The real agents for tests/agents (pinned; Node.js from Debian when missing).
+    command -v npm >/dev/null || { [ "$(id -u)" = 0 ] && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nodejs npm >/dev/null; } || echo "setup: npm not installable here; the agent tests will be skipped" >&2
+    npm install -g --no-fund --no-audit --loglevel=error {{agents}} >/dev/null 2>&1 || echo "setup: the agent CLIs did not install; tests/agents will skip them" >&2
     python3 -m libbroker.native || echo "setup: gpg-shim's C fast path not built; git signs through the Python gpg-shim" >&2
     command -v pyenv >/dev/null && pyenv rehash || true
 
