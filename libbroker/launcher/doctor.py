@@ -169,8 +169,7 @@ def check_native() -> list[Check]:
             out.append(
                 Check(
                     WARN,
-                    f"native {name}: not built or older than its source: {what} "
-                    f"(without: {loss})",
+                    f"native {name}: not built or older than its source: {what} (without: {loss})",
                     "python3 -m libbroker.native (needs a C compiler: apt-get install gcc)",
                 )
             )
@@ -281,6 +280,61 @@ def check_hostrun(cfg: Config) -> list[Check]:
     return [head, *(Check(OK, "  " + line) for line in table.lines())]
 
 
+def check_agents(cfg: Config) -> list[Check]:
+    """One line per installed agent: profile, config dir, hosts allowed, its sandbox mode."""
+    from libbroker.launcher import agents
+
+    out = []
+    extra = dict(cfg.agents)
+    for profile in (*agents.PROFILES.values(), *extra.values()):
+        exe = next((c for c in profile.commands if shutil.which(c)), None)
+        if exe is None:
+            continue
+        what = f"agent {profile.name} ({shutil.which(exe)}): profile found"
+        missing = [e.host for e in profile.entries if not os.path.exists(cfg.home + e.host[1:])]
+        hosts = [d for d in profile.domains if d not in cfg.domains]
+        note = f"; {profile.sandbox_note}" if profile.sandbox_note else ""
+        if missing:
+            out.append(
+                Check(
+                    WARN,
+                    f"{what}; {', '.join(missing)} missing: a session's login and history "
+                    f"start empty",
+                    f"run {exe} once on the host (or mkdir {missing[0]}) so there is one to copy",
+                )
+            )
+            continue
+        added = f"; its hosts are added per session ({', '.join(hosts)})" if hosts else ""
+        out.append(Check(OK, f"{what}; config present (a private copy per session){added}{note}"))
+        if profile.name == "claude":
+            out.append(check_claude_managed())
+    return out
+
+
+def check_claude_managed() -> Check:
+    """A machine-wide drop-in that turns Claude Code's own sandbox on breaks a session."""
+    import json
+
+    from libbroker.launcher import settings
+
+    target = settings.target_path()
+    try:
+        with open(target) as fh:
+            data = json.load(fh)
+    except (OSError, ValueError):
+        return Check(
+            OK, "agent claude: no managed-settings drop-in (the session's settings carry the hook)"
+        )
+    if isinstance(data, dict) and dict(data.get("sandbox") or {}).get("enabled"):
+        return Check(
+            WARN,
+            f"agent claude: {target} turns Claude Code's own sandbox on: inside a session "
+            "it blocks broker-client (bwrap) and every command (Landlock)",
+            f"sudo rm {target}: sessions carry the hook in their own settings now",
+        )
+    return Check(OK, f"agent claude: {target} leaves Claude Code's own sandbox off")
+
+
 def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     return [
         lambda: [check_workdir(cfg)],
@@ -291,7 +345,7 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
         lambda: [check_git()],
         lambda: [check_signing(cfg)],
         lambda: [check_token(cfg)],
-        lambda: [check_settings(cfg)],
+        lambda: check_agents(cfg),
         lambda: check_hostrun(cfg),
     ]
 
