@@ -45,6 +45,7 @@ SMALL = 1 << 20  # contents kept in the snapshot itself; bigger files are copied
 MAX_HELD_DIR = 5000  # files fingerprinted in one held directory (.idea/ can be big)
 SNAPSHOT = "hostrun.json"  # in the runtime dir
 COPIES = "hostrun-copies"  # in the runtime dir: contents bigger than SMALL
+MAX_DEPTH = 256  # directory levels walked (a deeper planted tree is reported, not walked)
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _GIT_SKIP = frozenset({"objects", "refs", "logs", "lfs", "rr-cache", "info", "branches"})
@@ -285,6 +286,7 @@ class _Walk:
         self.git_dirs: list[tuple[str, int]] = []  # (relpath, inode; 0 for a bare one)
         self.found: list[tuple[str, Entry]] = []  # tree entries (relpath, entry)
         self.dirs_by_ino: dict[tuple[int, int], str] = {}  # for finding a renamed .git
+        self.too_deep: list[str] = []  # directories not walked: MAX_DEPTH reached
 
     def close(self) -> None:
         """Nothing is held between calls; kept so callers need not know."""
@@ -303,6 +305,9 @@ class _Walk:
         # The hot loop of the scan (100k files in ~5k directories): per file,
         # one set lookup and one d_type test; everything else only for the
         # few names that can matter.
+        if len(parts) >= MAX_DEPTH:
+            self.too_deep.append(rel)
+            return
         subdirs = []
         marks = 0
         by_last, bare = self.by_last, _BARE_MARKS
@@ -758,11 +763,15 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
             if rel in snap.repos:
                 continue
             _guard(sweeper, rel, _new_repo, sweeper, root, rel)
+        for rel in walk.too_deep:
+            sweeper.lines.append(f"agent-sandbox: {rel}: more than {MAX_DEPTH} directories "
+                                 "deep, not swept below; look at it before using git there")
     finally:
         os.close(root)
         if sweeper.qfd >= 0:
             os.close(sweeper.qfd)
     if sweeper.lines:
+        os.makedirs(sweeper.quarantine, mode=0o700, exist_ok=True)
         with open(os.path.join(sweeper.quarantine, "sweep.log"), "a") as log:
             log.write("".join(line + "\n" for line in sweeper.lines))
     return sweeper.lines
@@ -986,9 +995,10 @@ class Guard:
         snap, self.snap = self.snap, None
         try:
             lines = sweep(snap, self.state)
-        except OSError as exc:
-            lines = [f"agent-sandbox: the sweep of {snap.workdir} failed: "
-                     f"{exc.strerror or exc}; check its git hooks and config before using git"]
+        except Exception as exc:  # the teardown goes on; the person is told
+            why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
+            lines = [f"agent-sandbox: the sweep of {snap.workdir} failed: {why}; "
+                     "check its git hooks and config before using git there"]
         if lines:
             text = "".join(line + "\n" for line in lines)
             with contextlib.suppress(OSError):

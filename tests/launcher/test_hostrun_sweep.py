@@ -326,3 +326,18 @@ def test_scan_is_fast_and_bwrap_lists(tmp_path: Path, world: tuple[Path, Path, P
                                                              "sub/.git")]
     args = guard.bwrap_args(snap)
     assert args[:3] == ["--bind", str(work / ".git"), str(work / ".git")]
+
+
+def test_a_tree_too_deep_is_reported_not_a_crash(tmp_path: Path) -> None:
+    work = tmp_path / "w"
+    work.mkdir()
+    snap = guard.scan(str(work), Table())
+    fd = os.open(work, os.O_RDONLY)
+    for _ in range(guard.MAX_DEPTH + 50):  # deeper than any path a lookup could name
+        os.mkdir("d", dir_fd=fd)
+        nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = nxt
+    os.close(fd)
+    lines = guard.sweep(snap, str(tmp_path / "state"))
+    assert len(lines) == 1 and "deep, not swept below" in lines[0]
