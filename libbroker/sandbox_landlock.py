@@ -30,12 +30,13 @@ import os
 import shutil
 import tempfile
 from collections.abc import Mapping
+from typing import NoReturn
 
 from libbroker import native
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, restore_child_signals
 from libbroker.profile import Profile, command_environment
-from libbroker.sandbox import enter, landlock, reaper, seccomp
+from libbroker.sandbox import enter, landlock, limits, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
 from libbroker.sandbox.shape import Shape
 
@@ -75,6 +76,11 @@ class LandlockExecutor(Executor):
         reclaim_stale_tmp(tempfile.gettempdir())
         self.tmp_base = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self.native_reaper = native.built("reaper")
+        self.timeout = profile.limits.timeout
+        self.limits = limits.mechanism()
+        limits.reclaim(self.limits)  # the groups of a server killed before it cleaned up
+        self._spawned = 0
+        self._joining: dict[str, object] = {}  # the next command's group, for _child
         self._probe()
 
     def describe(self) -> str:
@@ -105,18 +111,26 @@ class LandlockExecutor(Executor):
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SpawnError(f"cannot create a pipe: {exc.strerror}") from None
+        self._spawned += 1
         try:
+            group = limits.create(self.profile.limits, str(self._spawned), self.limits)
+            # The command (not its reaper) joins it in _child, before it execs.
+            self._joining = group.entry()
             pid = os.fork()
         except OSError as exc:
             os.close(control)
             os.close(tell)
             shutil.rmtree(tmp, ignore_errors=True)
-            raise SpawnError(f"cannot fork: {exc.strerror}") from None
+            if self._joining:
+                limits.remove(group)
+            self._joining = {}
+            raise SpawnError(f"cannot fork or set the command's limits: {exc.strerror}") from None
         if pid == 0:
             self._reaper(argv, cwd, stdio, env, tmp, control)  # never returns
+        self._joining = {}
         os.close(control)
         os.set_blocking(tell, False)  # a flood of signal frames must never stall the server
-        return LandlockChild(pid, tell, tmp)
+        return LandlockChild(pid, tell, tmp, group)
 
     def _reaper(
         self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
@@ -134,27 +148,21 @@ class LandlockExecutor(Executor):
             restore_child_signals()
             os.setsid()
             reaper.become_subreaper()
-            command = os.fork()
+
+            def run() -> NoReturn:
+                self._child(argv, cwd, stdio, env, tmp)
+
+            child, watch, group = pidns.spawn_below(
+                run, control, group=True, native_reaper=self.native_reaper
+            )
         except BaseException as exc:  # the child must never return into the server's code
             report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
-        if command == 0:
-            os.close(control)
-            self._child(argv, cwd, stdio, env, tmp)  # never returns
-        try:
-            os.closerange(0, control)
-            os.closerange(control + 1, 65536)
-            if self.native_reaper is not None:  # a few hundred KiB, not a copy of the server
-                os.set_inheritable(control, True)
-                with contextlib.suppress(OSError):
-                    os.execv(self.native_reaper, ["reaper", str(command), str(control), "1"])  # noqa: S606
-            reaper.supervise(command, control)
-        except BaseException:
-            os._exit(SETUP_FAILED)
+        pidns.become_reaper(child, watch, group=group, native_reaper=self.native_reaper)
 
     def _child(
         self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
         env: dict[str, str], tmp: str,
-    ) -> None:  # fmt: skip
+    ) -> NoReturn:  # fmt: skip
         """In the forked child: sandbox ourselves, then exec.  Always ends in exec or _exit."""
         try:
             restore_child_signals()
@@ -163,6 +171,7 @@ class LandlockExecutor(Executor):
                 os.dup2(fd, target)
             os.closerange(3, 65536)
             os.chdir(cwd)
+            limits.join_self(self._joining)  # while /sys/fs/cgroup is still reachable
             self._apply(tmp)
         except BaseException as exc:  # the child must never return into the server's code
             report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
@@ -186,10 +195,11 @@ class LandlockChild(Child):
     closing the pipe on release kills whatever is still running.
     """
 
-    def __init__(self, pid: int, control: int, tmp: str) -> None:
+    def __init__(self, pid: int, control: int, tmp: str, group: limits.Group | None = None) -> None:
         self.pid = pid
         self.control: int | None = control
         self.tmp: str | None = tmp
+        self.group = group
 
     def send_signal(self, signum: int) -> None:
         if self.control is not None and 0 < signum < 256:
@@ -200,7 +210,13 @@ class LandlockChild(Child):
     def kill(self) -> None:
         self.send_signal(9)
 
+    def limits_hit(self) -> list[str]:
+        return limits.report(self.group) if self.group is not None else []
+
     def release(self) -> None:
+        if self.group is not None:  # the reaper is gone: nothing of the command is left
+            limits.remove(self.group)
+            self.group = None
         if self.control is not None:
             os.close(self.control)
             self.control = None

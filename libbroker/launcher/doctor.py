@@ -90,10 +90,16 @@ def check_landlock() -> Check:
         version = landlock.require()
     except SandboxUnavailable as exc:
         return Check(FAIL, f"Landlock: {exc}", "a kernel >= 6.12 with lsm=landlock; or use bwrap")
+    from libbroker.sandbox import pidns
+
+    what = f"Landlock: ABI {version} (network rules, signal and socket scoping)"
+    if pidns.supported():
+        return Check(OK, what + "; a PID namespace and /proc of its own")
     return Check(
-        OK,
-        f"Landlock: ABI {version} (network rules, signal and socket scoping); under it, "
-        "other processes' command lines stay visible in /proc (bwrap hides them)",
+        WARN,
+        what + "; no user namespaces for this user, so other processes' command lines "
+        "stay visible in /proc under Landlock",
+        "sysctl kernel.unprivileged_userns_clone=1 (or the AppArmor userns rule), or use bwrap",
     )
 
 

@@ -27,9 +27,9 @@ import json
 import os
 import signal
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
-from libbroker.sandbox import enter, landlock, reaper, seccomp
+from libbroker.sandbox import enter, landlock, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit
 from libbroker.sandbox.shape import Shape, from_json
 
@@ -68,17 +68,19 @@ def main(argv: list[str] | None = None) -> int:
         for sig in _REAPER_IGNORES:
             signal.signal(sig, signal.SIG_IGN)
         reaper.become_subreaper()
-        command = os.fork()
+        door = int(spec.get("door", -1))
+
+        def run() -> NoReturn:
+            os._exit(_sandboxed(spec, tty))
+
+        child, watch, group = pidns.spawn_below(run, life, group=not tty, native_reaper=None)
+        if door >= 0:
+            os.close(door)  # the command's, not the reaper's
     except Exception as exc:
         sys.stderr.write(f"agent-sandbox: cannot start the Landlock sandbox: {exc}\n")
         return 125
-    if command == 0:
-        os.close(life)
-        os._exit(_sandboxed(spec, tty))
-    with contextlib.suppress(OSError, ValueError, TypeError):
-        os.close(int(spec.get("door", -1)))  # the command's, not the reaper's
     try:
-        reaper.supervise(command, life, group=not tty)
+        reaper.supervise(child, watch, group=group)
     except BaseException:
         os._exit(125)
 

@@ -1,0 +1,178 @@
+"""A PID namespace of its own for a Landlock sandbox, where the kernel allows one.
+
+Landlock scopes signals and ptrace to the sandbox, so other processes'
+environment and memory are out of reach, but ``/proc/PID/cmdline`` needs no
+ptrace check: every process's command line (a token passed as an argument,
+a path) would be readable.  bwrap hides them with a PID namespace and a
+fresh /proc; this module does the same for the Landlock backend, with the
+unprivileged user namespace that most kernels allow:
+
+    reaper (outside)  --  unshare(NEWUSER | NEWPID), uid/gid mapped to themselves
+      init (pid 1)    --  unshare(NEWNS), / made private, a fresh /proc mounted;
+                          then the reaper's job for the command (signals from
+                          the control pipe, everything killed when it ends)
+        command       --  the one hardening sequence (enter.py), then exec
+
+The outer reaper watches the init through a pipe the init holds, and exits
+as it did.  When the init ends, the kernel kills whatever is left in the
+namespace, so nothing the command started can outlive it, setsid() or not.
+
+Where unprivileged user namespaces are refused (a sysctl, an LSM), nothing
+changes: the command runs below the reaper as before, and other processes'
+command lines stay visible (doctor and the README say so).  The user id
+inside is the user's own, mapped to itself; every capability the new
+namespace grants is dropped again by :func:`~libbroker.sandbox.enter.enter`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+from collections.abc import Callable
+from typing import NoReturn
+
+from libbroker.sandbox import reaper
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+# What a kernel that refuses unprivileged user namespaces answers.
+_REFUSED = {errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS, errno.ENOSYS, errno.EACCES}
+SETUP_FAILED = 125
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare_pids() -> bool:
+    """New user and PID namespaces for our children; False when the kernel refuses."""
+    uid, gid = os.getuid(), os.getgid()
+    libc = _libc()
+    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        err = ctypes.get_errno()
+        if err in _REFUSED:
+            return False
+        raise OSError(err, f"unshare: {os.strerror(err)}")
+    # Map our own ids to themselves: files keep their owners, and nothing new is granted.
+    maps = (("setgroups", "deny"), ("uid_map", f"{uid} {uid} 1"), ("gid_map", f"{gid} {gid} 1"))
+    for name, text in maps:
+        with open(f"/proc/self/{name}", "w") as fh:
+            fh.write(text)
+    return True
+
+
+def own_proc() -> None:
+    """In the namespace's init: a mount namespace whose /proc shows only the namespace."""
+    libc = _libc()
+    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    # Private first: the new /proc must not propagate back to the host's mounts.
+    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+    _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount proc")
+
+
+def spawn_below(
+    run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None
+) -> tuple[int, int, bool]:
+    """In a reaper: start the command (``run``, in a forked child) below us.
+
+    Returns what this reaper then supervises: (child, its control fd, group).
+    Without a namespace that is the command itself with ``control``.  With
+    one it is the init, watched through a pipe that closes when it ends
+    (group False: the init is signalled by pipe, never by a signal); the
+    init supervises the command with ``control``.
+    """
+    if not unshare_pids():
+        command = os.fork()
+        if command == 0:
+            os.close(control)
+            run()
+        return command, control, group
+    watch_r, watch_w = os.pipe()
+    init = os.fork()
+    if init == 0:
+        os.close(watch_r)
+        _init(run, control, watch_w, group=group, native_reaper=native_reaper)
+    os.close(watch_w)
+    os.close(control)
+    return init, watch_r, False
+
+
+def _init(
+    run: Callable[[], NoReturn], control: int, watch: int, *, group: bool,
+    native_reaper: str | None,
+) -> NoReturn:  # fmt: skip
+    """Pid 1 of the new namespace: its own /proc, the command, then the reaper's job."""
+    try:
+        own_proc()
+        command = os.fork()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(2, f"agent-sandbox: cannot set up the PID namespace: {exc}\n".encode())
+        os._exit(SETUP_FAILED)
+    if command == 0:
+        os.close(control)
+        os.close(watch)
+        run()
+    become_reaper(command, control, group=group, native_reaper=native_reaper, keep=(watch,))
+
+
+def become_reaper(
+    command: int, control: int, *, group: bool, native_reaper: str | None,
+    keep: tuple[int, ...] = (),
+) -> NoReturn:  # fmt: skip
+    """Supervise ``command`` for the rest of this process's life (:mod:`.reaper`).
+
+    Every descriptor but ``control`` and ``keep`` is closed first (not the
+    server's sockets, not the command's stdio).  With the small C reaper
+    built, this process execs it (a few hundred KiB instead of a copy of
+    whoever forked us); else it stays Python.
+    """
+    try:
+        wanted = sorted({control, *keep})
+        low = 0
+        for fd in wanted:
+            os.closerange(low, fd)
+            low = fd + 1
+        os.closerange(low, 65536)
+        if native_reaper is not None:
+            os.set_inheritable(control, True)
+            for fd in keep:
+                os.set_inheritable(fd, True)
+            args = ["reaper", str(command), str(control), "1" if group else "0"]
+            with contextlib.suppress(OSError):
+                os.execv(native_reaper, args)  # noqa: S606
+        reaper.supervise(command, control, group=group)
+    except BaseException:
+        os._exit(SETUP_FAILED)
+
+
+def supported() -> bool:
+    """Whether a PID namespace with its own /proc can be made here (forks a probe)."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            ok = unshare_pids()
+            if ok:
+                inner = os.fork()
+                if inner == 0:
+                    try:
+                        own_proc()
+                        os._exit(0 if os.getpid() == 1 else 1)
+                    except BaseException:
+                        os._exit(1)
+                ok = os.waitstatus_to_exitcode(os.waitpid(inner, 0)[1]) == 0
+            os._exit(0 if ok else 1)
+        except BaseException:
+            os._exit(1)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
