@@ -30,7 +30,7 @@ import os
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from libbroker.launcher.config import Config
+from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
 from libbroker.launcher.runtime import Runtime
 from libbroker.paths import under
 from libbroker.sandbox import bwrap
@@ -124,6 +124,11 @@ def environment(
         env["KUBECONFIG"] = kubeconfig
     if tmpdir:
         env["TMPDIR"] = tmpdir
+    # A [[secret]]'s variable holds the placeholder, never the host's value:
+    # the proxy sets the real one on the way out.
+    for secret in cfg.secrets:
+        if secret.env:
+            env[secret.env] = SECRET_PLACEHOLDER
     # Defence in depth: config.py already refuses these names in `env`.
     for name in ("GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN"):
         env.pop(name, None)
@@ -147,29 +152,38 @@ def session_shape(
     tty: bool,
     ports: tuple[int, ...] = (),
     tmpdir: str = "",
+    pin: tuple[str, ...] = (),
+    hold: tuple[str, ...] | None = None,
 ) -> Shape:
     """The agent session's :class:`Shape`, for either backend.
 
     bwrap: the home directory is an empty tmpfs under the grants, the
-    workdir's git files are held read-only, the hostname is the sandbox's.
+    workdir's host-run files (``hold``: every repository's hooks and config,
+    the agents' and editors' project files, from the guard's snapshot;
+    without one, the top repository's hooks and config) are held read-only,
+    every repository's ``.git`` is bound onto itself (``pin``: a mount point
+    cannot be renamed or replaced), and the hostname is the sandbox's.
     Landlock: a private TMPDIR, the terminal's devices, TCP connect to the
     proxy's ``ports`` only.  ``--new-session`` (which drops the controlling
     tty) only without a tty: an interactive shell needs its terminal for job
     control, and the seccomp filter refuses TIOCSTI either way.
     """
     read = (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt.root)
-    write = (*cfg.write, cfg.workdir, *((tmpdir,) if tmpdir else ()))
+    guard = not landlock and cfg.protect_git
+    write = (*cfg.write, cfg.workdir, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
+    held = tuple(protected_paths(cfg)) if hold is None else hold
     return Shape(
         read=tuple(dict.fromkeys(read)),
         write=write,
         deny=cfg.deny,
-        protect=() if landlock else tuple(protected_paths(cfg)),
+        protect=held if guard else (),
         empty=() if landlock or cfg.home in ("/", "") else (cfg.home,),
         devices=(*DEVICES, *TERMINAL_DEVICES),
         tcp_connect=ports if landlock else (),
         cwd=inside_cwd(cfg, host.cwd),
         env=dict(env),
         tmp=tmpdir,
+        tmp_size=None if landlock else cfg.limits.tmp,  # Landlock's tmp is a host directory
         new_session=not tty,
         hostname="" if landlock else "agent-sandbox",
     )

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError, LaunchError
 from libbroker.paths import under
+from libbroker.sandbox.limits import Limits, LimitsError
+from libbroker.sandbox.limits import from_mapping as limits_from_mapping
 
 if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
@@ -46,6 +48,31 @@ HARNESS = "~/.claude"
 # AGENT_SANDBOX* is the launcher's own to set.
 FORBIDDEN_ENV_PREFIXES = ("NONO_", "AGENT_SANDBOX")
 FORBIDDEN_ENV = frozenset({"GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN", "LD_PRELOAD"})
+# What a [[secret]]'s `env` variable holds inside the sandbox: a documented
+# non-secret word, so SDKs that require the variable start; the proxy sets the
+# real value on the way out.
+SECRET_PLACEHOLDER = "agent-sandbox-placeholder"  # noqa: S105 - a fixed word, no secret
+SECRET_KEYS = frozenset({"host", "header", "format", "command", "every", "env"})
+
+
+class Secret(NamedTuple):
+    """A ``[[secret]]`` table: egress-proxy's --secrets entry plus the sandbox's variable.
+
+    The deep checks of the header and format are egress-proxy's (it refuses a
+    bad entry at start with a line naming it); these are the launcher's own.
+    """
+
+    host: str
+    header: str
+    command: str
+    format: str = "Bearer {}"
+    every: int = 300
+    env: str = ""
+
+    def proxy_entry(self) -> dict[str, object]:
+        """The entry as egress-proxy's --secrets file holds it."""
+        return {"host": self.host, "header": self.header, "format": self.format,
+                "command": self.command, "every": self.every}
 
 
 class HostFacts(NamedTuple):
@@ -84,6 +111,8 @@ class Config(NamedTuple):
     agents: tuple[tuple[str, Any], ...] = ()  # [agents.NAME] profiles: (name, Profile)
     hostrun_add: tuple[str, ...] = ()  # host-run files beyond libpolicy.hostrun's list
     hostrun_allow: tuple[str, ...] = ()  # rule ids, patterns or workdir paths not held
+    limits: Limits = Limits()  # the session's, and each brokered command's
+    secrets: tuple[Secret, ...] = ()  # [[secret]] tables
 
 
 _KEYS = frozenset(
@@ -111,6 +140,8 @@ _KEYS = frozenset(
         "agent",
         "agent_write_back",
         "agents",
+        "limits",
+        "secret",
     }
 )
 
@@ -184,6 +215,8 @@ def load(
         raise ConfigError(f"config file {file} cannot be read: {exc.strerror}") from None
     merged = dict(data)
     for key, value in (overrides or {}).items():
+        if key == "limits" and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            value = {**merged[key], **value}  # --limit flags over the file's table
         if value is not None:
             merged[key] = value
     return from_mapping(merged, facts, source=file)
@@ -211,9 +244,16 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
     domains = tuple(
         _host_pattern(d, source, "domains") for d in get.strings("domains", DEFAULT_DOMAINS)
     )
+    secrets = _secrets(data.get("secret", []), source)
+    # A secret's host is allowed (egress-proxy intercepts it) and named in the policy.
+    domains += tuple(s.host for s in secrets if s.host not in domains)
     inject = tuple(
         _host_pattern(d, source, "inject") for d in get.strings("inject", DEFAULT_INJECT)
     )
+    for secret in secrets:
+        if secret.host in inject:
+            raise ConfigError(f"{source}: [[secret]] host {secret.host} is an inject host "
+                              "(the GitHub token's)")
     token_default = "gh auth token" if facts.gh_present else ""
     token_every = get.integer("token_every", 300)
     if token_every < 1:
@@ -252,6 +292,8 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         agents=extra,
         hostrun_add=_hostrun(get.strings("hostrun_add", ()), source, "hostrun_add"),
         hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
+        limits=_limits(data.get("limits", {}), source),
+        secrets=secrets,
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )
@@ -365,6 +407,15 @@ def hostrun_table(cfg: Config) -> Table:
     return Table(cfg.hostrun_add, cfg.hostrun_allow, cfg.workdir)
 
 
+def _limits(table: Any, source: str) -> Limits:
+    """``limits = {tasks = 4096, memory = "8G", tmp = "2G", cpu = 2, timeout = "10m"}``."""
+    try:
+        return limits_from_mapping(dict(table) if isinstance(table, Mapping) else table,
+                                   f"{source}: limits")  # fmt: skip
+    except LimitsError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def _agents(
     data: Mapping[str, Any], get: _Getter, source: str
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
@@ -387,3 +438,39 @@ def _check_env_name(name: str, source: str) -> None:
         raise ConfigError(f"{source}: env entry {name!r} is not a variable name")
     if name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES):
         raise ConfigError(f"{source}: env entry {name!r} may not be passed into a session")
+
+
+def _secrets(tables: Any, source: str) -> tuple[Secret, ...]:
+    """The ``[[secret]]`` tables, checked for shape; egress-proxy checks the rest."""
+    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
+        raise ConfigError(f"{source}: secret must be [[secret]] tables")
+    out: list[Secret] = []
+    for index, table in enumerate(tables):
+        where = f"{source}: [[secret]] {index + 1}"
+        unknown = sorted(k for k in table if k not in SECRET_KEYS)
+        if unknown:
+            raise ConfigError(f"{where}: unknown key {unknown[0]!r} "
+                              f"(known: {', '.join(sorted(SECRET_KEYS))})")
+        for key in ("host", "header", "command"):
+            if not isinstance(table.get(key), str) or not table[key].strip():
+                raise ConfigError(f"{where}: {key} must be a non-empty string")
+        fmt = table.get("format", "Bearer {}")
+        if not isinstance(fmt, str) or fmt.count("{}") != 1:
+            raise ConfigError(f"{where}: format must be a string holding {{}} once")
+        every = table.get("every", 300)
+        if isinstance(every, bool) or not isinstance(every, int) or not 0 < every < 10**7:
+            raise ConfigError(f"{where}: every must be a whole number of seconds, at least 1")
+        env = table.get("env", "")
+        if not isinstance(env, str):
+            raise ConfigError(f"{where}: env must be a variable name")
+        if env:
+            _check_env_name(env, source)
+        host = table["host"].strip().lower().rstrip(".")
+        if any(c in host for c in ", \t\n/@*:") or not host:
+            raise ConfigError(f"{where}: host {table['host']!r} must be one DNS name")
+        if any(s.host == host for s in out):
+            raise ConfigError(f"{where}: host {host} has a [[secret]] already")
+        if env and any(s.env == env for s in out):
+            raise ConfigError(f"{where}: env {env} is another secret's already")
+        out.append(Secret(host, table["header"], table["command"].strip(), fmt, every, env))
+    return tuple(out)

@@ -104,7 +104,16 @@ def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
     args += [f"--allow-cidr={c}" for c in cfg.allow_cidr]
     if cfg.upstream_ca:
         args.append("--upstream-ca=" + cfg.upstream_ca)
+    if cfg.secrets:
+        args.append("--secrets=" + rt.secrets)
     return args
+
+
+def secrets_json(cfg: Config) -> str:
+    """egress-proxy's --secrets file for this session (write it before its arguments go)."""
+    import json
+
+    return json.dumps([s.proxy_entry() for s in cfg.secrets])
 
 
 def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
@@ -139,6 +148,7 @@ def command_profile(cfg: Config, host: Host) -> dict[str, object]:
         "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
         "network": {"mode": "none"},
         "environment": {"allow_vars": [*BROKER_ENV_ALLOW, "AGENT_SANDBOX"]},
+        "limits": cfg.limits.to_mapping(),  # each brokered command's own, as the session's
     }
 
 

@@ -39,6 +39,11 @@ class Runtime(NamedTuple):
         return os.path.join(self.root, "policy.json")
 
     @property
+    def secrets(self) -> str:
+        """egress-proxy's --secrets file (0600): commands and headers, never a value."""
+        return os.path.join(self.root, "secrets.json")
+
+    @property
     def profile(self) -> str:
         return os.path.join(self.root, "profile.json")
 

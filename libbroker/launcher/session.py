@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 
     from libbroker.launcher.door import Door
     from libbroker.launcher.relay import Relay
+    from libbroker.sandbox.limits import Group
 else:
     # The C module: signal.py's enum conversions cost the launcher ~1 ms of
     # CPU while the servers start, and nothing here needs its enums.
@@ -111,6 +112,7 @@ class Session:
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.agent: agent_session.Agent | None = None  # the agent profile's part
+        self.limits: Group | None = None  # the sandbox's resource limits
 
     # --- the whole run -------------------------------------------------------
 
@@ -156,6 +158,7 @@ class Session:
         _trace("session starts (interpreter, imports, config before this)")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
+        self._make_limits(rt)
         # The host-run files' scan runs in a thread while the servers start
         # (it leaves its snapshot in rt for the janitor); joined before go.
         self.hostrun = hostrun_guard.Guard(
@@ -183,6 +186,8 @@ class Session:
         if agent is not None:  # its API and login hosts join the allow list
             self.cfg = cfg = agent.cfg
             self.cmd = agent.cmd
+        if cfg.secrets:  # read by egress-proxy as it starts
+            plan.write_private(rt.secrets, plan.secrets_json(cfg))
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)
@@ -222,10 +227,34 @@ class Session:
         if self.backend == "bwrap":
             self.relays[0].start(found.http_port)
             self.relays[1].start(found.socks_port)
+            if self.limits is not None and self.sandbox is not None:
+                from libbroker.sandbox import limits
+
+                # bwrap's tree waits for the go byte: nothing of CMD runs yet.
+                limits.move_tree(self.limits, self.sandbox.pid)
             os.write(self.control, b"g")
         else:
             self._send_landlock_spec(host, found)
         _trace("go")
+
+    def _make_limits(self, rt: Runtime) -> None:
+        """The sandbox's group (or rlimits), named in ``rt`` for the janitor.
+
+        Made before any of the sandbox exists; the sandbox enters it before
+        CMD runs (bwrap: the waiting tree is moved; Landlock: the command
+        joins itself).  The servers and the launcher stay outside it.
+        """
+        from libbroker.sandbox import limits
+
+        try:
+            self.limits = limits.create(self.cfg.limits, "session")
+            limits.record(self.limits, rt.root)
+        except OSError as exc:
+            raise LaunchError(
+                f"cannot set the session's limits with {limits.mechanism().describe()}: "
+                f"{exc.strerror or exc} (agent-sandbox doctor)"
+            ) from None
+        _trace("limits set")
 
     def _spawn(
         self, name: str, argv: list[str], *, own_group: bool = False, **kw: object
@@ -280,9 +309,22 @@ class Session:
         r, w = os.pipe()
         self.control = w
         os.set_inheritable(r, True)
+        # The workdir's host-run files are held by mounts, which bwrap's
+        # argv names: the guard's scan (begun with the session) must be done.
+        assert self.hostrun is not None
+        snap = self.hostrun.wait()
+        pin = tuple(hostrun_guard.bwrap_pin(snap))
+        hold = tuple(hostrun_guard.bwrap_protect(snap))
+        found = bwrap.facts([*pin, *hold])
+        facts = host.facts
+        host = host._replace(
+            facts=bwrap.Facts(facts.dirs | found.dirs, facts.files | found.files, facts.links)
+        )
         sec_fd = bwrap.seccomp_pipe(prog)
         env = self._env(host, HTTP_PORT, SOCKS_PORT)
-        shape = agent_sandbox.session_shape(self.cfg, rt, host, env, landlock=False, tty=self.tty)
+        shape = agent_sandbox.session_shape(
+            self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold
+        )
         argv = agent_sandbox.bwrap_argv(shape, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd)
         try:
             self.sandbox = self._spawn(
@@ -351,7 +393,11 @@ class Session:
         )
         import json
 
-        spec = {"shape": shape.to_json(), "argv": self.cmd, "door": self.door.inner_fd}
+        spec: dict[str, object] = {
+            "shape": shape.to_json(), "argv": self.cmd, "door": self.door.inner_fd
+        }
+        if self.limits is not None:  # joined by the command itself before it execs
+            spec["limits"] = self.limits.entry()
         data = json.dumps(spec).encode()
         view = memoryview(data)
         while view:
@@ -579,6 +625,13 @@ class Session:
             from libbroker.sandbox import reaper
 
             reaper.kill_below(os.getpid())
+        if self.limits is not None:  # nothing of the session is left in it
+            from libbroker.sandbox import limits
+
+            for hit in limits.report(self.limits):
+                os.write(2, f"agent-sandbox: the session hit its {hit}\n".encode())
+            limits.remove(self.limits)
+            self.limits = None
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish()
             self.hostrun = None

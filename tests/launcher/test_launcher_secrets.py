@@ -1,0 +1,177 @@
+"""[[secret]] tables: parsed and checked, handed to egress-proxy, a placeholder inside.
+
+The session test is real: the launcher, egress-proxy with --secrets, a sandbox,
+and an api.anthropic.com stand-in with its own CA that records what it got.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import ssl
+import stat
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trustme
+from launcher_world import World
+
+from libbroker.errors import ConfigError
+from libbroker.launcher import agent_sandbox, config, plan
+from libbroker.launcher.config import SECRET_PLACEHOLDER, HostFacts, from_mapping
+from libbroker.launcher.runtime import Runtime
+
+FACTS = HostFacts(home="/home/u", cwd="/home/u/work", gh_present=False)
+REAL = "sk-ant-" + secrets.token_hex(8) + "-REALKEY"
+ENTRY = {"host": "api.anthropic.com", "header": "x-api-key", "format": "{}",
+         "command": "cat /home/u/.config/anthropic-key", "every": 120,
+         "env": "ANTHROPIC_API_KEY"}
+
+
+def test_a_secret_table_is_parsed_and_its_host_allowed() -> None:
+    cfg = from_mapping({"secret": [ENTRY, {"host": "api.openai.com", "header": "Authorization",
+                                           "command": "pass openai"}],
+                        "domains": ["pypi.org"]}, FACTS)
+    assert cfg.secrets[0] == config.Secret("api.anthropic.com", "x-api-key",
+                                           "cat /home/u/.config/anthropic-key", "{}", 120,
+                                           "ANTHROPIC_API_KEY")
+    assert cfg.secrets[1].format == "Bearer {}" and cfg.secrets[1].every == 300
+    assert cfg.secrets[1].env == ""
+    assert cfg.domains == ("pypi.org", "api.anthropic.com", "api.openai.com")
+
+
+@pytest.mark.parametrize(("entry", "message"), [
+    ({**ENTRY, "colour": "red"}, "unknown key 'colour'"),
+    ({k: v for k, v in ENTRY.items() if k != "host"}, "host must be"),
+    ({k: v for k, v in ENTRY.items() if k != "header"}, "header must be"),
+    ({k: v for k, v in ENTRY.items() if k != "command"}, "command must be"),
+    ({**ENTRY, "format": "Bearer"}, "format must be"),
+    ({**ENTRY, "every": 0}, "every must be"),
+    ({**ENTRY, "every": "5"}, "every must be"),
+    ({**ENTRY, "env": "1BAD"}, "not a variable name"),
+    ({**ENTRY, "env": "GH_TOKEN"}, "may not be passed"),
+    ({**ENTRY, "host": "*.anthropic.com"}, "one DNS name"),
+    ({**ENTRY, "host": "github.com"}, "is an inject host"),
+])
+def test_a_bad_secret_table_is_refused(entry: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        from_mapping({"secret": [entry]}, FACTS)
+
+
+def test_duplicate_hosts_and_envs_are_refused() -> None:
+    with pytest.raises(ConfigError, match="has a \\[\\[secret\\]\\] already"):
+        from_mapping({"secret": [ENTRY, {**ENTRY, "env": "OTHER", "host": "API.anthropic.com"}]},
+                     FACTS)
+    with pytest.raises(ConfigError, match="another secret's"):
+        from_mapping({"secret": [ENTRY, {**ENTRY, "host": "api.openai.com"}]}, FACTS)
+    with pytest.raises(ConfigError, match="secret must be"):
+        from_mapping({"secret": {"host": "x"}}, FACTS)
+
+
+def test_the_proxy_gets_the_file_and_the_sandbox_the_placeholder() -> None:
+    cfg = from_mapping({"secret": [ENTRY], "env": ["ANTHROPIC_API_KEY"]}, FACTS)
+    rt = Runtime("/run/user/1/agent-sandbox/session-x")
+    assert "--secrets=/run/user/1/agent-sandbox/session-x/secrets.json" in plan.proxy_args(cfg, rt)
+    assert json.loads(plan.secrets_json(cfg)) == [
+        {k: v for k, v in ENTRY.items() if k != "env"}]
+    env = agent_sandbox.environment(cfg, rt, {"ANTHROPIC_API_KEY": REAL, "PATH": "/usr/bin"},
+                                    bin_dir="/b", http_port=1, socks_port=2)
+    assert env["ANTHROPIC_API_KEY"] == SECRET_PLACEHOLDER
+    assert REAL not in json.dumps(env)
+    no_secret = from_mapping({}, FACTS)
+    assert not any(a.startswith("--secrets") for a in plan.proxy_args(no_secret, rt))
+
+
+# --- a real session ----------------------------------------------------------------
+
+
+class _Anthropic(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.0"
+    seen: list[dict[str, Any]]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        self.rfile.read(length)
+        record = {"host": self.headers.get("Host"), "x-api-key": self.headers.get_all("x-api-key")}
+        self.seen.append(record)
+        body = b'{"ok": true}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture()
+def anthropic(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, Any]]]]:
+    ca = trustme.CA()
+    ca_file = tmp_path / "anthropic-ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("api.anthropic.com").configure_cert(ctx)
+    seen: list[dict[str, Any]] = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Anthropic,), {"seen": seen}))
+    server.daemon_threads = True
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1], ca_file, seen
+    server.shutdown()
+    server.server_close()
+
+
+INSIDE = r"""
+echo "env=$ANTHROPIC_API_KEY"
+echo "answer=$(curl -sS --max-time 20 https://api.anthropic.com/v1/messages \
+    -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}')"
+echo "secrets_mode=$(stat -c %a "$(dirname "$AGENT_SANDBOX_POLICY")/secrets.json")"
+echo "leak=$(env | grep -c "$PROBE")"
+"""
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_a_session_holds_the_placeholder_and_the_stand_in_gets_the_key(
+    world: World, anthropic: tuple[int, Path, list[dict[str, Any]]], backend: str,
+) -> None:
+    port, ca_file, seen = anthropic
+    key_file = world.home / ".config" / "anthropic-key"
+    key_file.write_text(REAL + "\n")
+    both = world.root / "upstream-cas.pem"
+    both.write_bytes(world.standin.ca_file.read_bytes() + ca_file.read_bytes())
+    cfg = world.config(
+        upstream_ca=str(both),
+        resolve=[f"github.com:127.0.0.1:{world.standin.port}",
+                 f"api.github.com:127.0.0.1:{world.standin.port}",
+                 f"api.anthropic.com:127.0.0.1:{port}"],
+        env=["ANTHROPIC_API_KEY"],  # passed through, and still the placeholder wins
+    )
+    with cfg.open("a") as fh:
+        fh.write(f'\n[[secret]]\nhost = "api.anthropic.com"\nheader = "x-api-key"\n'
+                 f'format = "{{}}"\ncommand = "cat {key_file}"\nenv = "ANTHROPIC_API_KEY"\n')
+    # The host's own value of the variable must not get in either.
+    env = world.env(ANTHROPIC_API_KEY=REAL)
+    mid = len(REAL) // 2
+    probe = REAL[:mid] + "[" + REAL[mid] + "]" + REAL[mid + 1:]
+    done = world.run("sh", "-c", f"PROBE='{probe}'\n" + INSIDE, config=cfg, sandbox=backend,
+                     env=env)
+    assert done.returncode == 0, done.stderr + done.stdout
+    out = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    assert out["env"] == SECRET_PLACEHOLDER
+    assert json.loads(out["answer"]) == {"ok": True}, done.stderr
+    assert seen[-1] == {"host": "api.anthropic.com", "x-api-key": [REAL]}
+    assert out["secrets_mode"] == "600"
+    assert out["leak"] == "0"
+    assert REAL not in done.stdout + done.stderr
+    assert world.leftovers() == []
+
+
+def test_the_secrets_file_is_private(tmp_path: Path) -> None:
+    path = tmp_path / "secrets.json"
+    plan.write_private(str(path), "[]")
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
