@@ -1031,7 +1031,9 @@ def bwrap_protect(snap: Snapshot) -> list[str]:
     """
     out = []
     for rel, (_, node) in sorted(snap.entries.items()):
-        if node is not None and node.kind in ("file", "dir"):
+        # A repository's own directory is pinned, not held: git inside the
+        # sandbox writes its objects, index and refs there.
+        if node is not None and node.kind in ("file", "dir") and rel not in snap.repos:
             out.append(os.path.join(snap.workdir, rel))
     return out
 

@@ -161,6 +161,8 @@ class Session:
         self._make_limits(rt)
         # The host-run files' scan runs in a thread while the servers start
         # (it leaves its snapshot in rt for the janitor); joined before go.
+        # An empty .git/hooks first, so that the scan finds it to hold.
+        plan.prepare_workdir(cfg)
         self.hostrun = hostrun_guard.Guard(
             cfg.workdir, config.hostrun_table(cfg), rt.root, hostrun_guard.state_dir(cfg.home)
         )
@@ -192,7 +194,6 @@ class Session:
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)
             _trace(f"{agent.profile.name}'s private config copied")
-        plan.prepare_workdir(cfg)
         host = plan.host_facts(cfg, os.getcwd(), rt)
         import json  # after the servers' spawn: nothing before it that need not be
 
