@@ -57,6 +57,8 @@ enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH
 #define MAX_SIGN_PAYLOAD (64u << 20) /* as libbroker.gpg_shim.MAX_SIGN_PAYLOAD */
 #define MAX_FIELD 4096               /* a longer key or cwd: the full shim's case */
 #define SOCKET_ENV "AGENT_SANDBOX_BROKER_SOCKET"
+#define DOOR_ENV "AGENT_SANDBOX_BROKER_DOOR" /* libbroker/launcher/door.py */
+#define DOOR_WAIT_MS 30000
 #define FULL_SHIM "python/gpg-shim" /* beside this program: the Python gpg-shim */
 
 static const char *const channel_names[CHANNEL_COUNT] = {
@@ -259,6 +261,55 @@ static int dial(const char *path)
     return fd;
 }
 
+/* A socket connected to the broker, asked for through the door (a Landlock
+   session may create no unix socket: libbroker/launcher/door.py), or -1 (the
+   full shim then says why).  Our end of a fresh socketpair goes through the
+   door; the launcher answers on it with a descriptor (SCM_RIGHTS). */
+static int through_door(const char *door_env)
+{
+    char *end;
+    errno = 0;
+    long door = strtol(door_env, &end, 10);
+    if (errno != 0 || end == door_env || *end != '\0' || door < 0 || door > INT32_MAX)
+        return -1;
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+        return -1;
+    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
+    memset(&control, 0, sizeof control);
+    char byte = 0;
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
+                         .msg_control = control.buf, .msg_controllen = sizeof control.buf};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
+    ssize_t sent;
+    do
+        sent = sendmsg((int)door, &msg, MSG_NOSIGNAL);
+    while (sent < 0 && errno == EINTR);
+    close(pair[1]);
+    int got = -1;
+    struct pollfd pfd = {.fd = pair[0], .events = POLLIN};
+    if (sent == 1 && poll(&pfd, 1, DOOR_WAIT_MS) == 1) {
+        memset(&control, 0, sizeof control);
+        msg.msg_control = control.buf;
+        msg.msg_controllen = sizeof control.buf;
+        ssize_t n;
+        do
+            n = recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC);
+        while (n < 0 && errno == EINTR);
+        c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
+        if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+            c->cmsg_len == CMSG_LEN(sizeof(int)))
+            memcpy(&got, CMSG_DATA(c), sizeof(int));
+    }
+    close(pair[0]);
+    return got;
+}
+
 /* One server frame, complete: act on it.  Returns only for stdout and stderr. */
 static void dispatch(unsigned channel, const unsigned char *payload, size_t len)
 {
@@ -365,7 +416,8 @@ int main(int argc, char **argv)
         full_shim(argv);
     /* The broker is reached before stdin is read, so that an unreachable one is
        the full shim's to report, whatever is (or is not) on stdin. */
-    int sock = dial(path);
+    const char *door = getenv(DOOR_ENV);
+    int sock = door != NULL && door[0] != '\0' ? through_door(door) : dial(path);
     if (sock < 0)
         full_shim(argv);
     signal(SIGPIPE, SIG_IGN);
