@@ -1,7 +1,8 @@
 """Run a command (a coding agent, a shell, a build) in a whole sandboxed session.
 
 Usage:
-  agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--agent=NAME] [--] CMD...
+  agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--agent=NAME]
+                    [--limit=NAME=VALUE]... [--] CMD...
   agent-sandbox doctor [--config=FILE] [--sandbox=KIND]
   agent-sandbox render-settings [--config=FILE]
   agent-sandbox -h | --help
@@ -22,6 +23,9 @@ Options:
   --sandbox=KIND   auto, bwrap or nono (Landlock) (default: the config's, else auto).
   --agent=NAME     The agent profile: claude, codex, gemini, one of the config's
                    [agents.NAME], or none (default: from CMD's name).
+  --limit=NAME=VALUE  A resource limit over the config's (repeatable): tasks=4096,
+                   memory=8G, tmp=2G (bwrap's /tmp), cpu=2 (cores), timeout=10m
+                   (each brokered command), or NAME=off.
   -h --help        Show this help.
   --version        Show the version.
 
@@ -50,14 +54,18 @@ def _config(args: Args) -> Config:
 
     facts = config.host_facts()
     path = args["--config"]
-    overrides = {
+    overrides: dict[str, object] = {
         "workdir": args.get("--workdir"),
         "sandbox": args.get("--sandbox"),
         "agent": args.get("--agent"),
     }
     try:
+        if args.get("--limit"):
+            from libbroker.sandbox.limits import parse_flags
+
+            overrides["limits"] = parse_flags(list(args["--limit"]))
         return config.load(os.path.expanduser(path) if path else None, facts, overrides=overrides)
-    except ConfigError as exc:
+    except (ConfigError, ValueError) as exc:  # LimitsError is a ValueError
         raise UsageError(str(exc)) from None
 
 

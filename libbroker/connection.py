@@ -44,6 +44,7 @@ from libbroker.wire import (
     decode_signal,
     encode_error,
     encode_exit,
+    encode_frame,
     frame_header,
     parse_request,
 )
@@ -120,6 +121,7 @@ class Connection:
         self.done = self.loop.create_future()
         self.started = time.monotonic()
         self.timers: list[asyncio.TimerHandle] = []
+        self.overtime = ""  # set when the wall-clock limit ended the command
 
     def start(self) -> None:
         self.s.connections.add(self)
@@ -337,7 +339,17 @@ class Connection:
 
     def _spawn_sandboxed(self, request: Request, stdio: tuple[int, int, int]) -> Child:
         cwd = checked_cwd(request.cwd, self.s.workdir)
-        return self.s.executor.spawn(request.argv, cwd, stdio)
+        child = self.s.executor.spawn(request.argv, cwd, stdio)
+        timeout = self.s.executor.timeout
+        if timeout is not None:
+            self.timers.append(self.loop.call_later(timeout, self._timed_out, timeout))
+        return child
+
+    def _timed_out(self, timeout: float) -> None:
+        """The profile's wall clock ran out: end the command (its exit frame says 137)."""
+        if self.child is not None and self.pidfd is not None:
+            self.overtime = f"time limit ({timeout:g}s): it was killed"
+            self.child.kill()
 
     def _spawn_gpg(self, request: Request, stdio: tuple[int, int, int]) -> Child:
         return spawn_gpg(self.s.gpg, self.s.sign_keys, request.key, stdio)
@@ -539,6 +551,10 @@ class Connection:
             while fd in self.outputs and self._copy_output(fd, channel):
                 pass
         self._close_stdin()
+        # A limit hit is an ordinary event the caller should hear of, on stderr.
+        for hit in [*self.child.limits_hit(), *([self.overtime] if self.overtime else [])]:
+            line = f"broker: the command hit its {hit}\n"
+            self._queue(encode_frame(Channel.STDERR, line.encode()))
         self._queue(encode_exit(exit_status))
         self._finish(exit_status=exit_status)
 

@@ -37,11 +37,16 @@ class Child(ABC):
     def release(self) -> None:  # noqa: B027 - optional hook, most children hold nothing
         """Free per-command resources (private tmp, fds) once the child is reaped."""
 
+    def limits_hit(self) -> list[str]:
+        """Each resource limit the command hit (``task limit (64): 3 forks were refused``)."""
+        return []
+
 
 class Executor(ABC):
     """Starts commands in a fresh sandbox each."""
 
     name: str
+    timeout: float | None = None  # wall-clock seconds per command (the profile's limits)
 
     @abstractmethod
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:

@@ -5,11 +5,14 @@ into bwrap arguments or a Landlock ruleset.  ``--profile FILE`` is JSON::
 
     {"filesystem": {"read": [..], "write": [..], "deny": [..]},
      "network": {"mode": "none"} | {"mode": "proxy", "port": N},
-     "environment": {"allow_vars": [..]}}
+     "environment": {"allow_vars": [..]},
+     "limits": {"tasks": 4096, "memory": "8G", "tmp": "2G", "cpu": 2, "timeout": 600}}
 
 Every key is optional; an unknown key is an error (a typo must not silently
 widen or narrow a sandbox).  Paths must be absolute.  The workdir is always
-read-write and is not part of the file.
+read-write and is not part of the file.  ``limits`` (each key optional,
+``"off"`` for none; :mod:`libbroker.sandbox.limits`) bound every command:
+tasks, memory, bwrap's /tmp, CPU cores and the wall clock in seconds.
 """
 
 from __future__ import annotations
@@ -18,9 +21,10 @@ import json
 import os
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from libbroker.errors import ConfigError
+from libbroker.sandbox.limits import Limits, LimitsError, from_mapping
 from libbroker.sandbox.shape import SYSTEM_READ
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
@@ -44,6 +48,7 @@ class Profile:
     proxy_port: int | None = None
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
     source: str = "built-in default"
+    limits: Limits = field(default_factory=Limits)
 
 
 def default_profile() -> Profile:
@@ -71,7 +76,7 @@ def load_profile(path: str) -> Profile:
 def parse_profile(body: object, *, source: str = "profile") -> Profile:
     """Validate an already-decoded profile object."""
     where = f"profile {source}"
-    obj = _object(body, where, {"filesystem", "network", "environment"})
+    obj = _object(body, where, {"filesystem", "network", "environment", "limits"})
     fs = _object(obj.get("filesystem", {}), f"{where}: filesystem", {"read", "write", "deny"})
     net = _object(obj.get("network", {"mode": "none"}), f"{where}: network", {"mode", "port"})
     env = _object(obj.get("environment", {}), f"{where}: environment", {"allow_vars"})
@@ -87,6 +92,10 @@ def parse_profile(body: object, *, source: str = "profile") -> Profile:
         raise ConfigError(f"{where}: network.mode must be 'none' or 'proxy' (with a port)")
 
     allow = env.get("allow_vars", list(DEFAULT_ENV_ALLOW))
+    try:
+        limits = from_mapping(obj.get("limits", {}), f"{where}: limits")
+    except LimitsError as exc:
+        raise ConfigError(str(exc)) from None
     return Profile(
         read=SYSTEM_READ + toolchain_read() + _paths(fs.get("read", []), f"{where}: read"),
         write=_paths(fs.get("write", []), f"{where}: write"),
@@ -94,6 +103,7 @@ def parse_profile(body: object, *, source: str = "profile") -> Profile:
         proxy_port=port,
         env_allow=_env_names(allow, f"{where}: environment.allow_vars"),
         source=source,
+        limits=limits,
     )
 
 

@@ -12,6 +12,7 @@ executable" come back as 127 and 126 (bwrap itself reports both as 1).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.executor import Child, Executor, killpg_quietly
 from libbroker.profile import Profile, command_environment
-from libbroker.sandbox import bwrap, seccomp
+from libbroker.sandbox import bwrap, limits, seccomp
 from libbroker.sandbox.shape import Shape
 
 if TYPE_CHECKING:
@@ -35,8 +36,9 @@ _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
 def command_shape(profile: Profile, workdir: str, cwd: str) -> Shape:
     """A brokered command's sandbox: the profile's paths, the workdir read-write."""
     return Shape(
-        read=profile.read, write=(*profile.write, workdir), deny=profile.deny, cwd=cwd
-    )
+        read=profile.read, write=(*profile.write, workdir), deny=profile.deny, cwd=cwd,
+        tmp_size=profile.limits.tmp,
+    )  # fmt: skip
 
 
 def bwrap_args(
@@ -70,6 +72,10 @@ class BwrapExecutor(Executor):
         if prog is None:
             raise SandboxUnavailable(f"bwrap backend: no seccomp filter for {os.uname().machine}")
         self.seccomp = prog
+        self.timeout = profile.limits.timeout
+        self.limits = limits.mechanism()
+        limits.reclaim(self.limits)  # the groups of a server killed before it cleaned up
+        self._spawned = 0
         self._probe()
 
     def _probe(self) -> None:
@@ -98,11 +104,28 @@ class BwrapExecutor(Executor):
     def describe(self) -> str:
         return f"bwrap ({self.bwrap})"
 
+    def close(self) -> None:
+        limits.flush_pending(timeout=2.0)
+
     def _args(self, cwd: str, info_fd: int | None, block_fd: int | None, sec_fd: int) -> list[str]:
         shape = command_shape(self.profile, self.workdir, cwd)
         return bwrap.argv(shape, self.facts, info_fd=info_fd, block_fd=block_fd, seccomp_fd=sec_fd)
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
+        self._spawned += 1
+        try:
+            group = limits.create(self.profile.limits, str(self._spawned), self.limits)
+        except OSError as exc:
+            raise SpawnError(f"cannot set the command's limits: {exc.strerror or exc}") from None
+        try:
+            return self._spawn(argv, cwd, stdio, group)
+        except BaseException:
+            limits.remove(group)
+            raise
+
+    def _spawn(
+        self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int], group: limits.Group
+    ) -> Child:
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC) if self.profile.proxy_port else (None, None)
         sec = bwrap.seccomp_pipe(self.seccomp)
@@ -118,17 +141,21 @@ class BwrapExecutor(Executor):
                 pass_fds=passed,
                 start_new_session=True,
                 env=self.env,
+                # bwrap itself joins the command's group (or takes its rlimits)
+                # before it execs: everything it starts is born inside.
+                preexec_fn=functools.partial(limits.join_self, group.entry()),
             )  # fmt: skip
-        except OSError as exc:
+        except (OSError, subprocess.SubprocessError) as exc:
             for fd in (info_r, block_w):
                 if fd is not None:
                     os.close(fd)
-            raise SpawnError(f"cannot start bwrap: {exc.strerror}") from None
+            why = exc.strerror if isinstance(exc, OSError) else "cannot join its limits"
+            raise SpawnError(f"cannot start bwrap: {why}") from None
         finally:
             for fd in passed:
                 os.close(fd)
         proc.returncode = 0  # the server reaps it through a pidfd; silence Popen.__del__
-        child = BwrapChild(proc.pid, info_r)
+        child = BwrapChild(proc.pid, info_r, group)
         if block_w is not None:
             self._connect_proxy(child, block_w)
         return child
@@ -156,8 +183,9 @@ class BwrapExecutor(Executor):
 class BwrapChild(Child):
     """A bwrap process; the command's group is led by bwrap's pid-namespace init."""
 
-    def __init__(self, pid: int, info_fd: int) -> None:
+    def __init__(self, pid: int, info_fd: int, group: limits.Group | None = None) -> None:
         self.pid = pid
+        self.group = group
         self._info_fd: int | None = info_fd
         self._inner: int | None = None
         self.relay: ProxyRelay | None = None
@@ -202,7 +230,13 @@ class BwrapChild(Child):
             killpg_quietly(inner, 9)
         killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
 
+    def limits_hit(self) -> list[str]:
+        return limits.report(self.group) if self.group is not None else []
+
     def release(self) -> None:
+        if self.group is not None:  # bwrap is gone; its pid namespace is going
+            limits.remove(self.group, timeout=0)
+            self.group = None
         if self.relay is not None:
             self.relay.close()
             self.relay = None

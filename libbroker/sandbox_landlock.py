@@ -99,6 +99,7 @@ class LandlockExecutor(Executor):
 
     def close(self) -> None:
         shutil.rmtree(self.tmp_base, ignore_errors=True)
+        limits.flush_pending(timeout=2.0)
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         try:
@@ -215,7 +216,7 @@ class LandlockChild(Child):
 
     def release(self) -> None:
         if self.group is not None:  # the reaper is gone: nothing of the command is left
-            limits.remove(self.group)
+            limits.remove(self.group, timeout=0)
             self.group = None
         if self.control is not None:
             os.close(self.control)

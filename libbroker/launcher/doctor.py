@@ -341,11 +341,36 @@ def check_claude_managed() -> Check:
     return Check(OK, f"agent claude: {target} leaves Claude Code's own sandbox off")
 
 
+def check_limits(cfg: Config) -> Check:
+    """Which mechanism holds the session's limits, with a fix where a stronger one could."""
+    from libbroker.sandbox import limits
+
+    mech = limits.mechanism()
+    what = f"limits: {limits.summary(cfg.limits)}; through {mech.describe()}"
+    try:
+        limits.remove(limits.create(cfg.limits, "doctor", mech))
+    except OSError as exc:
+        return Check(
+            FAIL,
+            f"{what}: cannot make a group ({exc.strerror or exc})",
+            'limits = {tasks = "off", memory = "off"} in the config, or fix its permissions',
+        )
+    if mech.kind == "rlimit":
+        return Check(
+            WARN,
+            what + " (memory counted per process; no report of which limit was hit)",
+            "run under a delegated cgroup v2 subtree: "
+            "systemd-run --user --scope -p Delegate=yes agent-sandbox run ...",
+        )
+    return Check(OK, what)
+
+
 def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     return [
         lambda: [check_workdir(cfg)],
         lambda: check_backend(cfg.sandbox),
         lambda: [check_terminal()],
+        lambda: [check_limits(cfg)],
         check_executables,
         check_native,
         lambda: [check_git()],

@@ -84,6 +84,15 @@ def main(argv: list[str] | None = None) -> int:
     # The launcher is gone without cleaning up: the session ends here.
     for pid, fd, group in reversed(watched):
         _end(pid, fd, group)
+    # The session's cgroup (named in the runtime dir), and any group left by a
+    # process now gone: the launcher's, the broker's commands'.
+    try:
+        from libbroker.sandbox import limits
+
+        limits.remove_recorded(runtime_dir)
+        limits.reclaim()
+    except Exception as exc:  # the runtime dir is removed whatever happened
+        sys.stderr.write(f"agent-sandbox-janitor: removing the session's cgroup failed: {exc}\n")
     # Then the host-run files, from the snapshot the launcher's scan left in
     # the runtime dir (lines go to the quarantine's sweep.log: no terminal here).
     try:

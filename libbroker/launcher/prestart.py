@@ -37,7 +37,8 @@ BACKEND_WARM = {
     "nono": ("libbroker.sandbox_landlock",),
 }
 # run's options that take a value (docopt also accepts it as the next word).
-_VALUED = ("--config", "--workdir", "--sandbox", "--agent")
+_VALUED = ("--config", "--workdir", "--sandbox", "--agent", "--limit")
+_SINGLE = _VALUED[:-1]  # --limit may repeat
 
 
 class Servers:
@@ -83,10 +84,11 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
 
     Parsing with docopt costs the launcher ~8 ms of CPU while the servers
     start.  The usual command line (``agent-sandbox run [--config=F]
-    [--workdir=D] [--sandbox=K] [--agent=A] -- CMD...``, each option at most once and
-    spelled out with ``=``) is read here instead, giving exactly what docopt
-    would (a test checks); anything else (no ``--``, abbreviations, repeats,
-    -h, unknown words) is left to docopt, errors included.
+    [--workdir=D] [--sandbox=K] [--agent=A] [--limit=N=V]... -- CMD...``, each
+    option but --limit at most once and spelled out with ``=``) is read here
+    instead, giving exactly what docopt would (a test checks); anything else
+    (no ``--``, abbreviations, repeats, -h, unknown words) is left to docopt,
+    errors included.
     """
     if "--" not in argv:
         return None
@@ -94,7 +96,8 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
     cmd = argv[cut + 1 :]
     if not cmd:
         return None
-    values: dict[str, str | None] = dict.fromkeys(_VALUED)
+    values: dict[str, str | None] = dict.fromkeys(_SINGLE)
+    limits: list[str] = []
     run = False
     for word in argv[:cut]:
         name, eq, value = word.partition("=")
@@ -102,6 +105,8 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
             run = True
         elif name in values and eq and value and values[name] is None:
             values[name] = value
+        elif name == "--limit" and eq and value:
+            limits.append(value)
         else:
             return None
     if not run:
@@ -109,6 +114,7 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
     return {
         "run": True,
         **values,
+        "--limit": limits,
         "--": True,
         "CMD": cmd,
         "doctor": False,

@@ -70,7 +70,10 @@ def argv(
         out += ["--block-fd", str(block_fd)]
     # The private /tmp and the empty dirs come first: a grant that lives
     # under them (a venv in /tmp, ~/.cargo) is bound on top, not hidden beneath.
-    out += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/var/tmp"]
+    out += ["--proc", "/proc", "--dev", "/dev"]
+    if shape.tmp_size is not None:
+        out += ["--size", str(shape.tmp_size)]  # applies to the next --tmpfs only
+    out += ["--tmpfs", "/tmp", "--dir", "/var/tmp"]
     for path in shape.empty:
         out += ["--tmpfs", path]
     exists = host.dirs | host.files

@@ -46,7 +46,9 @@ class Shape:
     ``tcp_connect`` are the only TCP ports a Landlock sandbox may connect to
     (bwrap has a network namespace of its own: nothing but what is relayed in).
     ``tmp`` is a private directory granted read-write and named by TMPDIR
-    (Landlock); bwrap mounts a fresh /tmp instead.
+    (Landlock); bwrap mounts a fresh /tmp instead, of at most ``tmp_size``
+    bytes when that is set (a tmpfs is memory: unbounded, it can take the
+    host's).
     """
 
     read: tuple[str, ...] = SYSTEM_READ
@@ -60,6 +62,7 @@ class Shape:
     cwd: str = "/"
     env: Mapping[str, str] = field(default_factory=dict)
     tmp: str = ""
+    tmp_size: int | None = None
     new_session: bool = True
     hostname: str = ""
 

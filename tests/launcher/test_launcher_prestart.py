@@ -94,6 +94,7 @@ _WORDS = [
     "--workdir=/w", "--workdir=", "--sandbox=bwrap", "--sandbox=nono", "--sandbox",
     "true", "sh", "-c", "-h", "--help", "--version", "--bogus", "", "x y",
     "--agent=codex", "--agent", "--agent=", "codex",
+    "--limit=memory=1G", "--limit=tasks=64", "--limit", "--limit=", "tasks=64", "--lim=cpu=1",
 ]
 
 
@@ -120,6 +121,7 @@ def test_run_args_reads_the_usual_command_lines() -> None:
         ["run", "--config=/c.toml", "--sandbox=bwrap", "--", "sh", "-c", "exit 3"],
         ["--workdir=/w", "run", "--config=c", "--", "--config=x", "--"],
         ["run", "--agent=codex", "--sandbox=nono", "--", "my-codex", "exec", "hi"],
+        ["run", "--limit=memory=1G", "--limit=tasks=64", "--", "make"],
     ):
         assert prestart.run_args(argv) is not None
         assert prestart.run_args(argv) == _docopt(argv)
