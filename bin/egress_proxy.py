@@ -4,8 +4,9 @@ Usage:
   egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
                [--token-every=SECONDS] [--token-timeout=SECONDS] [--secrets=FILE]
+               [--repos=REPOS]
                [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
-               [--upstream-ca=FILE] [--log=FILE] [--log-allowed]
+               [--upstream-ca=FILE] [--log=FILE] [--log-allowed] [--record=FILE] [--learn]
                [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
   egress-proxy -h | --help
   egress-proxy --version
@@ -38,6 +39,11 @@ Options:
                              host becomes an inject host and gets that header,
                              its value from the command (run like
                              --token-command, under --token-timeout).
+  --repos=REPOS              Comma-separated OWNER/NAME: the token still goes
+                             with every read, but a write only when it is tied
+                             to one of these (push, REST under /repos/OWNER/NAME,
+                             GraphQL mutations whose node is in one); any other
+                             write is refused: 403 blocked-by-scope.
   --resolve=HOST:IP          Pin HOST to IP (trusted; HOST:IP:PORT also redirects
                              the port, IPv6 as [ADDR]:PORT).
   --allow-cidr=CIDR          Allow addresses in this range despite the address rules.
@@ -49,6 +55,15 @@ Options:
                              intercept for an inject host, http for plain HTTP).
                              Never a header or the token.  Default: refusals and
                              failures only.
+  --record=FILE              Append one JSON line per decision here: a refusal, a
+                             tunnel when it ends, a request to an inject host or
+                             over plain HTTP (host, port, kind, verdict, reason,
+                             body bytes each way, duration; method, path without
+                             its query, status).  Never a header, body or token.
+                             agent-sandbox points it at a pipe it reads.
+  --learn                    Pass every host and port the allow list would refuse
+                             (the inject hosts' rules and the address rules still
+                             hold); --record marks those events "learn".
   --idle-timeout=SECONDS     Close a connection idle this long [default: 120].
   --connect-timeout=SECONDS  Give up resolving/connecting upstream [default: 10].
   --max-conns=N              Concurrent client connections [default: 1024].

@@ -22,6 +22,8 @@ from libegress.eventlog import EventLog
 from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
 from libegress.limits import Limits
 from libegress.policy import EgressPolicy, Pin
+from libegress.record import Recorder
+from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
 from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
@@ -46,6 +48,8 @@ class Options:
     limits: Limits = field(default_factory=Limits)
     secrets: tuple[Secret, ...] = ()
     github_inject: tuple[str, ...] = ()  # --inject alone: the token's hosts
+    repos: frozenset[str] | None = None  # --repos: the token's writes held to these
+    record_file: str | None = None  # --record: one JSON line per decision
 
 
 def read_secrets(path: str, inject: tuple[str, ...]) -> tuple[Secret, ...]:
@@ -134,15 +138,21 @@ def options_from_args(args: dict[str, Any]) -> Options:
     upstream_ca = args.get("--upstream-ca")
     if upstream_ca is not None and not os.path.isfile(upstream_ca):
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")
+    repos_text = args.get("--repos")
+    try:
+        repos = parse_repos(repos_text) if repos_text is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     secrets_file = args.get("--secrets")
     secrets = read_secrets(secrets_file, inject) if secrets_file else ()
     return Options(
         listen=_listen(args["--listen"], "http"),
         socks=_listen(args["--socks"], "socks5") if args.get("--socks") else None,
         policy=EgressPolicy(allow=allow, inject=inject + tuple(s.host for s in secrets),
-                            pins=pins, allow_cidrs=cidrs),
+                            pins=pins, allow_cidrs=cidrs, learn=bool(args.get("--learn"))),
         secrets=secrets,
         github_inject=inject,
+        repos=repos,
         egress_dir=args.get("--egress-dir"),
         token_argv=token_argv(command) if command else None,
         token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
@@ -151,6 +161,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
         log_file=args.get("--log"),
         log_allowed=bool(args.get("--log-allowed")),
         limits=limits,
+        record_file=args.get("--record"),
     )
 
 
@@ -182,6 +193,12 @@ def serve(options: Options) -> int:
     _raise_fd_limit()
     with _log_stream(options.log_file) as stream:
         log = EventLog(stream, log_allowed=options.log_allowed)
+        try:
+            record = Recorder.open(options.record_file, options.policy)
+        except OSError as exc:
+            raise UsageError(f"--record {options.record_file}: {exc.strerror}") from None
+        if record.on:
+            log.record = record
         authority = make_authority(list(options.policy.inject))
         if options.egress_dir:
             # gh's login names the token's hosts only.
@@ -190,9 +207,12 @@ def serve(options: Options) -> int:
         listeners: list[tuple[socket.socket, str]] = [(bind(options.listen), "http")]
         if options.socks is not None:
             listeners.append((bind(options.socks), "socks5"))
-        asyncio.run(_run(options, log, authority_cache=LeafCache(authority,
-                                                                 list(options.policy.inject)),
-                         listeners=listeners))
+        try:
+            asyncio.run(_run(options, log, authority_cache=LeafCache(authority,
+                                                                     list(options.policy.inject)),
+                             listeners=listeners))
+        finally:
+            record.close()
     return 0
 
 
@@ -209,7 +229,11 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         upstream_ca=options.upstream_ca,
         secrets={s.host: SecretKeeper(s, log.note, bound=options.token_timeout)
                  for s in options.secrets},
+        scope=(Scope(options.repos, frozenset(options.github_inject))
+               if options.repos is not None else None),
     )
+    if log.record is not None:
+        services.record = log.record
     if options.upstream_ca:
         # A named CA file is read now, so a bad one stops the start; the
         # system's roots load on first use (Services.upstream_tls).

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import datetime
 import sys
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
+
+if TYPE_CHECKING:
+    from libegress.record import Recorder
 
 
 def _clean(text: str) -> str:
@@ -22,10 +25,13 @@ class EventLog:
     def __init__(self, stream: TextIO | None = None, *, log_allowed: bool = False) -> None:
         self._stream = stream
         self._log_allowed = log_allowed
+        self.record: Recorder | None = None  # --record: refusals and failures go there too
 
     def line(self, event: str, host: str, port: int | str, reason: str,
              pid: int | None) -> None:
         """``event`` (refused/failed/limit) for ``host``:``port`` and why."""
+        if self.record is not None:
+            self.record.event(event, host, port if isinstance(port, int) else 0, reason=reason)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         text = (
             f"{stamp} egress-proxy {event} host={_clean(host) or '-'} port={port} "

@@ -156,26 +156,48 @@ class UpstreamSide:
         return False
 
 
-async def _pump_request_body(client: ClientSide, upstream: UpstreamSide) -> None:
+async def _pump_request_body(client: ClientSide, upstream: UpstreamSide,
+                             moved: list[int]) -> None:
     while True:
         event = await client.body_event()
         await upstream.send(event)
         if isinstance(event, h11.EndOfMessage):
             return
+        moved[0] += len(event.data)
 
 
-async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Request) -> None:
+class Exchanged:
+    """What one exchange moved: the response's status and body bytes each way."""
+
+    __slots__ = ("down", "status", "up")
+
+    def __init__(self) -> None:
+        self.status = 0
+        self.up = 0
+        self.down = 0
+
+
+async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Request,
+                   moved: Exchanged | None = None) -> None:
     """Send ``request`` upstream, relay its body and the response back.
 
     Raises HttpError for what the client should be told (while it still can be).
+    ``moved``, when given, gets the status and the body bytes each way (for
+    the record), also when the exchange fails part way.
     """
+    up = [0]
     await upstream.send(request)
-    body = asyncio.create_task(_pump_request_body(client, upstream))
+    body = asyncio.create_task(_pump_request_body(client, upstream, up))
+    down = 0
     try:
-        withheld = await _relay_response_head(client, upstream, body)
+        status = await _relay_response_head(client, upstream, body)
+        withheld = status < 0
+        if moved is not None:
+            moved.status = abs(status)
         while True:
             event = await _race(upstream.next_event(), body)
             if isinstance(event, h11.Data):
+                down += len(event.data)
                 await client.send(h11.Data(data=event.data))
             elif isinstance(event, h11.EndOfMessage):
                 await client.send(h11.EndOfMessage())
@@ -195,11 +217,13 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
             body.cancel()
             with contextlib.suppress(BaseException):
                 await body
+        if moved is not None:
+            moved.up, moved.down = up[0], down
 
 
 async def _relay_response_head(client: ClientSide, upstream: UpstreamSide,
-                               body: asyncio.Task[None]) -> bool:
-    """Relay the upstream's 100s and final head; True if the body was withheld.
+                               body: asyncio.Task[None]) -> int:
+    """Relay the upstream's 100s and final head; its status, negative if the body was withheld.
 
     Only the upstream says ``100 Continue``: the proxy never does, so a client
     that expects it sends its body only when the upstream wants it.
@@ -225,7 +249,7 @@ async def _relay_response_head(client: ClientSide, upstream: UpstreamSide,
         headers.append((b"Connection", b"close"))
     await client.send(h11.Response(status_code=event.status_code, headers=headers,
                                    reason=event.reason))
-    return withheld
+    return -event.status_code if withheld else event.status_code
 
 
 async def _race(step: Coroutine[Any, Any, h11.Event], body: asyncio.Task[None]) -> h11.Event:

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import socket
 import ssl
+import time
 from urllib.parse import urlsplit
 
 import h11
@@ -20,7 +21,7 @@ import h11
 from libegress.context import Peer, Services
 from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
-from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
+from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
 from libegress.intercept import serve_intercepted
 from libegress.policy import Refused, Route, UpstreamFailed, dial, route
 from libegress.splice import relay
@@ -100,7 +101,12 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                 authority = format_authority(host, port).removesuffix(":80")
                 headers.insert(0, (b"Host", authority.encode("ascii")))
                 outgoing = h11.Request(method=request.method, target=target, headers=headers)
-                await exchange(client, upstream[2], outgoing)
+                moved, started = Exchanged(), time.monotonic()
+                try:
+                    await exchange(client, upstream[2], outgoing, moved)
+                finally:
+                    services.record.request("plain", host, port, request.method, target,
+                                            moved, started)
             except Refused as exc:
                 await _answer(services, client, HttpError(403, str(exc), exc.kind), host, port,
                               peer)
@@ -134,19 +140,24 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
         await client.send(ESTABLISHED)
         await serve_intercepted(services, raw, client.switched_data(), host, port, peer)
         return
+    started = time.monotonic()
     upstream = await _dial(services, host, port)
     services.log.allowed(host, port, "raw", peer.pid())
+    moved = (0, 0)
     try:
         await client.send(ESTABLISHED)
         early = client.switched_data()
         if early:
             await asyncio.get_running_loop().sock_sendall(upstream, early)
-        await relay(raw.sock, upstream)
+        moved = await relay(raw.sock, upstream)
+        moved = (moved[0] + len(early), moved[1])
     except OSError as exc:
         services.log.line("failed", host, port,
                           f"tunnel: {exc.strerror or exc}", peer.pid())
     finally:
         upstream.close()
+        services.record.event("allowed", host, port, "tunnel", started=started, up=moved[0],
+                              down=moved[1])
 
 
 def _close(upstream: UpstreamSide) -> None:

@@ -45,6 +45,7 @@ class Route(enum.Enum):
 
     PASS = "pass"  # noqa: S105 - not a password: a raw tunnel, or plain HTTP forwarded as is
     INTERCEPT = "intercept"  # TLS terminated, token set
+    LEARN = "learn"  # --learn: not on the allow list, passed as PASS is (and recorded)
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class EgressPolicy:
     inject: tuple[str, ...] = ("github.com", "api.github.com")
     pins: dict[str, Pin] = field(default_factory=dict)
     allow_cidrs: tuple[Network, ...] = ()
+    learn: bool = False  # --learn: any host and port the inject rules leave is passed
 
 
 def route(policy: EgressPolicy, host: str, port: int, *, tls: bool) -> Route:
@@ -80,6 +82,8 @@ def route(policy: EgressPolicy, host: str, port: int, *, tls: bool) -> Route:
         return Route.INTERCEPT
     if allowed(policy.allow, host, port):
         return Route.PASS
+    if policy.learn:  # after the inject rules, before the address rules (which still hold)
+        return Route.LEARN
     raise Refused(BLOCKED_ALLOWLIST, f"{where} is not on the allow list")
 
 

@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import socket
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -151,15 +152,20 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
             return
+        started = time.monotonic()
         upstream = await dial(services.policy, host, port, limits.connect_timeout)
         services.log.allowed(host, port, "socks", peer.pid())
+        moved = (0, 0)
         try:
             await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))
             if early:
                 await raw.loop.sock_sendall(upstream, early)
-            await relay(sock, upstream)
+            moved = await relay(sock, upstream)
+            moved = (moved[0] + len(early), moved[1])
         finally:
             upstream.close()
+            services.record.event("allowed", host, port, "socks", started=started,
+                                  up=moved[0], down=moved[1])
     except Refused as exc:
         services.log.line("refused", host, port, f"socks {exc.kind}: {exc}", peer.pid())
         await _send_quietly(raw, reply(NOT_ALLOWED))

@@ -1,0 +1,112 @@
+"""``--record FILE``: one JSON line per egress decision, for the launcher's session record.
+
+A line is written when a connection (tunnel) or a request (inject hosts and
+plain HTTP) ends, or when something is refused: host, port, kind (``tunnel``,
+``socks``, ``injected``, ``plain``), verdict (``allowed``, ``refused``,
+``failed``, ``limit``), reason, body bytes each way (``up`` from the
+sandbox, ``down`` to it), duration; method, path (never the query) and status
+for requests.  Never a header value, a body or a token.  With ``--learn``,
+an event for a host the allow list would have refused carries ``learn``.
+
+Cheap on purpose: nothing per chunk, one ``json.dumps`` and one ``write``
+per connection or request.  A line longer than PIPE_BUF cannot happen (the
+path is cut), so lines on a pipe never interleave.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from libegress.allowlist import allowed
+from libegress.http1 import Exchanged
+from libegress.policy import EgressPolicy
+
+_PATH_MAX = 256
+LEARN_MARK = "not on the allow list"
+
+
+def _clean(text: str, limit: int = 512) -> str:
+    text = text if len(text) <= limit else text[:limit] + "..."
+    return "".join(c if " " <= c <= "~" else f"\\x{ord(c):02x}" for c in text)
+
+
+def request_path(target: bytes) -> str:
+    """The path of an origin-form target, without its query (which may carry a secret)."""
+    path = target.split(b"?", 1)[0].split(b"#", 1)[0]
+    text = path.decode("ascii", "replace")
+    return _clean(text, _PATH_MAX) + ("?..." if b"?" in target else "")
+
+
+class Recorder:
+    """Writes event lines to ``--record``'s file; does nothing without one."""
+
+    def __init__(self, fd: int | None, policy: EgressPolicy) -> None:
+        self._fd = fd
+        self._policy = policy
+        self.failed: str | None = None
+
+    @classmethod
+    def open(cls, path: str | None, policy: EgressPolicy) -> Recorder:
+        """The recorder for ``path`` (appended, 0600); OSError when it cannot be opened."""
+        if path is None:
+            return cls(None, policy)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return cls(fd, policy)
+
+    @property
+    def on(self) -> bool:
+        return self._fd is not None
+
+    def would_refuse(self, host: str, port: int) -> bool:
+        """Learn mode: whether the allow list (not the inject hosts) would refuse ``host``."""
+        policy = self._policy
+        return (policy.learn and host not in policy.inject
+                and not allowed(policy.allow, host, port))
+
+    def event(self, verdict: str, host: str, port: int, kind: str | None = None, *,
+              reason: str = "", started: float | None = None, up: int | None = None,
+              down: int | None = None, method: bytes | None = None,
+              target: bytes | None = None, status: int | None = None) -> None:
+        """One line; ``started`` is a ``time.monotonic()`` for the duration."""
+        if self._fd is None:
+            return
+        entry: dict[str, object] = {"ev": "egress", "host": _clean(host) or "-", "port": port}
+        if kind is not None:
+            entry["kind"] = kind
+        entry["verdict"] = verdict
+        if reason:
+            entry["reason"] = _clean(reason)
+        if method is not None:
+            entry["method"] = _clean(method.decode("ascii", "replace"), 16)
+        if target is not None:
+            entry["path"] = request_path(target)
+        if status is not None:
+            entry["status"] = status
+        if up is not None:
+            entry["up"] = up
+        if down is not None:
+            entry["down"] = down
+        if started is not None:
+            entry["dur"] = round(time.monotonic() - started, 4)
+        if host != "-" and self.would_refuse(host, port):
+            entry["learn"] = LEARN_MARK
+        try:
+            os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+        except OSError as exc:
+            # The reader is gone (the launcher died): the proxy ends with it anyway.
+            self.failed = exc.strerror or str(exc)
+
+    def request(self, kind: str, host: str, port: int, method: bytes, target: bytes,
+                moved: Exchanged, started: float) -> None:
+        """One HTTP request through the proxy (inject hosts, plain HTTP), allowed."""
+        if self._fd is not None:
+            self.event("allowed", host, port, kind, started=started, up=moved.up,
+                       down=moved.down, method=method, target=target,
+                       status=moved.status or None)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
