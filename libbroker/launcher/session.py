@@ -633,6 +633,9 @@ class Session:
                 os.write(2, f"agent-sandbox: the session hit its {hit}\n".encode())
             limits.remove(self.limits)
             self.limits = None
+            # A broker killed at once (nothing in flight) may leave the group of
+            # its last command, still emptying then: groups of the gone go too.
+            limits.reclaim()
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish()
             self.hostrun = None
