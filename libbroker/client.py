@@ -26,23 +26,21 @@ import stat
 from collections.abc import Iterable
 
 from libbroker.dial import SOCKET_ENV_VAR, dial
-from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused
-from libbroker.pipes import available, read_exact, set_pipe_size
+from libbroker.errors import BrokerUnavailable, ProtocolError
+from libbroker.pipes import available, lazy_buffer, read_exact, set_pipe_size
 from libbroker.wire import (
-    HEADER,
-    HEADER_SIZE,
     MAX_PAYLOAD,
     SERVER_CHANNELS,
     Channel,
+    Data,
+    Payload,
+    Reader,
     Request,
-    check_header,
-    decode_error,
-    decode_exit,
     encode_request,
     encode_signal,
     encode_stdin_eof,
+    final_status,
     frame_header,
-    lazy_buffer,
 )
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -53,6 +51,7 @@ _MORE = -2
 _SEND_BACKLOG = 4 * MAX_PAYLOAD  # stop reading stdin while this much waits to be sent
 _POLL_IN = select.POLLIN | select.POLLPRI
 _POLL_GONE = select.POLLHUP | select.POLLERR | select.POLLNVAL
+_OUTPUTS = frozenset({Channel.STDOUT, Channel.STDERR})
 
 
 def socket_path(explicit: str | None = None) -> str:
@@ -97,7 +96,7 @@ def call(
         except OSError:
             # Refused at once (another uid, shutting down): its error frame
             # may already be waiting; the read side reports it.
-            request = request._replace(with_stdin=False)
+            request = request.without_stdin()
         pump = stdin_fd if request.with_stdin else None
         return _Exchange(sock, pump, stdout_fd, stderr_fd).run(tuple(forward_signals))
 
@@ -118,19 +117,19 @@ class _Exchange:
         self.fds = {Channel.STDOUT: out_fd, Channel.STDERR: err_fd}
         self.outgoing: list[bytes] = []
         self.outgoing_size = 0
-        # the incoming stream: a header, then ``remaining`` payload bytes
-        self.header = bytearray()
-        self.channel: Channel | None = None
-        self.remaining = 0
-        self.payload = bytearray()
+        # The incoming stream, decoded by wire; stdout and stderr payloads are
+        # announced, not buffered, and moved by us to ``output_fd``.
+        self.reader = Reader(SERVER_CHANNELS, passthrough=_OUTPUTS)
+        self.output_fd = out_fd
         # splice needs a pipe or file that blocks (a full non-blocking one would spin)
         self.splice_to = {fd: _spliceable(fd) for fd in (out_fd, err_fd)}
         # Files and /dev/null take splice from a pipe only: through one of ours.
         self.via_pipe = {fd: _file_like(fd) for fd in (out_fd, err_fd)}
         self.relay: tuple[int, int] | None = None
         self.splice_from = stdin_fd is not None and _spliceable(stdin_fd)
-        self.inbuf = lazy_buffer(_READ_SIZE)  # stdin reads that cannot be spliced
-        self.outbuf = lazy_buffer(_READ_SIZE)  # output that cannot be spliced
+        # Made on first use: stdin reads and output that cannot be spliced.
+        self._inbuf: memoryview | None = None
+        self._outbuf: memoryview | None = None
         if stdin_fd is not None:
             # A bigger pipe behind us means bigger reads and fewer frames; a
             # non-pipe stdin just refuses (harmless).
@@ -198,55 +197,40 @@ class _Exchange:
         return None
 
     def _receive_step(self) -> int:
-        """One header, or part of a payload: stdout/stderr payloads are spliced
+        """One read or one decoded event: stdout/stderr payloads are spliced
         from the socket to their fd, never copied through Python."""
-        if self.channel is None:
-            data = self._recv(HEADER_SIZE - len(self.header))
-            if data is None:
-                return _BLOCKED
-            self.header += data
-            if len(self.header) < HEADER_SIZE:
-                return _MORE
-            raw_channel, length = HEADER.unpack(self.header)
-            self.header.clear()
-            try:
-                self.channel = check_header(raw_channel, length, SERVER_CHANNELS)
-            except ProtocolError as exc:
-                raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
-            self.remaining = length
-        channel = self.channel
-        if channel is Channel.STDOUT or channel is Channel.STDERR:
-            if self.remaining:
-                moved = self._pass_output(self.fds[channel])
+        reader = self.reader
+        try:
+            if reader.passing:
+                moved = self._pass_output(self.output_fd, reader.passing)
                 if moved is None:
                     return _BLOCKED
-                self.remaining -= moved
-            if not self.remaining:
-                self.channel = None
-            return _MORE
-        if self.remaining:
-            data = self._recv(self.remaining)
-            if data is None:
-                return _BLOCKED
-            self.payload += data
-            self.remaining -= len(data)
-            if self.remaining:
+                reader.passed(moved)
                 return _MORE
-        payload = bytes(self.payload)
-        self.payload.clear()
-        self.channel = None
-        if channel is Channel.ERROR:
-            raise RequestRefused(decode_error(payload))
-        try:
-            return decode_exit(payload) & 0xFF
+            event = reader.next_event()
+            if event is None:
+                data = self._recv(reader.want())
+                if data is None:
+                    return _BLOCKED
+                reader.feed(data)
+                return _MORE
+            if isinstance(event, Payload):
+                self.output_fd = self.fds[event.channel]
+            elif isinstance(event, Data):  # only if fed past a header, which we never do
+                _write_all(self.fds[event.channel], event.data)
+            else:
+                status = final_status(event)
+                if status is not None:
+                    return status
         except ProtocolError as exc:
             raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
+        return _MORE
 
-    def _pass_output(self, fd: int) -> int | None:
-        """Move up to ``remaining`` payload bytes to ``fd``; None when the socket is empty."""
+    def _pass_output(self, fd: int, count: int) -> int | None:
+        """Move up to ``count`` payload bytes to ``fd``; None when the socket is empty."""
         if self.splice_to[fd]:
             try:
-                moved = os.splice(self.sock.fileno(), fd, self.remaining, flags=os.SPLICE_F_MOVE)
+                moved = os.splice(self.sock.fileno(), fd, count, flags=os.SPLICE_F_MOVE)
             except BlockingIOError:
                 return None
             except BrokenPipeError:
@@ -260,9 +244,9 @@ class _Exchange:
                 raise _closed()
             return moved
         if self.via_pipe[fd]:
-            return self._relay_output(fd)
+            return self._relay_output(fd, count)
         # Into a reused buffer: a fresh bytes object per read costs page faults.
-        view = memoryview(self.outbuf)[: min(self.remaining, _READ_SIZE)]
+        view = self._output_buffer()[: min(count, _READ_SIZE)]
         try:
             count = self.sock.recv_into(view)
         except BlockingIOError:
@@ -274,14 +258,24 @@ class _Exchange:
         _write_all(fd, view[:count])
         return count
 
-    def _relay_output(self, fd: int) -> int | None:
+    def _output_buffer(self) -> memoryview:
+        if self._outbuf is None:
+            self._outbuf = memoryview(lazy_buffer(_READ_SIZE))
+        return self._outbuf
+
+    def _input_buffer(self) -> memoryview:
+        if self._inbuf is None:
+            self._inbuf = memoryview(lazy_buffer(_READ_SIZE))
+        return self._inbuf
+
+    def _relay_output(self, fd: int, count: int) -> int | None:
         """socket -> our pipe -> ``fd``: two splices, no copy through user space."""
         if self.relay is None:
             self.relay = os.pipe2(os.O_CLOEXEC)
             set_pipe_size(self.relay[1], _READ_SIZE)
         r, w = self.relay
         try:
-            moved = os.splice(self.sock.fileno(), w, min(self.remaining, _READ_SIZE),
+            moved = os.splice(self.sock.fileno(), w, min(count, _READ_SIZE),
                               flags=os.SPLICE_F_MOVE | os.SPLICE_F_NONBLOCK)  # fmt: skip
         except BlockingIOError:
             return None
@@ -325,7 +319,7 @@ class _Exchange:
             self._splice_stdin()
             return
         try:
-            count = os.readv(self.stdin_fd, [self.inbuf])
+            count = os.readv(self.stdin_fd, [self._input_buffer()])
         except BlockingIOError:
             return
         except OSError:
@@ -335,7 +329,7 @@ class _Exchange:
             self.stdin_fd = None
             self._flush()
             return
-        self._queue(frame_header(Channel.STDIN, count), bytes(memoryview(self.inbuf)[:count]))
+        self._queue(frame_header(Channel.STDIN, count), bytes(self._input_buffer()[:count]))
         self._flush()
 
     def _splice_stdin(self) -> None:

@@ -1,18 +1,23 @@
-"""One broker connection: a request, a sandboxed child, frames both ways.
+"""One broker connection's I/O: a pump around :class:`libbroker.broker.exchange.Exchange`.
+
+The conversation's rules (what may come when, what is refused, what ends
+it) live in the exchange; this class reports what happens on the socket,
+the pipes and the child as events, and carries out the commands it gets
+back.  Frames are decoded by :class:`libbroker.wire.Reader` alone.
 
 The connection owns its child from spawn to reap: the child is waited for
-through a pidfd, killed (whole process group) when the client goes away or
-the server stops, and released (private tmp removed) once reaped.
+through a pidfd, killed (whole process group) when the exchange says so,
+and released (private tmp removed) once reaped.
 
 Bulk data never passes through Python: an output frame is its 5-byte header
 followed by ``splice(pipe -> socket)`` of exactly the bytes the pipe holds
 (FIONREAD), and a stdin frame's payload goes ``splice(socket -> pipe)`` once
-its header is read.  Python only parses headers and small frames, which is
-what keeps a 1 GiB stream near the speed of a plain pipe.  When a splice
-moves less than a whole frame, the rest is copied and queued, so frames are
-never interleaved.  Backpressure is plain: output pipes are not read while
-anything is queued for the client, and the socket is not read while the
-command's stdin pipe is full.
+the reader has announced it.  Python only parses headers and small frames,
+which is what keeps a 1 GiB stream near the speed of a plain pipe.  When a
+splice moves less than a whole frame, the rest is copied and queued, so
+frames are never interleaved.  Backpressure is plain: output pipes are not
+read while anything is queued for the client, and the socket is not read
+while the command's stdin pipe is full.
 """
 
 from __future__ import annotations
@@ -24,29 +29,50 @@ import select
 import socket
 import struct
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from libbroker.broker.exchange import (
+    AuditBroken,
+    AuditLine,
+    BadFrame,
+    ChildExited,
+    ClientGone,
+    Close,
+    CloseStdin,
+    DeliverSignal,
+    Event,
+    Exchange,
+    HalfClose,
+    InternalError,
+    KillGroup,
+    Opened,
+    Refuse,
+    RequestTimeout,
+    SendExit,
+    Shutdown,
+    Spawn,
+    Spawned,
+    SpawnFailed,
+    State,
+    from_wire,
+)
 from libbroker.errors import ProtocolError, RequestRefused, SpawnError
 from libbroker.executor import Child, Executor
 from libbroker.ops import checked_cwd, spawn_gpg
 from libbroker.pipes import SPLICE_FLAGS, available, read_exact, set_pipe_size
 from libbroker.wire import (
     CLIENT_CHANNELS,
-    HEADER,
     HEADER_SIZE,
     MAX_PAYLOAD,
     Channel,
+    Reader,
     Request,
-    check_header,
-    decode_signal,
     encode_error,
     encode_exit,
     encode_frame,
     frame_header,
-    parse_request,
 )
 
 if TYPE_CHECKING:
@@ -77,6 +103,9 @@ def _pipe() -> tuple[int, int]:
     return r, w
 
 
+_STDIN = frozenset({Channel.STDIN})  # the one payload the pump moves itself (splice)
+
+
 class Connection:
     """The server side of one connection, on the running event loop."""
 
@@ -89,26 +118,18 @@ class Connection:
         with contextlib.suppress(OSError):
             # Whole frames per send/splice, fewer wake-ups (capped by wmem_max).
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-        fmt = "3i"
-        pid, uid, _ = struct.unpack(
-            fmt, sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
-        )
-        self.peer = (pid, uid)
-        # reading side: a header, then a payload of ``remaining`` bytes
-        self.header = bytearray()
-        self.frame: Channel | None = None
-        self.remaining = 0
-        self.payload = bytearray()
+        self.exchange = Exchange()
+        self.reader = Reader(CLIENT_CHANNELS, passthrough=_STDIN)
         self.reading = False
         # writing side
         self.outq: list[bytes] = []
         self.writing = False
+        self.ending = False  # HalfClose came: nothing more from the command, nor the client
         self.half_closed = False
         # the command
-        self.request: Request | None = None
         self.child: Child | None = None
         self.pidfd: int | None = None
-        self.outputs: dict[int, Channel] = {}
+        self.outputs: dict[int, int] = {}
         self.outputs_on = False
         self.stdin_fd: int | None = None
         # True while the command's stdin pipe is full: the loop watches the
@@ -116,20 +137,32 @@ class Connection:
         self.stdin_stalled = False
         self.watchdog: asyncio.TimerHandle | None = None
         self.closed = False
-        self.client_gone = False
-        self.finished = False
         self.done = self.loop.create_future()
-        self.started = time.monotonic()
         self.timers: list[asyncio.TimerHandle] = []
         self.overtime = ""  # set when the wall-clock limit ended the command
+        self._commands: dict[type, Callable[[Any], None]] = {
+            Spawn: self._spawn, Refuse: self._refuse, DeliverSignal: self._deliver_signal,
+            CloseStdin: lambda _: self._close_stdin(), SendExit: self._send_exit,
+            KillGroup: self._kill_group, AuditLine: self._audit_line,
+            HalfClose: self._end_output, Close: lambda _: self._close_socket(),
+        }  # fmt: skip
 
     def start(self) -> None:
         self.s.connections.add(self)
-        if self.peer[1] != os.getuid():
-            self.refuse(f"peer uid {self.peer[1]} is not the server's uid {os.getuid()}")
-            return
+        fmt = "3i"
+        pid, uid, _ = struct.unpack(
+            fmt, self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
+        )
+        self._event(Opened(pid, uid, os.getuid()))
         self._read_socket(True)
-        self.timers.append(self.loop.call_later(REQUEST_TIMEOUT, self._request_timeout))
+        timeout = RequestTimeout(REQUEST_TIMEOUT)
+        self.timers.append(self.loop.call_later(REQUEST_TIMEOUT, self._event, timeout))
+
+    def _event(self, event: Event) -> None:
+        """Report ``event`` to the exchange and carry out what it commands, in order."""
+        for command in self.exchange.handle(event):
+            self._commands[type(command)](command)
+        self._maybe_done()
 
     # --- reading the socket -------------------------------------------------
 
@@ -149,7 +182,7 @@ class Connection:
                 if not self._read_step():
                     return
         except ProtocolError as exc:
-            self.refuse(f"protocol error: {exc}")
+            self._event(BadFrame(str(exc)))
         except ConnectionError:
             self._client_gone()
         except Exception as exc:  # anything else: end this connection, not the server
@@ -157,78 +190,56 @@ class Connection:
 
     def _read_step(self) -> bool:
         """Make progress on the incoming stream; False when nothing more can be done now."""
-        if self.frame is None:
-            try:
-                data = self.sock.recv(HEADER_SIZE - len(self.header))
-            except BlockingIOError:
-                return self._socket_empty()
-            if not data:
-                self._client_gone()
-                return False
-            self.header += data
-            if len(self.header) < HEADER_SIZE:
-                return True
-            raw_channel, length = HEADER.unpack(self.header)
-            self.header.clear()
-            self.frame = self._check_frame(check_header(raw_channel, length, CLIENT_CHANNELS))
-            self.remaining = length
-            if length == 0:
-                self._frame_done(b"")
-            return True
-        if self.frame is Channel.STDIN:
+        if self.ending:
+            return self._discard_step()
+        if self.reader.passing:
             return self._stdin_step()
-        try:
-            data = self.sock.recv(self.remaining)
-        except BlockingIOError:
-            return self._socket_empty()
-        if not data:
-            self._client_gone()
+        event = self.reader.next_event()
+        if event is not None:
+            if self.s.audit.broken is not None:  # the log is shared: report its state first
+                self._event(AuditBroken(self.s.audit.broken))
+            self._event(from_wire(event))
+            return True
+        data = self._recv(self.reader.want())
+        if data is None:
             return False
-        self.payload += data
-        self.remaining -= len(data)
-        if not self.remaining:
-            payload = bytes(self.payload)
-            self.payload.clear()
-            self._frame_done(payload)
+        self.reader.feed(data)
         return True
 
-    def _check_frame(self, channel: Channel) -> Channel:
-        if self.request is None and channel is not Channel.REQUEST:
-            raise ProtocolError("the first frame must be a request")
-        if self.request is not None and channel is Channel.REQUEST:
-            raise ProtocolError("only one request per connection")
-        return channel
+    def _recv(self, count: int) -> bytes | None:
+        """Up to ``count`` bytes from the client; None when there are none now or it hung up."""
+        try:
+            data = self.sock.recv(count)
+        except BlockingIOError:
+            self._socket_empty()
+            return None
+        if not data:
+            self._client_gone()
+            return None
+        return data
 
-    def _frame_done(self, payload: bytes) -> None:
-        frame, self.frame = self.frame, None
-        if self.finished:
-            return
-        if frame is Channel.REQUEST:
-            self._on_request(payload)
-        elif frame is Channel.STDIN:  # only the empty one, EOF, comes here
-            self._close_stdin()
-        elif frame is Channel.SIGNAL:
-            signum = decode_signal(payload)
-            if self.child is not None and self.pidfd is not None:
-                self.child.send_signal(signum)
+    def _discard_step(self) -> bool:
+        """All said: what the client still sends is read and dropped until it hangs up.
+
+        Closing while the client still sends (stdin) would reset the
+        connection, and the client could lose the last frame.
+        """
+        return self._recv(MAX_PAYLOAD) is not None
 
     def _stdin_step(self) -> bool:
         """Splice a stdin payload from the socket into the command's stdin pipe."""
-        if self.stdin_fd is None or self.finished:
+        remaining = self.reader.passing
+        if self.stdin_fd is None:
             # No stdin asked for, or the command closed it: discard.
-            try:
-                data = self.sock.recv(min(self.remaining, MAX_PAYLOAD))
-            except BlockingIOError:
-                return self._socket_empty()
-            if not data:
-                self._client_gone()
+            data = self._recv(min(remaining, MAX_PAYLOAD))
+            if data is None:
                 return False
             moved = len(data)
         elif not self.s.splice:
-            return self._stdin_copy_step()
+            return self._stdin_copy_step(remaining)
         else:
             try:
-                moved = os.splice(self.fd, self.stdin_fd, self.remaining, flags=SPLICE_FLAGS)
+                moved = os.splice(self.fd, self.stdin_fd, remaining, flags=SPLICE_FLAGS)
             except BlockingIOError:
                 if self._stdin_full():
                     return self._stall_stdin()
@@ -241,32 +252,23 @@ class Connection:
             if not moved:
                 self._client_gone()
                 return False
-        self.remaining -= moved
-        if not self.remaining:
-            self.frame = None
+        self.reader.passed(moved)
         return True
 
-    def _stdin_copy_step(self) -> bool:
+    def _stdin_copy_step(self, remaining: int) -> bool:
         """Without splice: recv and write (blocking the stream while the pipe is full)."""
         assert self.stdin_fd is not None
         if self._stdin_full():
             return self._stall_stdin()
-        try:
-            data = self.sock.recv(min(self.remaining, 1 << 16))
-        except BlockingIOError:
-            return self._socket_empty()
-        if not data:
-            self._client_gone()
+        data = self._recv(min(remaining, 1 << 16))
+        if data is None:
             return False
         try:
             os.write(self.stdin_fd, data)  # poll said writable: at least 4 KiB fit (PIPE_BUF)
         except OSError:
             self._close_stdin()
-        self.remaining -= len(data)
-        if not self.remaining:
-            self.frame = None
+        self.reader.passed(len(data))
         return True
-
     def _stdin_full(self) -> bool:
         assert self.stdin_fd is not None
         poller = select.poll()
@@ -317,25 +319,50 @@ class Connection:
         else:
             self._arm_watchdog()
 
-    # --- requests -----------------------------------------------------------
+    # --- the exchange's commands ----------------------------------------------
 
-    def _on_request(self, payload: bytes) -> None:
+    def _spawn(self, command: Spawn) -> None:
+        request = command.request
+        spawn = self._spawn_gpg if request.op == "sign" else self._spawn_sandboxed
         try:
-            self.request = request = parse_request(payload)
-            if self.s.audit.broken is not None and request.op != "ping":
-                raise RequestRefused(
-                    f"the audit log cannot be written ({self.s.audit.broken}): "
-                    "refusing to run unaudited"
-                )
-            if request.op == "ping":
-                self._queue(encode_exit(0))
-                self._finish(exit_status=0)
-            elif request.op == "sign":
-                self._start(request, self._spawn_gpg)
-            else:
-                self._start(request, self._spawn_sandboxed)
+            self._start(request, spawn)
         except (RequestRefused, SpawnError) as exc:
-            self.refuse(str(exc))
+            self._event(SpawnFailed(str(exc)))
+        else:
+            self._event(Spawned())
+
+    def _refuse(self, command: Refuse) -> None:
+        self._queue(encode_error(command.message))
+
+    def _deliver_signal(self, command: DeliverSignal) -> None:
+        assert self.child is not None
+        self.child.send_signal(command.signum)
+
+    def _kill_group(self, command: KillGroup) -> None:
+        assert self.child is not None
+        self.child.kill()
+
+    def _audit_line(self, command: AuditLine) -> None:
+        self.s.audit.record(**command.fields)
+
+    def _send_exit(self, command: SendExit) -> None:
+        """The exit frame is the last: what the pipes still hold goes out first."""
+        self._read_outputs(False)
+        for fd, channel in list(self.outputs.items()):
+            while fd in self.outputs and self._copy_output(fd, channel):
+                pass
+        for line in command.stderr:
+            self._queue(encode_frame(Channel.STDERR, line.encode()))
+        self._queue(encode_exit(command.status))
+
+    def _end_output(self, command: HalfClose) -> None:
+        """Nothing more from the command; the half-close follows the queue out."""
+        self.ending = True
+        self._read_outputs(False)
+        for fd in list(self.outputs):
+            self._close_output(fd)
+        if not self.outq:
+            self._half_close()
 
     def _spawn_sandboxed(self, request: Request, stdio: tuple[int, int, int]) -> Child:
         cwd = checked_cwd(request.cwd, self.s.workdir)
@@ -400,13 +427,13 @@ class Connection:
                 self.loop.remove_reader(fd)
         self.outputs_on = on
 
-    def _on_output(self, fd: int, channel: Channel) -> None:
+    def _on_output(self, fd: int, channel: int) -> None:
         try:
             self._output_frame(fd, channel)
         except Exception as exc:  # end this connection, not the server
             self._internal_error(exc)
 
-    def _output_frame(self, fd: int, channel: Channel) -> None:
+    def _output_frame(self, fd: int, channel: int) -> None:
         """One frame from a pipe: header sent, payload spliced; the rest queued."""
         count = min(available(fd), MAX_PAYLOAD) if self.s.splice else 0
         if not count:
@@ -436,7 +463,7 @@ class Connection:
         if moved < count:
             self._queue(read_exact(fd, count - moved))
 
-    def _copy_output(self, fd: int, channel: Channel) -> bool:
+    def _copy_output(self, fd: int, channel: int) -> bool:
         """Read and queue what the pipe holds; False at EOF or when it is empty."""
         try:
             data = os.read(fd, MAX_PAYLOAD)
@@ -459,7 +486,7 @@ class Connection:
     # --- writing the socket -------------------------------------------------
 
     def _queue(self, *parts: bytes) -> None:
-        if self.client_gone or self.closed:
+        if self.closed:
             return
         self.outq.extend(parts)
         self._flush()
@@ -498,24 +525,18 @@ class Connection:
         if self.writing:
             self.loop.remove_writer(self.fd)
             self.writing = False
-        if self.finished:
+        if self.ending:
             self._half_close()
         else:
             self._read_outputs(True)
 
     def _half_close(self) -> None:
-        """All said: shut our side and wait (briefly) for the client to hang up.
-
-        Closing while the client still sends (stdin) would reset the
-        connection, and the client could lose the last frame.
-        """
+        """All said: shut our side and wait (briefly) for the client to hang up."""
         if self.half_closed or self.closed:
             return
         self.half_closed = True
         with contextlib.suppress(OSError):
             self.sock.shutdown(socket.SHUT_WR)
-        self.frame = Channel.STDIN
-        self.remaining = 1 << 62  # from now on everything read is discarded
         self._read_socket(True)
         self.timers.append(self.loop.call_later(LINGER, self._close_socket))
 
@@ -538,61 +559,26 @@ class Connection:
         self.loop.remove_reader(self.pidfd)
         os.close(self.pidfd)
         self.pidfd = None
-        # The command is over: so is anything it left running in its group.
-        self.child.kill()
-        if self.finished:  # refused, or the client went away: nothing more to say
-            self.child.release()
-            self._maybe_done()
-            return
-        code = os.waitstatus_to_exitcode(status)
-        exit_status = 128 - code if code < 0 else code
-        self._read_outputs(False)
-        for fd, channel in list(self.outputs.items()):
-            while fd in self.outputs and self._copy_output(fd, channel):
-                pass
-        self._close_stdin()
-        # A limit hit is an ordinary event the caller should hear of, on stderr.
-        for hit in [*self.child.limits_hit(), *([self.overtime] if self.overtime else [])]:
-            line = f"broker: the command hit its {hit}\n"
-            self._queue(encode_frame(Channel.STDERR, line.encode()))
-        self._queue(encode_exit(exit_status))
-        self._finish(exit_status=exit_status)
+        hits = (*self.child.limits_hit(), *([self.overtime] if self.overtime else []))
+        self._event(ChildExited(os.waitstatus_to_exitcode(status), hits))
+        self.child.release()
 
     # --- endings ------------------------------------------------------------
 
     def _internal_error(self, exc: Exception) -> None:
-        """A bug met on this connection: one line on stderr, an error frame, the command ended."""
+        """A bug met on this connection: one line on stderr, then the exchange decides."""
         sys.stderr.write(
             f"broker-server: internal error on a connection: {type(exc).__name__}: {exc}\n"
         )
-        if self.finished:
-            self._close_socket()
-        else:
-            self.refuse(f"internal error: {type(exc).__name__}")
-
-    def refuse(self, message: str) -> None:
-        """Answer with an error frame, close, and log the refusal."""
-        self._queue(encode_error(message))
-        self._finish(refused=message)
-
-    def _request_timeout(self) -> None:
-        if self.request is None and not self.finished:
-            self.refuse(f"no request within {REQUEST_TIMEOUT:.0f} s")
+        self._event(InternalError(type(exc).__name__))
 
     def stop(self) -> None:
-        """Server shutdown: end the command (its exit frame still goes out)."""
-        if self.child is not None and self.pidfd is not None:
-            self.child.kill()
-        elif not self.finished:
-            self.refuse("the broker is shutting down")
-        else:
-            self._close_socket()  # all said already: no need to wait for the hang-up
+        """Server shutdown: the exchange ends the command (its exit frame still goes out)."""
+        self._event(Shutdown())
 
     def _client_gone(self) -> None:
-        self.client_gone = True
         self._close_socket()
-        if not self.finished:
-            self._finish()
+        self._event(ClientGone())
 
     def _close_socket(self) -> None:
         if self.closed:
@@ -606,44 +592,9 @@ class Connection:
         self.sock.close()
         self._maybe_done()
 
-    def _finish(self, *, exit_status: int | None = None, refused: str | None = None) -> None:
-        if self.finished:
-            return
-        self.finished = True
-        self._read_outputs(False)
-        for fd in list(self.outputs):
-            self._close_output(fd)
-        self._close_stdin()
-        if self.child is not None:
-            if self.pidfd is None:
-                self.child.release()
-            else:
-                self.child.kill()  # still running: reaped and released through the pidfd
-        if not self.outq:
-            self._half_close()
-        request = self.request
-        fields: dict[str, object] = {
-            "peer_pid": self.peer[0],
-            "peer_uid": self.peer[1],
-            "op": request.op if request else None,
-            "argv": list(request.argv) if request else None,
-            "cwd": request.cwd if request else None,
-            "duration": round(time.monotonic() - self.started, 6),
-        }
-        if request is not None and request.key is not None:
-            fields["key"] = request.key
-        if refused is not None:
-            fields["refused"] = refused
-        else:
-            fields["exit"] = exit_status
-            if self.client_gone:
-                fields["client_gone"] = True
-        self.s.audit.record(**fields)
-        self._maybe_done()
-
     def _maybe_done(self) -> None:
         """``done`` resolves once all is said, the socket closed and the child reaped."""
-        if self.finished and self.closed and self.pidfd is None and not self.done.done():
+        if self.exchange.state is State.DONE and self.closed and not self.done.done():
             for timer in self.timers:
                 timer.cancel()
             if self.watchdog is not None:

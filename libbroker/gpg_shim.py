@@ -9,12 +9,11 @@ lines (``[GNUPG:] SIG_CREATED ...``, which git looks for) on the status fd.
 
 Start-up is most of what a signature costs (git runs this once per
 signature), so the signing path imports C modules only (``_socket``,
-``_json``, ``select``) besides :mod:`libbroker.dial`, :mod:`libbroker.errors`
-and :mod:`libbroker.gpg_args`: no ``socket``, ``json``, ``enum`` or
-``typing``, and therefore not :mod:`libbroker.wire` either.  The few frame
-rules this side needs are restated below, and a test holds them equal to
-:mod:`libbroker.wire`.  Parsing lives in :mod:`libbroker.gpg_args`,
-verification in :mod:`libbroker.gpg_local`.
+``_json``, ``select``) besides :mod:`libbroker.dial`, :mod:`libbroker.errors`,
+:mod:`libbroker.gpg_args` and :mod:`libbroker.wire` (cheap on purpose, and the
+one decoder of frames): no ``socket``, ``json``, ``enum`` or ``typing``.
+Parsing lives in :mod:`libbroker.gpg_args`, verification in
+:mod:`libbroker.gpg_local`.
 """
 
 from __future__ import annotations
@@ -24,11 +23,22 @@ from __future__ import annotations
 import posix
 import select
 import sys
-from _json import encode_basestring_ascii as _json_string
 
 from libbroker.dial import SOCKET_ENV_VAR, dial
 from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused, UsageError
 from libbroker.gpg_args import SignCall, StatusRouter
+from libbroker.wire import (
+    MAX_PAYLOAD,
+    SERVER_CHANNELS,
+    Channel,
+    Frame,
+    Reader,
+    Request,
+    encode_frame,
+    encode_request,
+    encode_stdin_eof,
+    final_status,
+)
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
 if TYPE_CHECKING:
@@ -36,15 +46,6 @@ if TYPE_CHECKING:
 
 MAX_SIGN_PAYLOAD = 64 << 20
 """The largest payload signed (64 MiB): a commit or tag is far smaller."""
-
-# The wire format (DESIGN.md 2.2) as far as signing needs it; equal to
-# libbroker.wire's values (tests/signing/test_gpg_shim_wire.py).
-MAX_PAYLOAD = 1 << 20
-HEADER_SIZE = 5
-STDIN, STDOUT, STDERR, EXIT, ERROR, REQUEST = 0, 1, 2, 3, 4, 5
-CHANNEL_NAMES = ("stdin", "stdout", "stderr", "exit", "error", "request", "signal")
-SERVER_CHANNELS = frozenset({STDOUT, STDERR, EXIT, ERROR})
-
 
 def check_fd(fd: int) -> None:
     """UsageError unless ``fd`` is an open file descriptor of this process."""
@@ -68,74 +69,18 @@ def read_payload(fd: int = 0) -> bytes:
         chunks.append(chunk)
 
 
-def sign_request(key: str, cwd: str) -> bytes:
-    """The request payload for op sign: the bytes libbroker.wire's encoder makes.
-
-    Strings are quoted by the json module's own C escaper (ASCII only, every
-    quote, backslash and control character escaped), so no key or path can
-    break out of its string.  argv is informative only: the server builds
-    gpg's command line itself, from the key alone.
-    """
-    k = _json_string(key)
-    return (
-        f'{{"argv":["gpg","--status-fd=2","-bsau",{k}],"cwd":{_json_string(cwd)},'
-        f'"with_stdin":true,"op":"sign","key":{k}}}'
-    ).encode("ascii")
-
-
-def frame(channel: int, payload: bytes = b"") -> bytes:
-    """One whole frame (``payload`` at most MAX_PAYLOAD bytes)."""
-    return bytes((channel,)) + len(payload).to_bytes(4, "big") + payload
-
-
 def sign_frames(key: str, cwd: str, payload: bytes) -> bytes:
-    """Everything gpg-shim sends: the request, the payload as stdin frames, EOF."""
-    parts = [frame(REQUEST, sign_request(key, cwd))]
-    for start in range(0, len(payload), MAX_PAYLOAD):
-        parts.append(frame(STDIN, payload[start : start + MAX_PAYLOAD]))
-    parts.append(frame(STDIN))
-    return b"".join(parts)
+    """Everything gpg-shim sends: the request, the payload as stdin frames, EOF.
 
-
-def take_frames(buf: bytearray) -> list[tuple[int, bytes]]:
-    """Remove the whole server frames at the start of ``buf`` and return them.
-
-    Every header is checked as soon as its 5 bytes are there, so a channel a
-    server may not send or a length over MAX_PAYLOAD is a ProtocolError
-    before any of its payload is waited for.  The frames before a bad header
-    are returned first (the bad header stays in ``buf`` and the next call
-    raises): frames are acted on in stream order, however the bytes arrived.
+    argv is informative only: the server builds gpg's command line itself,
+    from the key alone.
     """
-    frames: list[tuple[int, bytes]] = []
-    pos = 0
-    while len(buf) - pos >= HEADER_SIZE:
-        channel = buf[pos]
-        length = int.from_bytes(buf[pos + 1 : pos + HEADER_SIZE], "big")
-        fault = ""
-        if channel >= len(CHANNEL_NAMES):
-            fault = f"unknown channel {channel}"
-        elif channel not in SERVER_CHANNELS:
-            fault = f"channel {CHANNEL_NAMES[channel]} is not allowed here"
-        elif length > MAX_PAYLOAD:
-            fault = f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit"
-        if fault and frames:
-            break
-        if fault:
-            raise ProtocolError(fault)
-        end = pos + HEADER_SIZE + length
-        if end > len(buf):
-            break
-        frames.append((channel, bytes(buf[pos + HEADER_SIZE : end])))
-        pos = end
-    del buf[:pos]
-    return frames
-
-
-def exit_status(payload: bytes) -> int:
-    """The status in an exit frame's payload (4 bytes, big-endian, signed)."""
-    if len(payload) != 4:
-        raise ProtocolError(f"exit frame payload is {len(payload)} bytes, expected 4")
-    return int.from_bytes(payload, "big", signed=True)
+    request = Request(("gpg", "--status-fd=2", "-bsau", key), cwd, True, "sign", key)
+    parts = [encode_request(request)]
+    for start in range(0, len(payload), MAX_PAYLOAD):
+        parts.append(encode_frame(Channel.STDIN, payload[start : start + MAX_PAYLOAD]))
+    parts.append(encode_stdin_eof())
+    return b"".join(parts)
 
 
 def sign(call: SignCall, *, stdin_fd: int = 0, path: str | None = None) -> int:
@@ -162,7 +107,7 @@ def sign(call: SignCall, *, stdin_fd: int = 0, path: str | None = None) -> int:
 
 def _exchange(sock: _socket.socket, outgoing: bytes, router: StatusRouter) -> int:
     """Send everything while reading whatever comes back, until the exit frame."""
-    incoming = bytearray()
+    reader = Reader(SERVER_CHANNELS)
     pending = memoryview(outgoing)
     sock.setblocking(False)
     while True:
@@ -182,29 +127,30 @@ def _exchange(sock: _socket.socket, outgoing: bytes, router: StatusRouter) -> in
             raise BrokerUnavailable(f"lost the broker connection: {exc.strerror}") from None
         if not data:
             raise BrokerUnavailable("the broker closed the connection before gpg finished")
-        incoming += data
-        try:
-            while frames := take_frames(incoming):
-                status = _act(frames, router)
-                if status is not None:
-                    return status
-        except ProtocolError as exc:
-            raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
+        reader.feed(data)
+        status = _act(reader, router)
+        if status is not None:
+            return status
 
 
-def _act(frames: list[tuple[int, bytes]], router: StatusRouter) -> int | None:
-    """Write what ``frames`` carry, in order; the exit frame's status, if it came."""
-    for channel, payload in frames:
-        if channel == STDOUT:
-            _write_all(1, payload)
-        elif channel == STDERR:
-            _write_routed(router.feed(payload))
-        elif channel == ERROR:
-            message = payload.decode("utf-8", "replace")
-            raise RequestRefused(f"the broker refused to sign: {message}")
-        else:
-            _write_routed(router.flush())
-            return exit_status(payload) & 0xFF
+def _act(reader: Reader, router: StatusRouter) -> int | None:
+    """Write what the frames read so far carry, in order; the exit status once it came."""
+    try:
+        while (frame := reader.next_event()) is not None:
+            assert isinstance(frame, Frame)  # no passthrough channels on this reader
+            if frame.channel == Channel.STDOUT:
+                _write_all(1, frame.payload)
+            elif frame.channel == Channel.STDERR:
+                _write_routed(router.feed(frame.payload))
+            elif frame.channel == Channel.EXIT:
+                _write_routed(router.flush())
+            status = final_status(frame)
+            if status is not None:
+                return status
+    except ProtocolError as exc:
+        raise BrokerUnavailable(f"the broker sent a malformed frame: {exc}") from None
+    except RequestRefused as exc:
+        raise RequestRefused(f"the broker refused to sign: {exc}") from None
     return None
 
 

@@ -1,46 +1,52 @@
 """The broker wire format (DESIGN.md 2.2) as pure functions: bytes in, frames out.
 
-Nothing here touches a socket.  Both ends (broker-server, broker-client,
-gpg-shim) feed whatever chunks the kernel hands them to a :class:`FrameDecoder`
-and get whole frames back; they build outgoing bytes with the ``encode_*``
-helpers.  Request validation lives here too, so that the one place deciding
-what a request may contain is small enough to read in full.
+Nothing here touches a socket.  Every end decodes through :class:`Reader`
+(broker-server's connection, broker-client, gpg-shim's Python path; the
+fuzzer and the tests through :class:`FrameDecoder`, a thin wrapper); they
+build outgoing bytes with the ``encode_*`` helpers.  Request validation lives
+here too, so that the one place deciding what a request may contain is small
+enough to read in full.
 
 A frame is ``channel (1 byte) · length (4 bytes, big-endian, unsigned) ·
 payload``.  A payload is at most :data:`MAX_PAYLOAD` bytes: a peer announcing
 more is refused before a byte of it is buffered, so a hostile length cannot
 make the other side allocate.
 
-Only the standard library and :mod:`libbroker.errors` are imported: the
-per-call executables import this module on their hot path.
+The reader does no I/O, in h11's way: it says how many bytes it wants next
+(:meth:`Reader.want`, never past the current frame), takes what the caller
+read (:meth:`Reader.feed`) and hands out events (:meth:`Reader.next_event`).
+For a *passthrough* channel it announces the payload instead of buffering it
+(:class:`Payload`): the caller may move those bytes itself, socket to pipe
+with ``splice``, and say how many it moved (:meth:`Reader.passed`), or feed
+them and get :class:`Data` chunks back.  That is how 1 GiB streams cross the
+broker without passing through Python while one decoder still checks every
+header.
+
+Cheap to import, because gpg-shim's signing path (once per signature git
+asks for) and broker-client (once per call) import it: plain int constants,
+tuple subclasses for events, only C modules (``_json``) and
+:mod:`libbroker.errors`; no enum, typing, struct or mmap.  The C fast path
+(native/gpg_shim.c) keeps its own decoder, held equal to this one by
+tests/signing/test_gpg_native.py.
 """
 
 from __future__ import annotations
-
-import enum
-import mmap
-import struct
 
 # The json package's own C string escaper (ASCII only; quotes, backslashes
 # and control characters escaped): the client encodes its request by hand
 # with it, since importing json (and re with it) costs every call.
 from _json import encode_basestring_ascii as _json_string
-from typing import NamedTuple
 
-from libbroker.dial import SOCKET_ENV_VAR as SOCKET_ENV_VAR
 from libbroker.errors import ProtocolError, RequestRefused
 
 MAX_PAYLOAD = 1 << 20
 """The largest payload either side accepts (1 MiB)."""
 
-HEADER = struct.Struct(">BI")
-HEADER_SIZE = HEADER.size  # 5
-
-_STATUS = struct.Struct(">i")
+HEADER_SIZE = 5
 
 
-class Channel(enum.IntEnum):
-    """The channel byte of a frame."""
+class Channel:
+    """The channel byte of a frame: plain ints (an enum costs every client start)."""
 
     STDIN = 0
     STDOUT = 1
@@ -51,6 +57,9 @@ class Channel(enum.IntEnum):
     SIGNAL = 6
 
 
+CHANNEL_NAMES = ("stdin", "stdout", "stderr", "exit", "error", "request", "signal")
+"""Each channel's name, indexed by its number (for messages)."""
+
 CLIENT_CHANNELS = frozenset({Channel.STDIN, Channel.REQUEST, Channel.SIGNAL})
 """Channels a client may send (what the server accepts)."""
 
@@ -60,28 +69,81 @@ SERVER_CHANNELS = frozenset({Channel.STDOUT, Channel.STDERR, Channel.EXIT, Chann
 OPS = ("exec", "sign", "ping")
 
 
-class Frame(NamedTuple):
-    """One decoded frame."""
+# --- events -----------------------------------------------------------------
+# Tuple subclasses: NamedTuple's attribute access and equality, without
+# importing typing or collections on the per-call paths.
 
-    channel: Channel
-    payload: bytes
+
+class Frame(tuple[int, bytes]):
+    """One whole frame: its channel and payload."""
+
+    __slots__ = ()
+
+    def __new__(cls, channel: int, payload: bytes) -> Frame:
+        return tuple.__new__(cls, (channel, payload))
+
+    @property
+    def channel(self) -> int:
+        return self[0]
+
+    @property
+    def payload(self) -> bytes:
+        return self[1]
+
+
+class Payload(tuple[int, int]):
+    """A passthrough frame's header: ``size`` payload bytes on ``channel`` come next.
+
+    The caller moves them itself and reports each step to :meth:`Reader.passed`,
+    or feeds them to the reader and gets :class:`Data` back.
+    """
+
+    __slots__ = ()
+
+    def __new__(cls, channel: int, size: int) -> Payload:
+        return tuple.__new__(cls, (channel, size))
+
+    @property
+    def channel(self) -> int:
+        return self[0]
+
+    @property
+    def size(self) -> int:
+        return self[1]
+
+
+class Data(tuple[int, bytes]):
+    """Part of a passthrough payload that was fed to the reader rather than moved."""
+
+    __slots__ = ()
+
+    def __new__(cls, channel: int, data: bytes) -> Data:
+        return tuple.__new__(cls, (channel, data))
+
+    @property
+    def channel(self) -> int:
+        return self[0]
+
+    @property
+    def data(self) -> bytes:
+        return self[1]
 
 
 # --- encoding ---------------------------------------------------------------
 
 
-def frame_header(channel: Channel, length: int) -> bytes:
+def frame_header(channel: int, length: int) -> bytes:
     """The 5 header bytes of a frame whose payload is ``length`` bytes long.
 
     Separate from :func:`encode_frame` so that big payloads can be sent with a
-    vectored write (``sendmsg([header, payload])``) instead of a copy.
+    vectored write (``sendmsg([header, payload])``) or spliced after it.
     """
     if not 0 <= length <= MAX_PAYLOAD:
         raise ValueError(f"payload of {length} bytes exceeds the {MAX_PAYLOAD}-byte limit")
-    return HEADER.pack(channel, length)
+    return bytes((channel,)) + length.to_bytes(4, "big")
 
 
-def encode_frame(channel: Channel, payload: bytes = b"") -> bytes:
+def encode_frame(channel: int, payload: bytes = b"") -> bytes:
     """One whole frame."""
     return frame_header(channel, len(payload)) + payload
 
@@ -93,17 +155,17 @@ def encode_stdin(data: bytes) -> bytes:
 
 def encode_stdin_eof() -> bytes:
     """The stdin EOF frame (an empty stdin payload)."""
-    return HEADER.pack(Channel.STDIN, 0)
+    return b"\0\0\0\0\0"
 
 
 def encode_exit(status: int) -> bytes:
     """The final exit frame carrying ``status`` (shell rule: 128+N for signal N)."""
-    return encode_frame(Channel.EXIT, _STATUS.pack(status))
+    return encode_frame(Channel.EXIT, status.to_bytes(4, "big", signed=True))
 
 
 def encode_error(message: str) -> bytes:
     """The final error frame carrying a one-line human-readable ``message``."""
-    data = message.encode("utf-8", "replace")[: MAX_PAYLOAD]
+    data = message.encode("utf-8", "replace")[:MAX_PAYLOAD]
     return encode_frame(Channel.ERROR, data)
 
 
@@ -116,10 +178,9 @@ def encode_signal(signum: int) -> bytes:
 
 def decode_exit(payload: bytes) -> int:
     """The status in an exit frame's payload."""
-    if len(payload) != _STATUS.size:
+    if len(payload) != 4:
         raise ProtocolError(f"exit frame payload is {len(payload)} bytes, expected 4")
-    status: int = _STATUS.unpack(payload)[0]
-    return status
+    return int.from_bytes(payload, "big", signed=True)
 
 
 def decode_signal(payload: bytes) -> int:
@@ -134,104 +195,220 @@ def decode_error(payload: bytes) -> str:
     return payload.decode("utf-8", "replace")
 
 
+def final_status(frame: Frame) -> int | None:
+    """What a server frame means for a client's exit: the status (0-255) of an exit
+    frame, RequestRefused for an error frame, None for output."""
+    if frame[0] == Channel.EXIT:
+        return decode_exit(frame[1]) & 0xFF
+    if frame[0] == Channel.ERROR:
+        raise RequestRefused(decode_error(frame[1]))
+    return None
+
+
 # --- incremental decoding ---------------------------------------------------
 
 
-class FrameDecoder:
-    """Turns arbitrarily chunked bytes into frames.
+def check_header(channel: int, length: int, accept: frozenset[int] | None) -> None:
+    """Validate a decoded header: a known channel, allowed here, a length within the limit."""
+    if channel >= len(CHANNEL_NAMES):
+        raise ProtocolError(f"unknown channel {channel}")
+    if accept is not None and channel not in accept:
+        raise ProtocolError(f"channel {CHANNEL_NAMES[channel]} is not allowed here")
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit")
+
+
+_BETWEEN = -1  # the reader's channel between frames: a header comes next
+
+
+class Reader:
+    """One direction of a connection, decoded; the caller does the I/O.
 
     ``accept`` limits which channels are legal from this peer; anything else,
-    and any length over :data:`MAX_PAYLOAD`, raises :class:`ProtocolError`.
-    After an error the decoder is poisoned: every later ``feed`` raises again,
-    so a caller cannot accidentally resynchronise on attacker-chosen bytes.
+    and any length over :data:`MAX_PAYLOAD`, raises :class:`ProtocolError` as
+    soon as the header's 5 bytes are in, before its payload is waited for.
+    Events come out in stream order: frames before a bad header first, then
+    the error.  After an error the reader is poisoned (every later call
+    raises), so a caller cannot resynchronise on attacker-chosen bytes.
+
+    Payloads on ``passthrough`` channels are announced (:class:`Payload`), not
+    buffered; an empty one is still a :class:`Frame` (stdin's EOF).
     """
 
-    __slots__ = ("_accept", "_buf", "_error", "_need")
+    __slots__ = ("_accept", "_buf", "_channel", "_error", "_left", "_pass", "_size")
 
-    def __init__(self, accept: frozenset[Channel] | None = None) -> None:
+    def __init__(
+        self, accept: frozenset[int] | None = None, passthrough: frozenset[int] = frozenset()
+    ) -> None:
         self._accept = accept
+        self._pass = passthrough
         self._buf = bytearray()
+        self._channel = _BETWEEN
+        self._size = 0  # the current frame's payload length
+        self._left = 0  # passthrough payload bytes not yet moved or handed out
         self._error: ProtocolError | None = None
-        self._need = HEADER_SIZE
+
+    @property
+    def passing(self) -> int:
+        """Passthrough payload bytes the caller may move itself now.
+
+        0 while bytes fed to the reader are still to be handed out as
+        :class:`Data`: those come first, so the payload keeps its order.
+        """
+        return 0 if self._buf else self._left
+
+    @property
+    def buffered(self) -> int:
+        """Bytes of the stream held that have not come out in an event (0 at a frame boundary)."""
+        pending_header = self._channel != _BETWEEN and not self._left
+        return len(self._buf) + (HEADER_SIZE if pending_header else 0)
+
+    def want(self) -> int:
+        """How many bytes to read next: the rest of the header or payload, never beyond.
+
+        Reading no further than the current frame is what lets a caller splice
+        the next frame's payload: none of it sits in this reader's buffer.
+        """
+        if self._channel == _BETWEEN:
+            return max(HEADER_SIZE - len(self._buf), 0)
+        return max((self._left or self._size) - len(self._buf), 0)
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes read from the peer."""
+        if self._error is not None:
+            raise self._error
+        self._buf += data
+
+    def passed(self, count: int) -> None:
+        """The caller moved ``count`` bytes of the announced payload itself."""
+        if not 0 <= count <= self.passing:
+            raise ValueError(f"{count} bytes passed, {self.passing} were announced")
+        self._consume(count)
+
+    def next_event(self) -> Frame | Payload | Data | None:
+        """The next event, or None when more bytes are needed (read :meth:`want`)."""
+        if self._error is not None:
+            raise self._error
+        if self._channel == _BETWEEN:
+            announced = self._header()
+            if announced is not None or self._channel == _BETWEEN:
+                return announced
+        if self._left:
+            return self._data()
+        return self._frame()
+
+    def _header(self) -> Payload | None:
+        buf = self._buf
+        if len(buf) < HEADER_SIZE:
+            return None
+        channel = buf[0]
+        size = int.from_bytes(buf[1:HEADER_SIZE], "big")
+        try:
+            check_header(channel, size, self._accept)
+        except ProtocolError as exc:
+            self._error = exc
+            raise
+        del buf[:HEADER_SIZE]  # deleting a bytearray's prefix is cheap (CPython moves its start)
+        self._channel, self._size = channel, size
+        if size and channel in self._pass:
+            self._left = size
+            return Payload(channel, size)
+        return None
+
+    def _data(self) -> Data | None:
+        buf = self._buf
+        if not buf:
+            return None
+        chunk = bytes(buf[: self._left])
+        del buf[: len(chunk)]
+        channel = self._channel
+        self._consume(len(chunk))
+        return Data(channel, chunk)
+
+    def _consume(self, count: int) -> None:
+        self._left -= count
+        if not self._left:
+            self._channel = _BETWEEN
+
+    def _frame(self) -> Frame | None:
+        buf, size = self._buf, self._size
+        if len(buf) < size:
+            return None
+        payload = bytes(buf[:size])
+        del buf[:size]
+        channel, self._channel = self._channel, _BETWEEN
+        return Frame(channel, payload)
+
+
+class FrameDecoder:
+    """Turns arbitrarily chunked bytes into whole frames (a :class:`Reader` without passthrough).
+
+    For the tests and the fuzzer; the ends drive a :class:`Reader` themselves.
+    """
+
+    __slots__ = ("_reader",)
+
+    def __init__(self, accept: frozenset[int] | None = None) -> None:
+        self._reader = Reader(accept)
 
     @property
     def buffered(self) -> int:
         """Bytes held that do not yet form a whole frame (0 at a frame boundary)."""
-        return len(self._buf)
+        return self._reader.buffered
 
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         """Add ``data`` and return every frame it completes, in order."""
-        if self._error is not None:
-            raise self._error
-        buf = self._buf
-        buf += data
-        if len(buf) < self._need:
-            return []
+        reader = self._reader
+        reader.feed(data)
         frames: list[Frame] = []
-        pos = 0
-        end = len(buf)
-        try:
-            with memoryview(buf) as view:
-                while end - pos >= HEADER_SIZE:
-                    raw_channel, length = HEADER.unpack_from(buf, pos)
-                    channel = self._check(raw_channel, length)
-                    if end - pos - HEADER_SIZE < length:
-                        break
-                    start = pos + HEADER_SIZE
-                    frames.append(Frame(channel, view[start : start + length].tobytes()))
-                    pos = start + length
-        finally:
-            # Deleting a prefix of a bytearray is cheap (CPython moves its start).
-            del buf[:pos]
-        self._need = HEADER_SIZE if len(buf) < HEADER_SIZE else HEADER_SIZE + HEADER.unpack_from(
-            buf, 0
-        )[1]
+        while (event := reader.next_event()) is not None:
+            assert isinstance(event, Frame)  # no passthrough channels here
+            frames.append(event)
         return frames
-
-    def _check(self, raw_channel: int, length: int) -> Channel:
-        try:
-            return check_header(raw_channel, length, self._accept)
-        except ProtocolError as exc:
-            self._error = exc
-            raise
-
-
-def lazy_buffer(size: int) -> mmap.mmap:
-    """A zeroed buffer whose pages cost nothing until touched.
-
-    ``bytearray(n)`` writes all n bytes up front: ~1.5 ms and 1 MiB of memory
-    for a 1 MiB read buffer, paid on every client start.
-    """
-    return mmap.mmap(-1, size)
-
-
-def check_header(raw_channel: int, length: int, accept: frozenset[Channel] | None) -> Channel:
-    """Validate a decoded header: a known channel, allowed here, a length within the limit."""
-    try:
-        channel = Channel(raw_channel)
-    except ValueError:
-        raise ProtocolError(f"unknown channel {raw_channel}") from None
-    if accept is not None and channel not in accept:
-        raise ProtocolError(f"channel {channel.name.lower()} is not allowed here")
-    if length > MAX_PAYLOAD:
-        raise ProtocolError(f"frame length {length} exceeds the {MAX_PAYLOAD}-byte limit")
-    return channel
 
 
 # --- requests ---------------------------------------------------------------
 
 
-class Request(NamedTuple):
+class Request:
     """What a client asks for: the first frame of a connection.
 
-    (A NamedTuple rather than a dataclass: dataclasses costs the client ~5 ms.)
+    (A plain class rather than a NamedTuple or dataclass: typing and
+    dataclasses cost every client and gpg-shim start.)
     """
 
-    argv: tuple[str, ...]
-    cwd: str
-    with_stdin: bool = True
-    op: str = "exec"
-    key: str | None = None
+    __slots__ = ("argv", "cwd", "key", "op", "with_stdin")
+
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        cwd: str,
+        with_stdin: bool = True,
+        op: str = "exec",
+        key: str | None = None,
+    ) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.with_stdin = with_stdin
+        self.op = op
+        self.key = key
+
+    def _fields(self) -> tuple[tuple[str, ...], str, bool, str, str | None]:
+        return (self.argv, self.cwd, self.with_stdin, self.op, self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Request) and self._fields() == other._fields()
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        argv, cwd, with_stdin, op, key = self._fields()
+        return f"Request({argv=}, {cwd=}, {with_stdin=}, {op=}, {key=})"
+
+    def without_stdin(self) -> Request:
+        """The same request with no stdin (``with_stdin`` false)."""
+        return Request(self.argv, self.cwd, False, self.op, self.key)
 
     def to_json(self) -> bytes:
         """The request frame's payload: ``json.dumps(..., separators=(",", ":"))``'s bytes."""

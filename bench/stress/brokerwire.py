@@ -82,17 +82,17 @@ async def _read(reader: asyncio.StreamReader, out: Outcome) -> None:
             break
         for frame in decoder.feed(data):
             out.frames.append((int(frame.channel), len(frame.payload)))
-            if frame.channel is Channel.STDOUT:
+            if frame.channel == Channel.STDOUT:
                 out.stdout_len += len(frame.payload)
                 digest.update(frame.payload)
                 if len(out.stdout_head) < 4096:
                     out.stdout_head += frame.payload[:4096]
-            elif frame.channel is Channel.STDERR:
+            elif frame.channel == Channel.STDERR:
                 if len(out.stderr) < 65536:
                     out.stderr += frame.payload
-            elif frame.channel is Channel.EXIT:
+            elif frame.channel == Channel.EXIT:
                 out.status = decode_exit(frame.payload)
-            elif frame.channel is Channel.ERROR:
+            elif frame.channel == Channel.ERROR:
                 out.error = decode_error(frame.payload)
     out.digest = digest.hexdigest()
 

@@ -1,0 +1,1 @@
+"""The broker's conversation and, later, its I/O shells (LAYOUT.md: ``broker/``)."""
