@@ -4,6 +4,7 @@ Usage:
   egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
                [--token-every=SECONDS] [--token-timeout=SECONDS] [--secrets=FILE]
+               [--repos=REPOS]
                [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
                [--upstream-ca=FILE] [--log=FILE] [--log-allowed] [--record=FILE] [--learn]
                [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
@@ -38,6 +39,11 @@ Options:
                              host becomes an inject host and gets that header,
                              its value from the command (run like
                              --token-command, under --token-timeout).
+  --repos=REPOS              Comma-separated OWNER/NAME: the token still goes
+                             with every read, but a write only when it is tied
+                             to one of these (push, REST under /repos/OWNER/NAME,
+                             GraphQL mutations whose node is in one); any other
+                             write is refused: 403 blocked-by-scope.
   --resolve=HOST:IP          Pin HOST to IP (trusted; HOST:IP:PORT also redirects
                              the port, IPv6 as [ADDR]:PORT).
   --allow-cidr=CIDR          Allow addresses in this range despite the address rules.

@@ -23,6 +23,7 @@ from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
 from libegress.limits import Limits
 from libegress.policy import EgressPolicy, Pin
 from libegress.record import Recorder
+from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
 from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
@@ -47,6 +48,7 @@ class Options:
     limits: Limits = field(default_factory=Limits)
     secrets: tuple[Secret, ...] = ()
     github_inject: tuple[str, ...] = ()  # --inject alone: the token's hosts
+    repos: frozenset[str] | None = None  # --repos: the token's writes held to these
     record_file: str | None = None  # --record: one JSON line per decision
 
 
@@ -136,6 +138,11 @@ def options_from_args(args: dict[str, Any]) -> Options:
     upstream_ca = args.get("--upstream-ca")
     if upstream_ca is not None and not os.path.isfile(upstream_ca):
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")
+    repos_text = args.get("--repos")
+    try:
+        repos = parse_repos(repos_text) if repos_text is not None else None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     secrets_file = args.get("--secrets")
     secrets = read_secrets(secrets_file, inject) if secrets_file else ()
     return Options(
@@ -145,6 +152,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
                             pins=pins, allow_cidrs=cidrs, learn=bool(args.get("--learn"))),
         secrets=secrets,
         github_inject=inject,
+        repos=repos,
         egress_dir=args.get("--egress-dir"),
         token_argv=token_argv(command) if command else None,
         token_every=_seconds(args.get("--token-every"), "--token-every", 300.0),
@@ -221,6 +229,8 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         upstream_ca=options.upstream_ca,
         secrets={s.host: SecretKeeper(s, log.note, bound=options.token_timeout)
                  for s in options.secrets},
+        scope=(Scope(options.repos, frozenset(options.github_inject))
+               if options.repos is not None else None),
     )
     if log.record is not None:
         services.record = log.record

@@ -12,6 +12,7 @@ from libegress.limits import Limits
 from libegress.peers import PidFinder
 from libegress.policy import EgressPolicy
 from libegress.record import Recorder
+from libegress.scope import Scope
 from libegress.tokens import SecretKeeper, TokenKeeper
 
 
@@ -27,6 +28,7 @@ class Services:
     upstream_ca: str | None = None  # --upstream-ca, else the system's roots
     secrets: dict[str, SecretKeeper] = field(default_factory=dict)  # by host
     pids: PidFinder = field(default_factory=PidFinder)
+    scope: Scope | None = None  # --repos: the token's writes held to those repositories
     record: Recorder = field(default_factory=lambda: Recorder(None, EgressPolicy()))  # --record
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
 

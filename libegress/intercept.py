@@ -23,6 +23,7 @@ from libegress.context import Peer, Services
 from libegress.heads import authorization, forward_headers, host_header, same_host
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
 from libegress.policy import Refused, UpstreamFailed, dial
+from libegress.scope_guard import Dialer, admit, framed
 from libegress.streams import SocketStream, TlsStream
 
 HOST_MISMATCH = "host-mismatch"
@@ -95,13 +96,17 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                 if request.method == b"CONNECT":
                     raise HttpError(405, "CONNECT inside a tunnel is refused")
                 target = inner_target(request, host, port)
+                side = client
+                if services.scope is not None and services.scope.applies(host):
+                    side = await admit(services.scope, client, request, target, host, port,
+                                       _dialer(services))
                 if upstream is None:
                     upstream = await _open_upstream(services, host, port)
-                outgoing = upstream_request(request, target, credential_for(services, host),
-                                            drop)
+                outgoing = framed(side, upstream_request(request, target,
+                                                         credential_for(services, host), drop))
                 moved, started = Exchanged(), time.monotonic()
                 try:
-                    await exchange(client, upstream, outgoing, moved)
+                    await exchange(side, upstream, outgoing, moved)
                 finally:  # --record: method, path (no query), status, bytes; never a header
                     services.record.request("injected", host, port, request.method, target,
                                             moved, started)
@@ -124,6 +129,12 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
             await _close(upstream)
         with contextlib.suppress(OSError, ssl.SSLError):
             await asyncio.wait_for(tls.shutdown(), 1.0)
+
+
+def _dialer(services: Services) -> Dialer:
+    """How --repos's lookups reach a token host: this path's dial, TLS and token."""
+    return Dialer(lambda host, port: _open_upstream(services, host, port), _close,
+                  services.tokens.current)
 
 
 async def _open_upstream(services: Services, host: str, port: int) -> UpstreamSide:
