@@ -1,0 +1,191 @@
+"""What each per-call path may import: a budget, enforced.
+
+The hot paths, and why they are hot:
+
+- **broker-client** runs once per brokered command (``broker-client -- make``,
+  every ``git push`` an agent asks the host for);
+- **policy-hook in hook mode** runs before every file-tool call Claude Code
+  makes (Read, Edit, Grep, ...);
+- **gpg-shim's signing path** runs once per signature git asks for (each
+  ``commit -S``, each commit of a rebase);
+- **the launcher's prestart** runs before a session's two servers are spawned:
+  everything it imports delays both of them (libbroker/launcher/prestart.py).
+
+Their start-up is most of what they cost, so none of them may load
+cryptography, psutil, nono_py, h11, asyncio, yaml or docopt (each costs from
+a few to 190 ms: DESIGN.md section 4), and each has a ceiling on the number
+of standard-library modules it loads, a little above what it loads today: a
+new import on one of these paths has to be a decision, taken by raising a
+number here.  Everywhere else (the servers, the launcher after prestart,
+doctor, render) write ordinary Python: ``import os``, ``import signal``,
+imports at the top.
+
+Each path is run for real in a fresh ``python -I -S`` (the form the start
+scripts of libbroker/start_script.py use inside a session; a console script
+adds only site and its own ``import re``), entered as the console script
+enters it (``from bin.X import main; main()``), against a scripted broker
+where it needs one; what it has loaded is read when it exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import libbroker
+from libbroker import wire
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
+
+FORBIDDEN = ("cryptography", "psutil", "nono_py", "h11", "asyncio", "yaml", "docopt")
+
+BUDGET = {
+    "broker-client": 58,  # 55 (68 before wire.py lost enum, typing, struct and mmap)
+    "gpg-shim": 28,  # 26
+    "policy-hook": 56,  # 53
+    "prestart": 68,  # 65
+}
+"""Standard-library modules each path may load: today's count (measured on
+CPython 3.11, in the comments) plus a little."""
+
+# A child interpreter: run ``main`` of the entry module; on exit (sys.exit or
+# the posix._exit of skip_teardown) write the status and sys.modules.
+DRIVER = """\
+import sys, posix
+sys.path.insert(0, {root!r})
+_real_exit = posix._exit
+def _report(code=0):
+    names = sorted(sys.modules)
+    fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
+    posix.write(fd, ("\\n".join([str(code), *names])).encode())
+    _real_exit(0)
+posix._exit = _report
+sys.argv = {argv!r}
+from {module} import main
+{patch}
+try:
+    main()
+except SystemExit as done:
+    _report(done.code)
+_report(0)
+"""
+
+
+def loaded(tmp_path: Path, module: str, argv: list[str], *, patch: str = "",
+           stdin: bytes = b"", env: dict[str, str] | None = None) -> tuple[str, set[str]]:
+    """The exit status and the modules loaded when ``module``'s main ends."""
+    out = tmp_path / "modules.txt"
+    code = DRIVER.format(root=ROOT, out=str(out), argv=argv, module=module, patch=patch)
+    subprocess.run([sys.executable, "-I", "-S", "-c", code], input=stdin, env=env,
+                   capture_output=True, timeout=60, check=True, cwd=tmp_path)  # fmt: skip
+    status, *names = out.read_text().split("\n")
+    return status, set(names)
+
+
+def stdlib(names: set[str]) -> set[str]:
+    return {n for n in names if n.split(".")[0] in sys.stdlib_module_names}
+
+
+def check_budget(names: set[str], ceiling: int, extra_forbidden: tuple[str, ...] = ()) -> None:
+    heavy = sorted(n for n in names for f in (*FORBIDDEN, *extra_forbidden)
+                   if n == f or n.startswith(f + "."))  # fmt: skip
+    assert heavy == [], f"a per-call path loads {heavy}"
+    count = len(stdlib(names))
+    assert count <= ceiling, (
+        f"{count} standard-library modules, the budget is {ceiling}: "
+        f"{sorted(stdlib(names))}"
+    )
+
+
+@contextlib.contextmanager
+def scripted_broker(tmp_path: Path, answer: bytes) -> Iterator[str]:
+    """A broker socket that answers one connection's first read with ``answer``."""
+    path = str(tmp_path / "broker.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(1)
+
+    def serve() -> None:
+        conn, _ = listener.accept()
+        with conn, contextlib.suppress(OSError):
+            conn.recv(1 << 20)
+            conn.sendall(answer)
+            while conn.recv(1 << 20):
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        listener.close()
+
+
+def test_broker_client(tmp_path: Path) -> None:
+    answer = wire.encode_frame(wire.Channel.STDOUT, b"hi\n") + wire.encode_exit(0)
+    with scripted_broker(tmp_path, answer) as path:
+        status, names = loaded(tmp_path, "bin.broker_client",
+                               ["broker-client", "-n", f"--socket={path}", "--", "true"])
+    assert status == "0"
+    assert "libbroker.client" in names
+    check_budget(names, ceiling=BUDGET["broker-client"])
+
+
+def test_gpg_shim_signing(tmp_path: Path) -> None:
+    answer = (wire.encode_frame(wire.Channel.STDOUT, b"-----BEGIN PGP SIGNATURE-----\n")
+              + wire.encode_frame(wire.Channel.STDERR, b"[GNUPG:] SIG_CREATED D 22\n")
+              + wire.encode_exit(0))  # fmt: skip
+    with scripted_broker(tmp_path, answer) as path:
+        env = {"AGENT_SANDBOX_BROKER_SOCKET": path, "PATH": os.environ["PATH"]}
+        status, names = loaded(tmp_path, "bin.gpg_shim", ["gpg-shim", "--status-fd=2", "-bsau",
+                               "KEY"], stdin=b"tree 0000\n", env=env)  # fmt: skip
+    assert status == "0"
+    assert "libbroker.gpg_shim" in names
+    # Its own, stricter rule (libbroker/gpg_shim.py): not even socket, json or typing.
+    check_budget(names, ceiling=BUDGET["gpg-shim"],
+                 extra_forbidden=("socket", "json", "enum", "typing", "re", "os"))
+
+
+def test_policy_hook_in_hook_mode(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / "proj").mkdir(parents=True)
+    policy = tmp_path / "policy.json"
+    policy.write_text(json.dumps({
+        "home": str(home), "runtime": str(tmp_path / "run"), "read": [],
+        "write": [str(home / "proj")], "deny": [], "harness": str(home / ".claude"),
+        "tool_write": [], "domains": [], "proxy_port": 3128,
+    }))  # fmt: skip
+    call = {"hook_event_name": "PreToolUse", "tool_name": "Read", "cwd": str(home / "proj"),
+            "tool_input": {"file_path": str(home / ".ssh" / "id")}}  # fmt: skip
+    status, names = loaded(tmp_path, "bin.policy_hook", ["policy-hook", f"--policy={policy}"],
+                           stdin=json.dumps(call).encode())
+    assert status == "0"
+    assert "libpolicy.hook" in names
+    check_budget(names, ceiling=BUDGET["policy-hook"])
+
+
+def test_launcher_prestart(tmp_path: Path) -> None:
+    """What is loaded when prestart spawns the servers (its start is stopped there)."""
+    stop = ("import libbroker.launcher.prestart as _prestart\n"
+            "_prestart.start = lambda hint: _report('spawning')\n")  # fmt: skip
+    status, names = loaded(tmp_path, "bin.agent_sandbox", ["agent-sandbox", "run", "--", "true"],
+                           patch=stop)
+    assert status == "spawning"
+    check_budget(names, ceiling=BUDGET["prestart"])
+
+
+
+
+@pytest.mark.parametrize("forbidden", FORBIDDEN)
+def test_the_budget_check_catches_a_forbidden_module(forbidden: str) -> None:
+    with pytest.raises(AssertionError, match=forbidden):
+        check_budget({"sys", forbidden + ".sub"}, ceiling=100)
