@@ -365,6 +365,45 @@ def check_limits(cfg: Config) -> Check:
     return Check(OK, what)
 
 
+# What egress-proxy takes as a secret's value: printable ASCII, no spaces.
+_VALUE = re.compile(r"^[\x21-\x7e]{1,4096}$")
+
+
+def check_secrets(cfg: Config) -> list[Check]:
+    """Each [[secret]]'s command, run once: did it print a value?  Never what it printed.
+
+    Neither the output nor the command line is shown (a command can hold its
+    value inline); a secret is named by its table's place and host.
+    """
+    out: list[Check] = []
+    for index, secret in enumerate(cfg.secrets, 1):
+        name = f"secret {index} ({secret.host})"
+        fix = f"run the command of [[secret]] {index} by hand; it must print the value"
+        try:
+            done = subprocess.run(shlex.split(secret.command), capture_output=True, timeout=15,
+                                  check=False, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            out.append(Check(WARN, f"{name}: the command did not end within 15 s", fix))
+            continue
+        except (OSError, ValueError):
+            out.append(Check(WARN, f"{name}: the command cannot be run", fix))
+            continue
+        lines = done.stdout.decode("ascii", "replace").splitlines()
+        printed = bool(lines) and bool(_VALUE.match(lines[0].strip()))
+        code = done.returncode
+        del done, lines  # the value is not kept
+        if code != 0:
+            out.append(Check(WARN, f"{name}: the command failed (exit {code}); requests to "
+                             f"{secret.host} go without the value", fix))
+        elif not printed:
+            out.append(Check(WARN, f"{name}: the command printed no usable value (one line of "
+                             "printable ASCII without spaces)", fix))
+        else:
+            out.append(Check(OK, f"{name}: the command prints a value; egress-proxy sets "
+                             f"{secret.header} for {secret.host}"))
+    return out
+
+
 def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     return [
         lambda: [check_workdir(cfg)],
@@ -376,6 +415,7 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
         lambda: [check_git()],
         lambda: [check_signing(cfg)],
         lambda: [check_token(cfg)],
+        lambda: check_secrets(cfg),
         lambda: check_agents(cfg),
         lambda: check_hostrun(cfg),
     ]

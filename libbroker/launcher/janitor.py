@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     import shutil
 
     deadline = time.monotonic() + 5
+    shutil.rmtree(runtime_dir + ".host", ignore_errors=True)  # runtime.Runtime.host_only
     while time.monotonic() < deadline and os.path.exists(runtime_dir):
         shutil.rmtree(runtime_dir, ignore_errors=True)
     return 0

@@ -5,6 +5,11 @@ when the user has a runtime directory (tmpfs, per-user, cleared at logout) or a
 private ``mkdtemp`` otherwise.  The sandbox sees it read-only at the same path:
 the broker socket, the relay sockets and the egress directory must be
 reachable from inside, nothing in it may be changed from inside.
+
+Beside it, ``<root>.host`` (0700 too) holds what only the host may read:
+egress-proxy's ``--secrets`` file (which commands print which secret).  No
+sandbox is given that directory, on either backend, so nothing inside can
+read it, while the runtime directory itself is readable there.
 """
 
 from __future__ import annotations
@@ -39,9 +44,14 @@ class Runtime(NamedTuple):
         return os.path.join(self.root, "policy.json")
 
     @property
+    def host_only(self) -> str:
+        """The session's directory the sandbox is never given (beside the runtime dir)."""
+        return self.root + ".host"
+
+    @property
     def secrets(self) -> str:
-        """egress-proxy's --secrets file (0600): commands and headers, never a value."""
-        return os.path.join(self.root, "secrets.json")
+        """egress-proxy's --secrets file (0600), host-only: commands and headers, never a value."""
+        return os.path.join(self.host_only, "secrets.json")
 
     @property
     def profile(self) -> str:
@@ -95,6 +105,8 @@ def create() -> Runtime:
     try:
         root = tempfile.mkdtemp(prefix="session-" if parent else "agent-sandbox-", dir=parent)
         os.chmod(root, 0o700)
+        # Fails if something is there already: nobody else's directory is used.
+        os.mkdir(Runtime(root).host_only, 0o700)
     except OSError as exc:
         raise LaunchError(
             f"cannot create the session's runtime directory: {exc.strerror}"
@@ -103,5 +115,6 @@ def create() -> Runtime:
 
 
 def remove(rt: Runtime) -> None:
-    """Remove the runtime directory and everything in it; a no-op if gone."""
+    """Remove the runtime directory, its host-only sibling and all in them; a no-op if gone."""
+    shutil.rmtree(rt.host_only, ignore_errors=True)
     shutil.rmtree(rt.root, ignore_errors=True)

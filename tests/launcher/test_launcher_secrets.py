@@ -76,7 +76,8 @@ def test_duplicate_hosts_and_envs_are_refused() -> None:
 def test_the_proxy_gets_the_file_and_the_sandbox_the_placeholder() -> None:
     cfg = from_mapping({"secret": [ENTRY], "env": ["ANTHROPIC_API_KEY"]}, FACTS)
     rt = Runtime("/run/user/1/agent-sandbox/session-x")
-    assert "--secrets=/run/user/1/agent-sandbox/session-x/secrets.json" in plan.proxy_args(cfg, rt)
+    assert ("--secrets=/run/user/1/agent-sandbox/session-x.host/secrets.json"
+            in plan.proxy_args(cfg, rt))
     assert json.loads(plan.secrets_json(cfg)) == [
         {k: v for k, v in ENTRY.items() if k != "env"}]
     env = agent_sandbox.environment(cfg, rt, {"ANTHROPIC_API_KEY": REAL, "PATH": "/usr/bin"},
@@ -130,7 +131,12 @@ INSIDE = r"""
 echo "env=$ANTHROPIC_API_KEY"
 echo "answer=$(curl -sS --max-time 20 https://api.anthropic.com/v1/messages \
     -H "x-api-key: $ANTHROPIC_API_KEY" -d '{}')"
-echo "secrets_mode=$(stat -c %a "$(dirname "$AGENT_SANDBOX_POLICY")/secrets.json")"
+rt="$(dirname "$AGENT_SANDBOX_POLICY")"
+echo "secrets_in_runtime=$(ls -a "$rt" | grep -c secrets)"
+echo "secrets_host_only=$(cat "$rt.host/secrets.json" 2>/dev/null | wc -c)\
+$(ls "$rt.host" 2>/dev/null | wc -l)"
+echo "secrets_anywhere=$(grep -rls --exclude-dir=proc --exclude-dir=sys "$KEYFILE" \
+    "$rt" "$rt.host" "$(dirname "$rt")" /tmp 2>/dev/null | wc -l)"
 echo "leak=$(env | grep -c "$PROBE")"
 """
 
@@ -158,14 +164,18 @@ def test_a_session_holds_the_placeholder_and_the_stand_in_gets_the_key(
     env = world.env(ANTHROPIC_API_KEY=REAL)
     mid = len(REAL) // 2
     probe = REAL[:mid] + "[" + REAL[mid] + "]" + REAL[mid + 1:]
-    done = world.run("sh", "-c", f"PROBE='{probe}'\n" + INSIDE, config=cfg, sandbox=backend,
-                     env=env)
+    done = world.run("sh", "-c", f"PROBE='{probe}'\nKEYFILE='{key_file}'\n" + INSIDE,
+                     config=cfg, sandbox=backend, env=env)
     assert done.returncode == 0, done.stderr + done.stdout
     out = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert out["env"] == SECRET_PLACEHOLDER
     assert json.loads(out["answer"]) == {"ok": True}, done.stderr
     assert seen[-1] == {"host": "api.anthropic.com", "x-api-key": [REAL]}
-    assert out["secrets_mode"] == "600"
+    # The --secrets file (it names the key's command) is in no directory the
+    # sandbox can read: not the runtime dir, not its host-only sibling.
+    assert out["secrets_in_runtime"] == "0"
+    assert out["secrets_host_only"] == "00"
+    assert out["secrets_anywhere"] == "0"
     assert out["leak"] == "0"
     assert REAL not in done.stdout + done.stderr
     assert world.leftovers() == []
@@ -175,3 +185,32 @@ def test_the_secrets_file_is_private(tmp_path: Path) -> None:
     path = tmp_path / "secrets.json"
     plan.write_private(str(path), "[]")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+
+
+# --- agent-sandbox doctor ----------------------------------------------------------
+
+
+def test_doctor_runs_each_secret_command_once_and_never_shows_its_value(tmp_path: Path) -> None:
+    from libbroker.launcher import doctor
+
+    counter = tmp_path / "runs"
+    entries = [
+        {**ENTRY, "host": "api.anthropic.com",
+         "command": f"sh -c 'echo run >> {counter}; echo {REAL}'"},
+        {**ENTRY, "host": "api.openai.com", "env": "OPENAI_API_KEY",
+         "command": f"sh -c 'echo {REAL}; exit 3'"},
+        {**ENTRY, "host": "one.test", "env": "ONE", "command": "true"},
+        {**ENTRY, "host": "two.test", "env": "TWO", "command": f"echo 'two words {REAL}'"},
+        {**ENTRY, "host": "three.test", "env": "THREE",
+         "command": f"/nonexistent/{REAL}"},
+    ]
+    cfg = from_mapping({"secret": entries}, FACTS)
+    found = doctor.check_secrets(cfg)
+    assert [c.level for c in found] == [doctor.OK, doctor.WARN, doctor.WARN, doctor.WARN,
+                                        doctor.WARN]
+    assert "prints a value" in found[0].what and "api.anthropic.com" in found[0].what
+    assert "exit 3" in found[1].what
+    assert counter.read_text() == "run\n"
+    text = "\n".join(c.line() for c in found)
+    assert REAL not in text
+    assert all("[[secret]]" in c.fix for c in found[1:])
