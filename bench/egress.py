@@ -9,6 +9,10 @@
    download and for small requests (median of a new connection + GET each).
 3. 500 concurrent idle tunnels held, then all used: dropped count, peak RSS.
 4. Leaf issuance: first request to a new inject host vs a cached one (median).
+5. The session record (``--record``, as the launcher runs it: JSON lines on the
+   proxy's stdout, a pipe read by another thread): the tunnel and the injected
+   download, and small injected requests, each with and without it, in the same
+   run and rounds (interleaved).  ``--record-only`` runs this figure alone.
 
 Everything runs on 127.0.0.1 against a local TLS download server with its own
 test CA.  Sizes: EGRESS_BENCH_MIB (default 512 for 1, half of it for 2).
@@ -279,6 +283,79 @@ def timed_request(proxy_port: int, host: str, cafile: str) -> float:
     return time.perf_counter() - start
 
 
+# --- figure 5: the session record -------------------------------------------------
+
+
+def drain(proc: subprocess.Popen[bytes]) -> list[int]:
+    """Read ``proc``'s stdout (its --record lines) in a thread, as the launcher does."""
+    count = [0]
+
+    def run() -> None:
+        assert proc.stdout is not None
+        while True:
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                return
+            count[0] += chunk.count(b"\n")
+
+    threading.Thread(target=run, daemon=True).start()
+    return count
+
+
+def record_figure(port: int, resolve: str, cafile: Path, tunnel_args: list[str],
+                  inject_args: list[str], tmp: Path) -> None:
+    """Figure 5: each path with and without --record, same run, interleaved rounds."""
+    rounds = max(ROUNDS, 5)
+    off_t = start_proxy(tunnel_args)
+    on_t = start_proxy([*tunnel_args, "--record=/dev/stdout"])
+    off_i = start_proxy([*inject_args, f"--egress-dir={tmp / 'egress-off'}"])
+    on_i = start_proxy([*inject_args, f"--egress-dir={tmp / 'egress-on'}",
+                        "--record=/dev/stdout"])
+    lines = [drain(on_t.proc), drain(on_i.proc)]
+    try:
+        url = f"https://127.0.0.1:{port}/{SIZE}"
+        half = SIZE // 2
+        iurl = f"https://download.test/{half}"
+        ires = "download.test:443:127.0.0.1"
+        best: dict[str, float] = {}
+        for _ in range(rounds):
+            for name, argv in (
+                ("tunnel off", curl_argv(url, resolve, str(cafile), off_t.http)),
+                ("tunnel on", curl_argv(url, resolve, str(cafile), on_t.http)),
+                ("injected off", curl_argv(iurl, ires, str(tmp / "egress-off" / "bundle.pem"),
+                                           off_i.http)),
+                ("injected on", curl_argv(iurl, ires, str(tmp / "egress-on" / "bundle.pem"),
+                                          on_i.http)),
+            ):
+                start = time.perf_counter()
+                subprocess.run(argv, check=True)
+                elapsed = time.perf_counter() - start
+                best[name] = min(best.get(name, elapsed), elapsed)
+        small: dict[str, list[float]] = {"off": [], "on": []}
+        bundles = {"off": str(tmp / "egress-off" / "bundle.pem"),
+                   "on": str(tmp / "egress-on" / "bundle.pem")}
+        ports = {"off": off_i.port, "on": on_i.port}
+        for key in ("off", "on"):
+            timed_request(ports[key], "download.test", bundles[key])
+        for _ in range(SMALL_REQUESTS):
+            for key in ("off", "on"):
+                small[key].append(timed_request(ports[key], "download.test", bundles[key]))
+        print(f"5. Session record (--record to a pipe, drained), best of {rounds} interleaved")
+        for path, size in (("tunnel", SIZE), ("injected", half)):
+            off, on = best[f"{path} off"], best[f"{path} on"]
+            print(f"  {path:<9} without {mbps(off, size):6.0f} MB/s   with {mbps(on, size):6.0f}"
+                  f" MB/s   slowdown {(on / off - 1) * 100:+5.1f}% (goal <= +3%)")
+        s_off, s_on = statistics.median(small["off"]), statistics.median(small["on"])
+        print(f"  small injected requests: without {s_off * 1000:6.2f} ms   with "
+              f"{s_on * 1000:6.2f} ms   {(s_on / s_off - 1) * 100:+5.1f}% (median of "
+              f"{SMALL_REQUESTS})")
+        time.sleep(0.2)
+        print(f"  record lines written: {lines[0][0]} (tunnel), {lines[1][0]} (injected)")
+    finally:
+        for p in (off_t, on_t, off_i, on_i):
+            p.stop()
+
+
 # --- the run -------------------------------------------------------------------------
 
 
@@ -350,6 +427,16 @@ def main() -> None:
 
     pins = [f"--resolve=download.test:127.0.0.1:{port}"]
     pins += [f"--resolve={h}:127.0.0.1:{port}" for h in (SECRET_HOST, *LEAF_HOSTS)]
+    if "--record-only" in sys.argv[1:]:
+        try:
+            record_figure(port, resolve, cafile,
+                          [f"--allow=127.0.0.1:{port}", "--allow-cidr=127.0.0.1/32",
+                           "--log=/dev/null"],
+                          ["--inject=download.test", pins[0], f"--upstream-ca={cafile}",
+                           "--token-command=echo bench-token", "--log=/dev/null"], tmp)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return
     secrets_file = tmp / "secrets.json"
     secrets_file.write_text(json.dumps([{"host": SECRET_HOST, "header": "x-api-key",
                                          "format": "{}", "command": "echo bench-secret"}]))
@@ -427,6 +514,11 @@ def main() -> None:
         f_med, c_med = statistics.median(first), statistics.median(cached)
         print(f"  first {f_med * 1000:6.1f} ms   cached {c_med * 1000:6.1f} ms   "
               f"issuance cost {(f_med - c_med) * 1000:+5.1f} ms (target <= 10 ms)")
+        record_figure(port, resolve, cafile,
+                      [f"--allow=127.0.0.1:{port}", "--allow-cidr=127.0.0.1/32",
+                       "--log=/dev/null"],
+                      ["--inject=download.test", pins[0], f"--upstream-ca={cafile}",
+                       "--token-command=echo bench-token", "--log=/dev/null"], tmp)
     finally:
         for p in (proxy, inject):
             p.stop()

@@ -6,7 +6,7 @@ In one run, interleaved, N times each:
 - broker-server alone: spawn to its ``listening`` line;
 - ``agent-sandbox run -- true``: the whole session's wall time (start both,
   build the sandbox, run ``true``, end everything, remove the runtime dir),
-  once per backend.
+  once per backend, and again with ``record = false`` (the session record's cost).
 
 Target (issue 6): the bwrap session's median <= 1.3x the slower server's
 median start.  Anthropic's ``srt -c true`` (~270 ms here) is printed when
@@ -205,11 +205,18 @@ def main() -> int:
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
         fh.write(f'workdir = "{work}"\ntoken_command = ""\n')
+    # The same session without its record (record = false), interleaved: what the
+    # record costs a session's wall time.
+    unrecorded = os.path.join(tmp, "unrecorded.toml")
+    with open(unrecorded, "w") as fh:
+        fh.write(f'workdir = "{work}"\ntoken_command = ""\nrecord = false\n')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX")}
+    env["XDG_STATE_HOME"] = os.path.join(tmp, "state")  # the records land here, not in ~
     backends = ["bwrap", "nono"] if shutil.which("bwrap") else ["nono"]
     times: dict[str, list[float]] = {"egress-proxy": [], "broker-server": []}
     for b in backends:
         times[f"session {b}"] = []
+        times[f"session {b} no record"] = []
     srt = shutil.which("srt")
     if srt:
         times["srt -c true"] = []
@@ -247,20 +254,16 @@ def main() -> int:
                 )
             )
             for b in backends:
-                times[f"session {b}"].append(
-                    _wall(
-                        [
-                            "agent-sandbox",
-                            "run",
-                            f"--config={config}",
-                            f"--sandbox={b}",
-                            "--",
-                            "true",
-                        ],
-                        env,
-                        work,
+                for name, cfg in ((f"session {b}", config),
+                                  (f"session {b} no record", unrecorded)):
+                    times[name].append(
+                        _wall(
+                            ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={b}",
+                             "--", "true"],
+                            env,
+                            work,
+                        )
                     )
-                )
             if srt:
                 times["srt -c true"].append(_wall([srt, "-c", "true"], env, work))
             times["python3 -c pass"].append(_wall([sys.executable, "-c", "pass"], env, work))
@@ -290,6 +293,9 @@ def main() -> int:
         f" = {floor / slower:.2f}x the slower server; session {first} = {ratio:.2f}x;"
         f" the launcher's own share {ratio - floor / slower:+.2f}x"
     )
+    for b in backends:
+        cost = med[f"session {b}"] - med[f"session {b} no record"]
+        print(f"  session record, {b}: {cost:+.1f} ms of a session's wall time (median)")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores; figures scale with it)")
     try:
         _throughput(tmp, backends, env)

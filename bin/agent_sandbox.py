@@ -2,9 +2,14 @@
 
 Usage:
   agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--agent=NAME]
-                    [--limit=NAME=VALUE]... [--] CMD...
+                    [--limit=NAME=VALUE]... [--learn] [--] CMD...
   agent-sandbox doctor [--config=FILE] [--sandbox=KIND]
   agent-sandbox render-settings [--config=FILE]
+  agent-sandbox report [--json] [--last | SESSION]
+  agent-sandbox report --list [--json]
+  agent-sandbox report --verify [SESSION]
+  agent-sandbox report --propose [SESSION]
+  agent-sandbox watch [SESSION]
   agent-sandbox -h | --help
   agent-sandbox --version
 
@@ -17,6 +22,12 @@ status and leaves no process or socket behind.
 doctor checks whether a session can run here, one line per check with a fix.
 render-settings prints Claude Code's managed-settings drop-in for the config.
 
+Every session is recorded (events only, never a secret) in
+$XDG_STATE_HOME/agent-sandbox/sessions/ (default ~/.local/state/...).  report
+summarizes a session (the last one by default): hosts, refusals and what to
+add to the config, brokered commands, signatures.  watch follows the current
+session's record in a second terminal.
+
 Options:
   --config=FILE    The TOML config (default: ~/.config/agent-sandbox/config.toml).
   --workdir=DIR    The writable project directory (default: the config's, else cwd).
@@ -26,12 +37,22 @@ Options:
   --limit=NAME=VALUE  A resource limit over the config's (repeatable): tasks=4096,
                    memory=8G, tmp=2G (bwrap's /tmp), cpu=2 (cores), timeout=10m
                    (each brokered command), or NAME=off.
+  --learn          Allow every public host (address and token rules still hold)
+                   and record each one the allow list would have refused; then
+                   `agent-sandbox report --propose` prints the domains line.
+  --json           report: print JSON for scripts.
+  --last           report: the most recent session (the default).
+  --list           report: the recent sessions, newest first.
+  --verify         report: check the record's hash chain (exit 1 if it was
+                   cut or edited).
+  --propose        report: the config's `domains = [...]` line from the hosts
+                   the session asked for (exact names; *.parent for 3 siblings).
   -h --help        Show this help.
   --version        Show the version.
 
 Exit status: run: CMD's own (128+N when signal N ended it); 1 the session could
 not start or a server crashed; 2 usage or config error.  doctor: 0 when a
-session can run, 1 otherwise.
+session can run, 1 otherwise.  report --verify: 1 when the record does not verify.
 """
 
 from __future__ import annotations
@@ -74,7 +95,17 @@ def _main(args: Args, servers: Servers | None) -> int:
         from libbroker.launcher import session
 
         cfg = _config(args)
+        if args.get("--learn"):
+            cfg = cfg._replace(learn=True)
         return session.run(cfg, list(args["CMD"]), cfg.sandbox, servers)
+    if args["report"]:
+        from libbroker.launcher import report
+
+        return report.main(args)
+    if args["watch"]:
+        from libbroker.launcher import report
+
+        return report.watch(args)
     if args["doctor"]:
         from libbroker.launcher import doctor
 

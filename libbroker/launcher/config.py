@@ -113,6 +113,8 @@ class Config(NamedTuple):
     hostrun_allow: tuple[str, ...] = ()  # rule ids, patterns or workdir paths not held
     limits: Limits = Limits()  # the session's, and each brokered command's
     secrets: tuple[Secret, ...] = ()  # [[secret]] tables
+    record: bool = True  # the session record (libbroker.launcher.record)
+    learn: bool = False  # run --learn: every public host passed and marked (not a file key)
 
 
 _KEYS = frozenset(
@@ -142,6 +144,7 @@ _KEYS = frozenset(
         "agents",
         "limits",
         "secret",
+        "record",
     }
 )
 
@@ -294,6 +297,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
         limits=_limits(data.get("limits", {}), source),
         secrets=secrets,
+        record=get.boolean("record", True),
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )

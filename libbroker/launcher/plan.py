@@ -24,6 +24,9 @@ from libbroker.launcher.runtime import Runtime
 from libbroker.sandbox import bwrap
 
 BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
+# Where a server writes its events for the session record: its own stdout, a
+# pipe the launcher polls anyway (the ``listening`` line comes that way).
+RECORD_PIPE = "/dev/stdout"
 
 
 class Listening:
@@ -106,6 +109,10 @@ def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
         args.append("--upstream-ca=" + cfg.upstream_ca)
     if cfg.secrets:
         args.append("--secrets=" + rt.secrets)
+    if cfg.record:  # its events, on the pipe only the launcher reads (libbroker.launcher.record)
+        args.append("--record=" + RECORD_PIPE)
+    if cfg.learn:
+        args.append("--learn")
     return args
 
 
@@ -130,6 +137,8 @@ def broker_args(cfg: Config, rt: Runtime, backend: str) -> list[str]:
     ]
     if cfg.sign_key:
         args.append("--sign-key=" + cfg.sign_key)
+    if cfg.record:  # its audit lines, to the launcher: see libbroker.launcher.record
+        args.append("--audit=" + RECORD_PIPE)
     return args
 
 

@@ -39,6 +39,11 @@ BACKEND_WARM = {
 # run's options that take a value (docopt also accepts it as the next word).
 _VALUED = ("--config", "--workdir", "--sandbox", "--agent", "--limit")
 _SINGLE = _VALUED[:-1]  # --limit may repeat
+# What docopt says of report's and watch's words on a run command line.
+_REPORT_KEYS: dict[str, object] = {
+    "report": False, "watch": False, "--json": False, "--last": False, "--list": False,
+    "--verify": False, "--propose": False, "SESSION": None,
+}
 
 
 class Servers:
@@ -84,8 +89,8 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
 
     Parsing with docopt costs the launcher ~8 ms of CPU while the servers
     start.  The usual command line (``agent-sandbox run [--config=F]
-    [--workdir=D] [--sandbox=K] [--agent=A] [--limit=N=V]... -- CMD...``, each
-    option but --limit at most once and spelled out with ``=``) is read here
+    [--workdir=D] [--sandbox=K] [--agent=A] [--limit=N=V]... [--learn] -- CMD...``,
+    each option but --limit at most once and spelled out with ``=``) is read here
     instead, giving exactly what docopt would (a test checks); anything else
     (no ``--``, abbreviations, repeats, -h, unknown words) is left to docopt,
     errors included.
@@ -98,11 +103,13 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
         return None
     values: dict[str, str | None] = dict.fromkeys(_SINGLE)
     limits: list[str] = []
-    run = False
+    run = learn = False
     for word in argv[:cut]:
         name, eq, value = word.partition("=")
         if word == "run" and not run:
             run = True
+        elif word == "--learn" and not learn:
+            learn = True
         elif name in values and eq and value and values[name] is None:
             values[name] = value
         elif name == "--limit" and eq and value:
@@ -115,10 +122,12 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
         "run": True,
         **values,
         "--limit": limits,
+        "--learn": learn,
         "--": True,
         "CMD": cmd,
         "doctor": False,
         "render-settings": False,
+        **_REPORT_KEYS,
         "--help": False,
         "--version": False,
     }

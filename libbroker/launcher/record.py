@@ -314,3 +314,77 @@ def follow(path: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[dict[s
                     yield obj
                     if obj.get("ev") == "end":
                         return
+
+
+# --- the launcher's side ---------------------------------------------------------
+
+
+def session_grants(cfg: Any, host: Any, rt_root: str) -> tuple[str, ...]:
+    """Every tree the session's sandbox may read or write (as ``session_shape`` grants)."""
+    from libbroker.sandbox.shape import SYSTEM_READ
+
+    return (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt_root,
+            *cfg.write, cfg.workdir)
+
+
+def check_private(cfg: Any, host: Any, rt_root: str) -> str:
+    """The sessions directory, refused (LaunchError) when the sandbox could reach it."""
+    from libbroker.errors import LaunchError
+
+    directory = sessions_dir(cfg.home if cfg.home != "/" else "")
+    grant = exposed(directory, session_grants(cfg, host, rt_root))
+    if grant is not None:
+        raise LaunchError(
+            f"the session record's directory {directory} is inside {grant}, which the "
+            "sandbox can reach: narrow that path, set XDG_STATE_HOME elsewhere, or "
+            "record = false in config.toml"
+        )
+    return directory
+
+
+class SessionRecord:
+    """The launcher's record of one session: start, the servers' lines, end."""
+
+    def __init__(self, rec: Record) -> None:
+        self.rec = rec
+        self.went = time.monotonic()
+        self.said = False  # the one line about a record that cannot be written
+
+    @classmethod
+    def start(cls, directory: str, cfg: Any, cmd: list[str], backend: str) -> SessionRecord:
+        """Create the file and write the start event; OSError when it cannot be made."""
+        sid = new_id()
+        rec = Record.create(directory, sid)
+        made = cls(rec)
+        made.add("start", {
+            "id": sid, "workdir": cfg.workdir, "backend": backend,
+            "config": config_digest(cfg), "cmd": list(cmd), "learn": bool(cfg.learn),
+            "inject": list(cfg.inject), "pid": os.getpid(),
+        })
+        return made
+
+    def add(self, ev: str, fields: Mapping[str, object]) -> bool:
+        """Append; the first failure is said on stderr once (then False each time)."""
+        if self.rec.append(ev, fields):
+            return True
+        if not self.said:
+            self.said = True
+            os.write(2, f"agent-sandbox: cannot write the session record {self.rec.path}: "
+                        f"{self.rec.broken}; brokered commands are refused from now on\n"
+                        .encode())
+        return False
+
+    def server(self, name: str, line: str) -> bool | None:
+        """A server's stdout line: recorded (True), failed (False), not an event (None)."""
+        found = from_server(name, line)
+        if found is None:
+            return None
+        return self.add(*found)
+
+    def end(self, status: int, error: str | None = None) -> None:
+        fields: dict[str, object] = {"exit": status,
+                                     "dur": round(time.monotonic() - self.went, 3)}
+        if error:
+            fields["error"] = error
+        self.add("end", fields)
+        self.rec.close()

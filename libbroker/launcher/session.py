@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from libbroker.launcher.door import Door
+    from libbroker.launcher.record import SessionRecord
     from libbroker.launcher.relay import Relay
     from libbroker.sandbox.limits import Group
 else:
@@ -113,6 +114,8 @@ class Session:
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self.limits: Group | None = None  # the sandbox's resource limits
+        self.record: SessionRecord | None = None  # the session record, from go to the end
+        self._record_dir = ""  # where it goes ("" when record = false)
 
     # --- the whole run -------------------------------------------------------
 
@@ -195,6 +198,13 @@ class Session:
             self.cfg = cfg = agent.prepare(rt)
             _trace(f"{agent.profile.name}'s private config copied")
         host = plan.host_facts(cfg, os.getcwd(), rt)
+        if cfg.record:  # never where the sandbox could reach it: refused before anything runs
+            from libbroker.launcher.record import check_private
+
+            self._record_dir = check_private(cfg, host, rt.root)
+        if cfg.learn:
+            os.write(2, b"agent-sandbox: LEARN MODE: every public host is allowed and recorded; "
+                        b"agent-sandbox report --propose prints the domains line\n")
         import json  # after the servers' spawn: nothing before it that need not be
 
         plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
@@ -237,6 +247,16 @@ class Session:
         else:
             self._send_landlock_spec(host, found)
         _trace("go")
+        if self._record_dir:  # after go: the record never delays the command
+            from libbroker.launcher.record import SessionRecord
+
+            try:
+                self.record = SessionRecord.start(self._record_dir, self.cfg, self.cmd,
+                                                  self.backend)
+            except OSError as exc:
+                raise LaunchError(f"cannot create the session record in {self._record_dir}: "
+                                  f"{exc.strerror or exc} (or record = false)") from None
+            _trace("record started")
 
     def _make_limits(self, rt: Runtime) -> None:
         """The sandbox's group (or rlimits), named in ``rt`` for the janitor.
@@ -495,6 +515,12 @@ class Session:
         self._pending[fd] = rest
         out = [line.decode(errors="replace") for line in lines]
         for line in out:
+            if kind == "out" and self.record is not None and line.startswith("{"):
+                # A server's event (libbroker.launcher.record): into the record, not the tail.
+                if self.record.server(child.name, line) is False and child.name == "broker-server":
+                    self._stop_audit(fd)  # the broker fails closed: its audit pipe is gone
+                    break
+                continue
             child.tail.append(line)
             if kind == "err" and line and not self._live:
                 self._early.append(line)  # shown once started, or in the error
@@ -504,6 +530,14 @@ class Session:
                 with contextlib.suppress(OSError):
                     os.write(self._log, (line + "\n").encode())
         return out
+
+    def _stop_audit(self, fd: int) -> None:
+        """Close our end of the broker's stdout: its next audit line fails, so it refuses."""
+        child, _ = self._owners.pop(fd)
+        with contextlib.suppress(KeyError, ValueError, OSError):
+            self._poller.unregister(fd)
+        assert child.proc.stdout is not None
+        child.proc.stdout.close()
 
     def _drain_all(self) -> None:
         for fd in list(self._owners):
@@ -547,6 +581,9 @@ class Session:
                         deadline = time.monotonic() + GRACE
         self._drain_all()  # the servers' last log lines before they go
         self._teardown()
+        if self.record is not None:
+            self.record.end(1 if crash is not None else status, crash)
+            self.record = None
         if crash is not None:
             raise LaunchError(crash + "; the session was ended")
         return status
@@ -601,6 +638,8 @@ class Session:
         for child in reversed(servers):
             if not child.wait(5.0):
                 child.stop(signal.SIGKILL, 0)
+        if self.record is not None:  # their last events, written as they ended
+            self._drain_all()
         for relay in self.relays:
             relay.close()
         self.relays = []

@@ -95,6 +95,7 @@ _WORDS = [
     "true", "sh", "-c", "-h", "--help", "--version", "--bogus", "", "x y",
     "--agent=codex", "--agent", "--agent=", "codex",
     "--limit=memory=1G", "--limit=tasks=64", "--limit", "--limit=", "tasks=64", "--lim=cpu=1",
+    "--learn", "--lea", "report", "watch", "--json", "--last", "--list", "--verify",
 ]
 
 
@@ -122,6 +123,7 @@ def test_run_args_reads_the_usual_command_lines() -> None:
         ["--workdir=/w", "run", "--config=c", "--", "--config=x", "--"],
         ["run", "--agent=codex", "--sandbox=nono", "--", "my-codex", "exec", "hi"],
         ["run", "--limit=memory=1G", "--limit=tasks=64", "--", "make"],
+        ["run", "--learn", "--sandbox=bwrap", "--", "make"],
     ):
         assert prestart.run_args(argv) is not None
         assert prestart.run_args(argv) == _docopt(argv)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import os
 import stat
@@ -76,7 +77,7 @@ def test_the_file_is_private_and_chained(tmp_path: Path) -> None:
     assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
     lines = path.read_bytes().splitlines()
     assert json.loads(lines[0])["prev"] == record.genesis(SID)
-    for before, line in zip(lines, lines[1:], strict=False):
+    for before, line in itertools.pairwise(lines):
         assert json.loads(line)["prev"] == record.digest(before)
     assert [json.loads(line)["seq"] for line in lines] == list(range(len(EVENTS)))
     assert record.verify(str(path)) == []
