@@ -73,7 +73,8 @@ def _refusal(method: bytes, target: bytes, why: str) -> HttpError:
     path = split_target(target)[0]
     if len(path) > 200:
         path = path[:200] + "..."
-    return HttpError(403, f"{method.decode('ascii', 'replace')} {path}: {why}", BLOCKED)
+    return HttpError(403, f"{BLOCKED} {method.decode('ascii', 'replace')} {path}: {why}",
+                     BLOCKED)
 
 
 class ReadBody(ClientSide):

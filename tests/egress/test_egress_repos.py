@@ -239,7 +239,7 @@ def test_push_to_a_listed_repo_and_not_to_another(rig: Rig, tmp_path: Path) -> N
     log = rig.proxy.log_text()
     line = next(x for x in log.splitlines() if "/acme/evil.git/info/refs" in x)
     assert "refused host=github.com" in line
-    assert "403 GET /acme/evil.git/info/refs: push to acme/evil.git" in line
+    assert "403 blocked-by-scope GET /acme/evil.git/info/refs: push to acme/evil.git" in line
     assert "service=" not in line  # the path, never the query
     assert TOKEN not in log
 
@@ -286,7 +286,8 @@ def test_rest_outside_the_scope_is_refused(rig: Rig, method: str, path: str) -> 
     assert body.startswith("egress-proxy: ")
     assert len(client_requests(rig)) == before  # nothing reached the upstream
     line = rig.proxy.log_text().splitlines()[-1]
-    assert "refused host=api.github.com" in line and f"403 {method} " in line
+    assert "refused host=api.github.com" in line
+    assert f"reason=403 blocked-by-scope {method} " in line
     assert TOKEN not in rig.proxy.log_text()
 
 
