@@ -11,8 +11,9 @@ refused with 403 and ``X-Proxy-Error: blocked-by-scope``.
   (upload-pack) of any; other writes (LFS batch, say) only under a listed
   repository's path.
 - REST (``api.*`` and ``uploads.*``): methods other than GET and HEAD only
-  under ``/repos/OWNER/NAME`` of a listed repository.  GraphQL over GET is
-  refused (only POST is inspected).
+  under ``/repos/OWNER/NAME`` of a listed repository, but not its ``forks``,
+  ``generate`` or ``transfer`` (a repository made or moved elsewhere).
+  GraphQL over GET is refused (only POST is inspected).
 - GraphQL (``POST /graphql``): :func:`decide` answers ``graphql``; the shell
   buffers the body (at most :data:`MAX_GRAPHQL_BODY`) and :func:`graphql_ties`
   reads it.  Queries pass.  Every mutation in the document (not only the
@@ -46,6 +47,8 @@ READS = frozenset({b"GET", b"HEAD"})
 MAX_GRAPHQL_BODY = 1 << 20
 MAX_MUTATIONS = 8
 MAX_ID = 256
+# Writes under a listed repository's path that make or move a repository elsewhere.
+ELSEWHERE = frozenset({"forks", "generate", "transfer"})
 
 _OWNER = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
@@ -263,6 +266,8 @@ def _decide_api(repos: frozenset[str], method: bytes, target: bytes,
         return GRAPHQL
     if (len(segments) >= 3 and segments[0] == "repos"
             and _listed(repos, segments[1], segments[2], git=False)):
+        if len(segments) == 4 and segments[3].lower() in ELSEWHERE:
+            raise ScopeError(f"{segments[3]} makes or moves a repository outside the list")
         return PASS
     raise ScopeError(f"{method.decode('ascii', 'replace')} outside /repos/OWNER/NAME "
                      "of the listed repositories")

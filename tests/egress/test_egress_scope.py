@@ -93,6 +93,10 @@ def test_git(method: str, target: str, expected: str) -> None:
     ("PUT", "/user/starred/acme/widgets", "refuse"),
     ("POST", "/repositories/123/issues", "refuse"),
     ("POST", "/repos/acme/widgets.git/issues", "refuse"),
+    ("POST", "/repos/acme/widgets/forks", "refuse"),
+    ("POST", "/repos/acme/widgets/Generate", "refuse"),
+    ("POST", "/repos/acme/widgets/transfer/", "refuse"),
+    ("GET", "/repos/acme/widgets/forks", "pass"),
     # tricks
     ("POST", "/repos/acme%2Fwidgets/issues", "refuse"),
     ("POST", "/repos/acme%2fwidgets/issues", "refuse"),
