@@ -113,6 +113,7 @@ class Config(NamedTuple):
     hostrun_allow: tuple[str, ...] = ()  # rule ids, patterns or workdir paths not held
     limits: Limits = Limits()  # the session's, and each brokered command's
     secrets: tuple[Secret, ...] = ()  # [[secret]] tables
+    repos: tuple[str, ...] = ()  # egress-proxy --repos: the token's writes held to these
     record: bool = True  # the session record (libbroker.launcher.record)
     learn: bool = False  # run --learn: every public host passed and marked (not a file key)
 
@@ -144,6 +145,7 @@ _KEYS = frozenset(
         "agents",
         "limits",
         "secret",
+        "repos",
         "record",
     }
 )
@@ -297,6 +299,7 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
         limits=_limits(data.get("limits", {}), source),
         secrets=secrets,
+        repos=_repos(get.strings("repos", ()), source),
         record=get.boolean("record", True),
         home=facts.home,
         harness=path(HARNESS, "harness"),
@@ -362,6 +365,27 @@ def _host_pattern(value: str, source: str, key: str) -> str:
     if any(c in value for c in ", \t\n/@"):
         raise ConfigError(f"{source}: {key} entry {value!r} is not a host pattern")
     return value.lower()
+
+
+_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
+
+
+def _repos(values: tuple[str, ...], source: str) -> tuple[str, ...]:
+    """``repos``: OWNER/NAME entries for egress-proxy's --repos (empty: the token unscoped).
+
+    GitHub's spelling (egress-proxy checks it again): an owner of letters,
+    digits and inner hyphens, a name of letters, digits, ``-``, ``_``, ``.``.
+    """
+    for value in values:
+        owner, sep, name = value.partition("/")
+        good = (
+            sep and 0 < len(owner) <= 39 and 0 < len(name) <= 100
+            and owner[0] in _ALNUM and set(owner) <= _ALNUM | {"-"}
+            and set(name) <= _ALNUM | {"-", "_", "."} and name not in (".", "..")
+        )
+        if not good:
+            raise ConfigError(f"{source}: repos entry {value!r} is not OWNER/NAME")
+    return values
 
 
 def _resolve_pin(value: str, source: str) -> str:
