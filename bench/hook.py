@@ -92,9 +92,9 @@ def main() -> None:
         }
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         from libpolicy.model import Policy
-        from libpolicy.render import render_settings
+        from libpolicy.render import session_settings
 
-        rendered = render_settings(Policy.load(policy_path), policy_path)
+        rendered = session_settings(Policy.load(policy_path), policy_path)
         fast = ["sh", "-c", rendered["hooks"]["PreToolUse"][0]["hooks"][0]["command"]]
         commands = {"python -c pass": ([sys.executable, "-c", "pass"], b"")}
         commands.update({f"console script: {name}": (hook, stdin)

@@ -1,21 +1,31 @@
-"""Render a policy as Claude Code's managed-settings drop-in.
+"""Render a policy as Claude Code settings: the machine-wide drop-in, and a session's.
 
-The drop-in (``/etc/claude-code/managed-settings.d/agent-sandbox.json``) holds
-the policy where the harness enforces it: the ``sandbox`` block the sandbox
-runtime applies to every command, the PreToolUse hook that holds the file tools
-to the same lists, ``permissions.deny`` rules as a second line for the regions
-denied outright, and ``env``.  Keys follow the Claude Code settings reference
-(sandbox.*, hooks, permissions, env).
+Two renderings of one policy:
 
-Two deliberate choices:
+- :func:`render_settings`: the managed-settings drop-in
+  (``/etc/claude-code/managed-settings.d/agent-sandbox.json``), which is
+  machine-wide: every ``claude`` reads it, in a session or not.  So it changes
+  nothing outside a session.  Its ``sandbox`` block holds only the ``deny``
+  paths (never read or written by commands) and the harness directory (never
+  written by commands), and sets no ``enabled``: Claude Code's own sandbox stays
+  as the user's settings say (off by default), and the block applies only where
+  a user turns it on.  Its PreToolUse hook acts only inside a session: where
+  neither ``AGENT_SANDBOX`` nor ``AGENT_SANDBOX_POLICY`` is set it exits 0 before
+  starting Python (the normal permission flow).  No ``permissions`` and no
+  ``env``: those would hold every ``claude`` on the machine.
+- :func:`session_settings`: what Claude Code gets inside a session (its
+  private config's ``settings.json`` on both backends, and under bwrap a
+  session-only managed file mounted over the drop-in's path): Claude Code's
+  own sandbox off (we are the sandbox: nested, it breaks unix sockets under
+  bwrap and every command under Landlock), the hook without the session test,
+  and ``permissions.deny`` rules as a second line for the regions denied
+  outright.
 
-- Sandbox filesystem paths are written ``//abs``: current releases read both
-  ``/abs`` and ``//abs`` as absolute, but releases before the fix for
-  anthropics/claude-code#30067 read ``/abs`` relative to the settings file, which
-  would silently point a denyRead at a path that does not exist.
-- Commands never write the harness directory or the tool_write paths: the
-  harness goes into denyWrite and tool_write into nothing (only the hook lets the
-  file tools write there), so no command can plant a file the harness reads.
+Keys follow the Claude Code settings reference (sandbox.*, hooks, permissions).
+Sandbox filesystem paths are written ``//abs``: current releases read both
+``/abs`` and ``//abs`` as absolute, but releases before the fix for
+anthropics/claude-code#30067 read ``/abs`` relative to the settings file, which
+would silently point a denyRead at a path that does not exist.
 """
 
 from __future__ import annotations
@@ -36,6 +46,11 @@ DROP_IN = "agent-sandbox.json"
 # matcher rules; an unanchored "Write" would also match "TodoWrite".
 MATCHER = "^(" + "|".join(FILE_TOOLS) + ")$"
 HOOK_TIMEOUT = 30
+# Set (to anything, even empty) in every session's environment.  A settings
+# file's ``env`` can set a variable but never unset one, so a session cannot
+# make the drop-in's hook think it runs outside.
+SESSION_VARS = ("AGENT_SANDBOX", "AGENT_SANDBOX_POLICY")
+OUTSIDE = '[ -z "${AGENT_SANDBOX+x}${AGENT_SANDBOX_POLICY+x}" ] && exit 0; '
 
 
 def _fs(path: str) -> str:
@@ -63,34 +78,25 @@ def default_hook() -> str:
     return f"{shlex.quote(sys.executable)} -I -S -c {shlex.quote(code)}"
 
 
-def hook_command(policy: Policy, policy_file: str | None) -> str:
+def hook_command(policy: Policy, policy_file: str | None, *, session_only: bool = True) -> str:
     """The shell command Claude Code runs for every file-tool call.
 
-    It fails closed: Claude Code blocks a call only on exit 2, and treats any
-    other failure (1 from an interpreter that cannot import us, 127 from one
-    that is gone, 128+N from a signal) as a non-blocking error that lets the
-    call through.  The hook itself exits only 0 or 2, so the shell turns every
-    other status into 2.
+    ``session_only`` (the machine-wide drop-in): outside a session (no
+    :data:`SESSION_VARS` set) it exits 0 at once, without starting Python.
+    Inside one, and always without ``session_only``, it fails closed: Claude
+    Code blocks a call only on exit 2, and treats any other failure (1 from an
+    interpreter that cannot import us, 127 from one that is gone, 128+N from a
+    signal) as a non-blocking error that lets the call through.  The hook
+    itself exits only 0 or 2, so the shell turns every other status into 2.
     """
     command = policy.hook or default_hook()
     if policy_file:
         command += " --policy=" + shlex.quote(policy_file)
     if policy.hook:  # the user's command may be a list: guard all of it
-        return "{ " + command + "; } || exit 2"
-    return command + " || exit 2"
-
-
-def ca_env(egress: str) -> dict[str, str]:
-    """The variables that make clients trust the egress proxy's CA (files in ``egress``)."""
-    bundle = os.path.join(egress, "bundle.pem")
-    return {
-        "SSL_CERT_FILE": bundle,
-        "GIT_SSL_CAINFO": bundle,
-        "REQUESTS_CA_BUNDLE": bundle,
-        "CURL_CA_BUNDLE": bundle,
-        "NODE_EXTRA_CA_CERTS": os.path.join(egress, "ca.pem"),
-        "GH_CONFIG_DIR": os.path.join(egress, "gh"),
-    }
+        command = "{ " + command + "; } || exit 2"
+    else:
+        command += " || exit 2"
+    return (OUTSIDE if session_only else "") + command
 
 
 def denied_regions(policy: Policy) -> tuple[list[str], list[str]]:
@@ -122,55 +128,41 @@ def _rules(tool: str, regions: list[str]) -> list[str]:
     return out
 
 
-def render_settings(policy: Policy, policy_file: str | None = None) -> dict[str, Any]:
-    """The managed-settings drop-in for ``policy``; the hook reads ``policy_file``."""
-    network: dict[str, object] = {
-        "allowedDomains": list(policy.domains),
-        "allowManagedDomainsOnly": True,
+def _pre_tool_use(command: str) -> dict[str, Any]:
+    return {
+        "PreToolUse": [
+            {
+                "matcher": MATCHER,
+                "hooks": [{"type": "command", "command": command, "timeout": HOOK_TIMEOUT}],
+            }
+        ]
     }
-    if policy.proxy_port is not None:
-        network["httpProxyPort"] = policy.proxy_port
-    if policy.socks_port is not None:
-        network["socksProxyPort"] = policy.socks_port
-    deny_read = [p for p in (policy.home, policy.runtime) if p] + list(policy.deny)
-    deny_write = list(policy.deny) + ([policy.harness] if policy.harness else [])
-    env: dict[str, str] = {"AGENT_SANDBOX": "1"}
-    if policy_file:
-        env["AGENT_SANDBOX_POLICY"] = policy_file
-    if policy.egress:
-        env.update(ca_env(policy.egress))
-    env.update(policy.env)
+
+
+def render_settings(policy: Policy, policy_file: str | None = None) -> dict[str, Any]:
+    """The machine-wide managed-settings drop-in for ``policy`` (see the module doc).
+
+    The hook reads ``policy_file``, else the session's ``$AGENT_SANDBOX_POLICY``.
+    """
+    filesystem: dict[str, list[str]] = {}
+    if policy.deny:
+        filesystem["denyRead"] = [_fs(p) for p in policy.deny]
+    deny_write = [*policy.deny, *([policy.harness] if policy.harness else [])]
+    if deny_write:
+        filesystem["denyWrite"] = [_fs(p) for p in deny_write]
+    return {
+        "sandbox": {"filesystem": filesystem},
+        "hooks": _pre_tool_use(hook_command(policy, policy_file, session_only=True)),
+    }
+
+
+def session_settings(policy: Policy, policy_file: str | None = None) -> dict[str, Any]:
+    """What Claude Code gets inside a session: its sandbox off, the hook, the deny rules."""
     read_regions, edit_regions = denied_regions(policy)
     return {
-        "sandbox": {
-            "enabled": True,
-            "failIfUnavailable": True,
-            "allowUnsandboxedCommands": False,
-            "filesystem": {
-                "denyRead": [_fs(p) for p in deny_read],
-                "allowRead": [_fs(p) for p in (*policy.read, *policy.write, *policy.tool_write)],
-                "allowWrite": [_fs(p) for p in policy.write],
-                "denyWrite": [_fs(p) for p in deny_write],
-                "allowManagedReadPathsOnly": True,
-            },
-            "network": network,
-        },
-        "hooks": {
-            "PreToolUse": [
-                {
-                    "matcher": MATCHER,
-                    "hooks": [
-                        {
-                            "type": "command",
-                            "command": hook_command(policy, policy_file),
-                            "timeout": HOOK_TIMEOUT,
-                        }
-                    ],
-                }
-            ]
-        },
+        "sandbox": {"enabled": False},
+        "hooks": _pre_tool_use(hook_command(policy, policy_file, session_only=False)),
         "permissions": {"deny": _rules("Read", read_regions) + _rules("Edit", edit_regions)},
-        "env": env,
     }
 
 

@@ -40,6 +40,7 @@ class Agent:
         self.cfg = cfg
         self.cmd = cmd
         self.env: dict[str, str] = {}
+        self.root = ""  # the private copy, once prepared
 
     def prepare(self, rt: Runtime) -> Config:
         """Copy the agent's config into its private home; the config that grants it."""
@@ -63,8 +64,23 @@ class Agent:
                 f"cannot make {self.profile.name}'s private config: {exc.strerror} ({exc.filename})"
             ) from None
         self.env = home.env
+        self.root = home.root
         self.cfg = cfg._replace(write=(*cfg.write, home.root))
         return self.cfg
+
+    def landlock_home(self) -> dict[str, str]:
+        """Under Landlock: HOME, a home of the session's own in the private copy.
+
+        The real home is not granted there, so the agent's shells failed on
+        ``~/.bashrc`` before every command (:func:`.agent_home.private_home`).
+        """
+        if not self.root:
+            return {}
+        from libbroker.launcher import agent_home
+
+        cfg = self.cfg
+        grants = (*cfg.read, *cfg.write)
+        return {"HOME": agent_home.private_home(self.root, cfg.home, grants)}
 
 
 def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | None:
@@ -82,22 +98,10 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
 
 def _claude_session(cfg: Config, rt: Runtime) -> dict[str, object]:
     """The hook and deny rules Claude Code gets in a session (its settings, not the host's)."""
-    from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT
-    from libpolicy.model import Policy
-    from libpolicy.render import render_settings
+    from libbroker.launcher.plan import session_policy
+    from libpolicy.render import session_settings
 
-    policy = Policy(
-        cfg.home,
-        runtime=rt.root,
-        read=cfg.read,
-        write=(cfg.workdir, *cfg.write),
-        deny=cfg.deny,
-        harness=cfg.harness,
-        domains=cfg.domains,
-        proxy_port=HTTP_PORT,
-        socks_port=SOCKS_PORT,
-    )
-    rendered = render_settings(policy, rt.policy)
+    rendered = session_settings(session_policy(cfg, rt.root), rt.policy)
     return {"hooks": rendered["hooks"], "permissions": rendered["permissions"]}
 
 

@@ -313,32 +313,58 @@ def check_agents(cfg: Config) -> list[Check]:
         added = f"; its hosts are added per session ({', '.join(hosts)})" if hosts else ""
         out.append(Check(OK, f"{what}; config present (a private copy per session){added}{note}"))
         if profile.name == "claude":
-            out.append(check_claude_managed())
+            out.append(check_claude_managed(cfg))
     return out
 
 
-def check_claude_managed() -> Check:
-    """A machine-wide drop-in that turns Claude Code's own sandbox on breaks a session."""
+def check_claude_managed(cfg: Config) -> Check:
+    """The machine-wide drop-in, if any: one from an older release breaks sessions or host runs."""
     import json
 
     from libbroker.launcher import settings
+    from libpolicy.render import OUTSIDE
 
     target = settings.target_path()
+    fix = f"agent-sandbox render-settings, and install it again over {target} (or remove it)"
     try:
         with open(target) as fh:
-            data = json.load(fh)
+            text = fh.read()
+        data = json.loads(text)
     except (OSError, ValueError):
         return Check(
-            OK, "agent claude: no managed-settings drop-in (the session's settings carry the hook)"
+            OK, "agent claude: no managed-settings drop-in (optional: sessions carry the hook)"
         )
-    if isinstance(data, dict) and dict(data.get("sandbox") or {}).get("enabled"):
+    sandbox = data.get("sandbox") if isinstance(data, dict) else None
+    if isinstance(sandbox, dict) and sandbox.get("enabled"):
         return Check(
             WARN,
-            f"agent claude: {target} turns Claude Code's own sandbox on: inside a session "
-            "it blocks broker-client (bwrap) and every command (Landlock)",
-            f"sudo rm {target}: sessions carry the hook in their own settings now",
+            f"agent claude: {target} turns Claude Code's own sandbox on: inside a Landlock "
+            "session every command fails (bwrap sessions mount their own settings over it)",
+            fix,
         )
-    return Check(OK, f"agent claude: {target} leaves Claude Code's own sandbox off")
+    hooks = data.get("hooks") if isinstance(data, dict) else None
+    groups = hooks.get("PreToolUse") if isinstance(hooks, dict) else None
+    commands = [
+        str(h.get("command", ""))
+        for g in (groups if isinstance(groups, list) else [])
+        if isinstance(g, dict)
+        for h in (g.get("hooks") or [])
+        if isinstance(h, dict)
+    ]
+    if any("policy_hook" in c or "policy-hook" in c for c in commands) and not all(
+        c.startswith(OUTSIDE) for c in commands
+    ):
+        return Check(
+            WARN,
+            f"agent claude: {target}'s hook also runs outside sessions, where it blocks "
+            "every file tool (no policy)",
+            fix,
+        )
+    if text.strip() != settings.render(cfg).strip():
+        return Check(WARN, f"agent claude: {target} differs from this config", fix)
+    return Check(
+        OK, f"agent claude: {target} installed and current (acts only inside sessions)"
+    )
 
 
 def check_limits(cfg: Config) -> Check:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+from typing import TYPE_CHECKING
 
 from libbroker.launcher import agent_sandbox, config
 from libbroker.launcher.agent_sandbox import Host
@@ -22,6 +23,9 @@ from libbroker.launcher.config import Config
 from libbroker.launcher.prestart import choose_backend as choose_backend
 from libbroker.launcher.runtime import Runtime
 from libbroker.sandbox import bwrap
+
+if TYPE_CHECKING:
+    from libpolicy.model import Policy
 
 BROKER_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 # Where a server writes its events for the session record: its own stdout, a
@@ -109,6 +113,8 @@ def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
         args.append("--upstream-ca=" + cfg.upstream_ca)
     if cfg.secrets:
         args.append("--secrets=" + rt.secrets)
+    if cfg.repos:  # the token's writes held to these repositories
+        args.append("--repos=" + ",".join(cfg.repos))
     if cfg.record:  # its events, on the pipe only the launcher reads (libbroker.launcher.record)
         args.append("--record=" + RECORD_PIPE)
     if cfg.learn:
@@ -161,13 +167,24 @@ def command_profile(cfg: Config, host: Host) -> dict[str, object]:
     }
 
 
-def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> str:
-    """The session's policy JSON (DESIGN 2.3), through libpolicy's model and checks."""
+def session_policy(
+    cfg: Config,
+    runtime: str,
+    *,
+    proxy_port: int = agent_sandbox.HTTP_PORT,
+    socks_port: int = agent_sandbox.SOCKS_PORT,
+    egress: str = "",
+) -> Policy:
+    """The config as libpolicy's Policy: the one place the two are tied together.
+
+    The session's policy JSON, Claude Code's settings in a session and the
+    machine-wide drop-in are all rendered from it.
+    """
     from libpolicy.model import Policy
 
-    policy = Policy(
+    return Policy(
         cfg.home,
-        runtime=rt.root,
+        runtime=runtime,
         read=cfg.read,
         write=(cfg.workdir, *cfg.write),
         deny=cfg.deny,
@@ -176,8 +193,15 @@ def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> s
         domains=cfg.domains,
         proxy_port=proxy_port,
         socks_port=socks_port,
-        egress=rt.egress_dir,
+        egress=egress,
         hostrun=config.hostrun_table(cfg),
+    )
+
+
+def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> str:
+    """The session's policy JSON (DESIGN 2.3), through libpolicy's model and checks."""
+    policy = session_policy(
+        cfg, rt.root, proxy_port=proxy_port, socks_port=socks_port, egress=rt.egress_dir
     )
     return policy.to_json()
 

@@ -402,6 +402,8 @@ class Session:
         os.mkdir(tmpdir, 0o700)
         env = self._env(host, found.http_port, found.socks_port, tmpdir)
         env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.inner_fd)
+        if self.agent is not None:  # the real home is not granted: a home of its own
+            env.update(self.agent.landlock_home())
         shape = agent_sandbox.session_shape(
             self.cfg,
             self.rt,

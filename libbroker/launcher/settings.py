@@ -1,10 +1,13 @@
 """``agent-sandbox render-settings``: Claude Code's managed-settings drop-in.
 
-The drop-in is rendered by libpolicy from the same config a session uses, so
-Claude Code's own sandbox and hook hold commands and file tools to the lists
-the launcher's sandbox enforces.  Session-specific paths are left out: the
-hook finds each session's policy through ``AGENT_SANDBOX_POLICY``, and the
-launcher sets the proxy and CA variables itself.
+Optional: every session gives Claude Code its own settings (the hook, the
+deny rules, its own sandbox off; :mod:`.agent_session`), so nothing needs
+installing.  The drop-in (rendered by libpolicy from the same config a
+session uses) adds, machine-wide, a hook that acts only inside a session and
+a ``sandbox`` block that applies only where a user turns Claude Code's own
+sandbox on: installed, it changes nothing for ``claude`` outside sessions
+(see :mod:`libpolicy.render`).  The hook finds each session's policy through
+``AGENT_SANDBOX_POLICY``.
 
 The JSON goes to stdout (so it can be redirected into place), the
 installation steps to stderr.
@@ -14,34 +17,30 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
-from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT
 from libbroker.launcher.config import Config
 
-
-def policy_for(cfg: Config) -> object:
-    """The config as a libpolicy Policy, with the in-sandbox proxy ports."""
+if TYPE_CHECKING:
     from libpolicy.model import Policy
 
+
+def policy_for(cfg: Config) -> Policy:
+    """The config as a libpolicy Policy, with the in-sandbox proxy ports."""
+    from libbroker.launcher.plan import session_policy
+
     base = os.environ.get("XDG_RUNTIME_DIR", "")
-    return Policy(
-        cfg.home,
-        runtime=os.path.join(base, "agent-sandbox") if os.path.isabs(base) else "",
-        read=cfg.read,
-        write=(cfg.workdir, *cfg.write),
-        deny=cfg.deny,
-        harness=cfg.harness,
-        domains=cfg.domains,
-        proxy_port=HTTP_PORT,
-        socks_port=SOCKS_PORT,
-    )
+    return session_policy(cfg, os.path.join(base, "agent-sandbox") if os.path.isabs(base) else "")
 
 
 def instructions(target: str) -> str:
     return (
-        "# Install this drop-in (as root), then restart Claude Code:\n"
+        "# Optional (sessions carry the hook in their own settings). To install this\n"
+        "# drop-in (as root), then restart Claude Code:\n"
         f"#   agent-sandbox render-settings > /tmp/agent-sandbox.json\n"
         f"#   sudo install -D -m 0644 /tmp/agent-sandbox.json {target}\n"
+        "# Outside sessions it changes nothing: its hook acts only in a session, and\n"
+        "# its sandbox block only where you set sandbox.enabled yourself.\n"
         "# agent-sandbox doctor reports whether it is installed and current.\n"
     )
 
@@ -53,12 +52,9 @@ def target_path() -> str:
 
 
 def render(cfg: Config) -> str:
-    from libpolicy.model import Policy
     from libpolicy.render import render_json
 
-    policy = policy_for(cfg)
-    assert isinstance(policy, Policy)
-    return render_json(policy, None)
+    return render_json(policy_for(cfg), None)
 
 
 def main(cfg: Config) -> int:

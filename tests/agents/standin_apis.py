@@ -12,7 +12,10 @@ pins and ``upstream_ca``, or directly through a base-URL variable):
 The script is in the prompt, so every test says what it wants where it asks:
 a user turn holding ``RUN<<cmd>>`` gets a shell tool call running ``cmd``;
 once the tool's result comes back, the answer is ``RESULT<<...>>`` with that
-output inside; any other prompt gets ``pong``.  Every request is recorded
+output inside; any other prompt gets ``pong``.  For Claude Code a prompt may
+hold several calls, ``RUN<<cmd>>`` and ``TOOL<<Name {json input}>>`` (Read,
+Grep, Write, ...), made one per turn in order; the answer then holds every
+result, joined by ``\n--\n``.  Every request is recorded
 (path, headers of interest, a short body) for the tests to look at.
 """
 
@@ -35,6 +38,7 @@ HOSTS = (
     "generativelanguage.googleapis.com",
 )
 _RUN = re.compile(r"RUN<<(.*?)>>", re.S)
+_CALL = re.compile(r"RUN<<(.*?)>>|TOOL<<(\w+) (\{.*?\})>>", re.S)
 
 
 @dataclass
@@ -81,17 +85,34 @@ def _answer(prompt_texts: list[str], result: str | None) -> tuple[str, str | Non
 # --- Anthropic -------------------------------------------------------------
 
 
-def _anthropic(body: dict[str, Any]) -> tuple[str, str | None]:
+Call = tuple[str, dict[str, Any]]  # a tool's name and input
+
+
+def _anthropic(body: dict[str, Any]) -> tuple[str, Call | None]:
+    """(text, call): the script's next tool call, or the answer once all were made."""
     if not body.get("tools"):
         return "pong", None  # a side request (a title, a summary): never a tool call
-    users = [m for m in body.get("messages") or [] if m.get("role") == "user"]
-    content = users[-1].get("content") if users else None
-    if isinstance(content, list):
-        for block in content:
-            if isinstance(block, dict) and block.get("type") == "tool_result":
-                return _answer([], "\n".join(_texts(block.get("content"))))
-    # Only the user's own words: the system prompt mentions many things.
-    return _answer(_texts(content), None)
+    messages = body.get("messages") or []
+    users = [m for m in messages if m.get("role") == "user"]
+    # The prompt: the first user turn's own words (the system prompt mentions many things).
+    prompt = "\n".join(_texts(users[0].get("content"))) if users else ""
+    calls: list[Call] = [
+        ("Bash", {"command": m.group(1)}) if m.group(1) is not None
+        else (m.group(2), json.loads(m.group(3)))
+        for m in _CALL.finditer(prompt)
+    ]
+    results = [
+        "\n".join(_texts(block.get("content")))
+        for m in users
+        if isinstance(m.get("content"), list)
+        for block in m["content"]
+        if isinstance(block, dict) and block.get("type") == "tool_result"
+    ]
+    if not calls:
+        return "pong", None
+    if len(results) < len(calls):
+        return "", calls[len(results)]
+    return "RESULT<<" + "\n--\n".join(r[:2000] for r in results) + ">>", None
 
 
 def _sse(event: str | None, data: dict[str, Any]) -> bytes:
@@ -99,8 +120,12 @@ def _sse(event: str | None, data: dict[str, Any]) -> bytes:
     return (head + "data: " + json.dumps(data) + "\n\n").encode()
 
 
+def _tool_id(body: dict[str, Any]) -> str:
+    return f"toolu_standin{len(body.get('messages') or [])}"
+
+
 def anthropic_stream(body: dict[str, Any]) -> bytes:
-    text, cmd = _anthropic(body)
+    text, call = _anthropic(body)
     model = body.get("model", "claude")
     out = _sse(
         "message_start",
@@ -118,13 +143,13 @@ def anthropic_stream(body: dict[str, Any]) -> bytes:
             },
         },
     )
-    if cmd is None:
+    if call is None:
         block: dict[str, Any] = {"type": "text", "text": ""}
         delta: dict[str, Any] = {"type": "text_delta", "text": text}
         stop = "end_turn"
     else:
-        block = {"type": "tool_use", "id": "toolu_standin1", "name": "Bash", "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": json.dumps({"command": cmd})}
+        block = {"type": "tool_use", "id": _tool_id(body), "name": call[0], "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(call[1])}
         stop = "tool_use"
     out += _sse(
         "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
@@ -144,12 +169,10 @@ def anthropic_stream(body: dict[str, Any]) -> bytes:
 
 
 def anthropic_json(body: dict[str, Any]) -> bytes:
-    text, cmd = _anthropic(body)
+    text, call = _anthropic(body)
     content: list[dict[str, Any]] = [{"type": "text", "text": text or "ok"}]
-    if cmd is not None:
-        content = [
-            {"type": "tool_use", "id": "toolu_standin1", "name": "Bash", "input": {"command": cmd}}
-        ]
+    if call is not None:
+        content = [{"type": "tool_use", "id": _tool_id(body), "name": call[0], "input": call[1]}]
     return json.dumps(
         {
             "id": "msg_standin",
@@ -157,7 +180,7 @@ def anthropic_json(body: dict[str, Any]) -> bytes:
             "role": "assistant",
             "model": body.get("model", "claude"),
             "content": content,
-            "stop_reason": "tool_use" if cmd else "end_turn",
+            "stop_reason": "tool_use" if call else "end_turn",
             "stop_sequence": None,
             "usage": {"input_tokens": 10, "output_tokens": 5},
         }

@@ -17,7 +17,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import SSH_KEY, Home, need
+from agents_world import SSH_KEY, Home, need
 
 BACKENDS = ("bwrap", "nono")
 AGENTS = ("claude", "codex", "gemini")
@@ -25,7 +25,7 @@ AGENTS = ("claude", "codex", "gemini")
 PLANT = r"""
 import json, os, pathlib
 AGENT, CANARY, WORKDIR = {agent!r}, {canary!r}, {workdir!r}
-home = pathlib.Path.home()
+home = pathlib.Path({home!r})  # the user's real home (under Landlock HOME is the session's)
 pathlib.Path("out.txt").write_text("written-by-" + AGENT)
 try:
     print("SSH-READ", (home / ".ssh" / "id_rsa").read_text())
@@ -100,7 +100,7 @@ def host_run(w: Home, agent: str) -> str:
 def _plant_files(w: Home, agent: str) -> Path:
     canary = w.root / "canary"
     canary.mkdir()
-    code = PLANT.format(agent=agent, canary=str(canary), workdir=str(w.workdir))
+    code = PLANT.format(agent=agent, canary=str(canary), workdir=str(w.workdir), home=str(w.home))
     (w.workdir / "plant.py").write_text(code)
     return canary
 

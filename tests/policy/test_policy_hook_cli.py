@@ -240,9 +240,10 @@ def test_render_prints_the_drop_in(policy_file: Path) -> None:
     done = hook(["render", f"--policy={policy_file}"], b"")
     assert done.returncode == 0, done.stderr
     settings_doc = json.loads(done.stdout)
-    assert settings_doc["sandbox"]["enabled"] is True
-    assert f"--policy={policy_file}" in (
-        settings_doc["hooks"]["PreToolUse"][0]["hooks"][0]["command"])
+    assert "enabled" not in settings_doc["sandbox"]  # Claude Code's own sandbox: the user's
+    command = settings_doc["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    assert f"--policy={policy_file}" in command
+    assert command.startswith('[ -z "${AGENT_SANDBOX+x}${AGENT_SANDBOX_POLICY+x}" ] && exit 0;')
 
 
 # --- property tests: no input makes the hook do anything but deny, stay silent or exit 2

@@ -14,7 +14,7 @@ import pytest
 from libpolicy.decide import writable
 from libpolicy.hostrun import DEFAULT, ENTRIES, HostRunError, Table, match, match_path
 from libpolicy.model import Policy
-from libpolicy.render import render_settings
+from libpolicy.render import render_settings, session_settings
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -173,31 +173,36 @@ def test_the_policy_carries_the_users_additions(tmp_path: Path) -> None:
 
 # --- the rendered command fails closed (issue 15, item 2) ---------------------------
 
-def _rendered(policy_file: str) -> str:
+def _rendered(policy_file: str, session: bool = False) -> str:
+    """The drop-in's hook command, or (``session``) the one a session's settings carry."""
     policy = Policy("/h")
-    return str(render_settings(policy, policy_file)["hooks"]["PreToolUse"][0]["hooks"][0][
-        "command"])
+    render = session_settings if session else render_settings
+    return str(render(policy, policy_file)["hooks"]["PreToolUse"][0]["hooks"][0]["command"])
 
 
-def _run(command: str) -> subprocess.CompletedProcess[str]:
+def _run(command: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The command as Claude Code runs it; in a session (AGENT_SANDBOX=1) unless ``env`` says."""
     stdin = event("Read", {"file_path": "/h/.ssh/id_rsa"}, "/")
+    env = env or {"AGENT_SANDBOX": "1"}
     return subprocess.run(["sh", "-c", command], input=stdin.decode(), capture_output=True,
-                          text=True, env={"PATH": os.environ["PATH"]}, cwd="/", timeout=30,
-                          check=False)
+                          text=True, env={"PATH": os.environ["PATH"], **env}, cwd="/",
+                          timeout=30, check=False)
 
 
-def test_rendered_hook_with_a_missing_interpreter_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("session", [False, True], ids=["drop-in", "session"])
+def test_rendered_hook_with_a_missing_interpreter_exits_2(tmp_path: Path, session: bool) -> None:
     (tmp_path / "p.json").write_text(Policy("/h").to_json())
-    command = _rendered(str(tmp_path / "p.json"))
-    assert command.startswith(shlex.quote(sys.executable) + " ")
+    command = _rendered(str(tmp_path / "p.json"), session)
+    assert shlex.quote(sys.executable) + " " in command
     gone = command.replace(shlex.quote(sys.executable), shlex.quote(str(tmp_path / "python9")), 1)
     done = _run(gone)
     assert done.returncode == 2, done
 
 
-def test_rendered_hook_with_a_missing_module_exits_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize("session", [False, True], ids=["drop-in", "session"])
+def test_rendered_hook_with_a_missing_module_exits_2(tmp_path: Path, session: bool) -> None:
     (tmp_path / "p.json").write_text(Policy("/h").to_json())
-    command = _rendered(str(tmp_path / "p.json"))
+    command = _rendered(str(tmp_path / "p.json"), session)
     root = json.dumps(str(HERE.parent.parent))
     assert root in command
     moved = command.replace(root, json.dumps(str(tmp_path / "moved-checkout")))
@@ -207,8 +212,11 @@ def test_rendered_hook_with_a_missing_module_exits_2(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("session", [False, True], ids=["drop-in", "session"])
 @pytest.mark.parametrize("kind", ["absent", "a directory", "not json", "unreadable"])
-def test_rendered_hook_with_an_unusable_policy_exits_2(tmp_path: Path, kind: str) -> None:
+def test_rendered_hook_with_an_unusable_policy_exits_2(
+    tmp_path: Path, kind: str, session: bool
+) -> None:
     policy = tmp_path / "p.json"
     if kind == "a directory":
         policy.mkdir()
@@ -220,13 +228,34 @@ def test_rendered_hook_with_an_unusable_policy_exits_2(tmp_path: Path, kind: str
         if os.access(policy, os.R_OK):  # root reads anything: make it a dangling link instead
             policy.unlink()
             policy.symlink_to(tmp_path / "nowhere" / "p.json")
-    done = _run(_rendered(str(policy)))
+    done = _run(_rendered(str(policy), session))
     assert done.returncode == 2, done
     assert done.stdout == ""
 
 
-def test_rendered_hook_still_allows_and_denies(tmp_path: Path) -> None:
+@pytest.mark.parametrize("session", [False, True], ids=["drop-in", "session"])
+def test_rendered_hook_still_allows_and_denies(tmp_path: Path, session: bool) -> None:
     (tmp_path / "p.json").write_text(Policy("/h").to_json())
-    done = _run(_rendered(str(tmp_path / "p.json")))
+    done = _run(_rendered(str(tmp_path / "p.json"), session))
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+
+
+def test_the_drop_ins_hook_does_nothing_outside_a_session(tmp_path: Path) -> None:
+    """Machine-wide, it must leave every other claude alone: no Python start, exit 0."""
+    command = _rendered(str(tmp_path / "absent.json"))
+    gone = command.replace(shlex.quote(sys.executable), shlex.quote(str(tmp_path / "python9")), 1)
+    for cmd in (command, gone):
+        done = _run(cmd, HOME="/h")  # neither AGENT_SANDBOX nor AGENT_SANDBOX_POLICY
+        assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+@pytest.mark.parametrize("var", ["AGENT_SANDBOX", "AGENT_SANDBOX_POLICY"])
+def test_a_session_variable_set_even_empty_keeps_the_hook_on(tmp_path: Path, var: str) -> None:
+    """A settings file's env can set a variable to "", never unset it: that still counts."""
+    (tmp_path / "p.json").write_text(Policy("/h").to_json())
+    done = _run(_rendered(str(tmp_path / "p.json")), **{var: ""})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
+    missing = _run(_rendered(str(tmp_path / "absent.json")), **{var: ""})
+    assert missing.returncode == 2

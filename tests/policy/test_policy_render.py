@@ -1,4 +1,4 @@
-"""The managed-settings drop-in: the documented shape, and a faithful image of the policy."""
+"""Claude Code settings: the machine-wide drop-in (inert outside sessions) and a session's."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ import sys
 from pathlib import Path
 
 from libpolicy.model import Policy
-from libpolicy.render import MATCHER, denied_regions, render_json, render_settings
+from libpolicy.render import (
+    MATCHER,
+    OUTSIDE,
+    denied_regions,
+    render_json,
+    render_settings,
+    session_settings,
+)
 
 # The keys and types the Claude Code settings reference documents for what we
 # render (sandbox.*, hooks.PreToolUse, permissions.deny, env).  A key outside
@@ -69,17 +76,40 @@ def _absolute(sandbox_path: str) -> str:
     return sandbox_path[1:]
 
 
+def _command(settings: dict[str, object]) -> str:
+    hooks = settings["hooks"]
+    assert isinstance(hooks, dict)
+    return str(hooks["PreToolUse"][0]["hooks"][0]["command"])
+
+
 def test_rendered_settings_have_the_documented_shape(world: tuple[Path, Policy],
                                                      policy_file: Path) -> None:
     _, policy = world
-    settings = json.loads(render_json(policy, str(policy_file)))
-    assert conforms(settings, SHAPE) == []
-    sandbox = settings["sandbox"]
-    assert (sandbox["enabled"], sandbox["failIfUnavailable"],
-            sandbox["allowUnsandboxedCommands"]) == (True, True, False)
-    group = settings["hooks"]["PreToolUse"][0]
-    assert group["matcher"] == MATCHER
-    assert group["hooks"][0]["type"] == "command"
+    for settings in (json.loads(render_json(policy, str(policy_file))),
+                     session_settings(policy, str(policy_file))):
+        assert conforms(settings, SHAPE) == []
+        group = settings["hooks"]["PreToolUse"][0]
+        assert group["matcher"] == MATCHER
+        assert group["hooks"][0]["type"] == "command"
+
+
+def test_the_drop_in_changes_nothing_outside_a_session(world: tuple[Path, Policy],
+                                                       policy_file: Path) -> None:
+    """Machine-wide: no sandbox switched on, no deny rule, no variable, a gated hook."""
+    _, policy = world
+    settings = render_settings(policy, str(policy_file))
+    assert set(settings) == {"sandbox", "hooks"}
+    assert set(settings["sandbox"]) == {"filesystem"}  # enabled is the user's to set
+    assert _command(settings).startswith(OUTSIDE)
+
+
+def test_a_sessions_settings_turn_its_own_sandbox_off(world: tuple[Path, Policy],
+                                                      policy_file: Path) -> None:
+    _, policy = world
+    settings = session_settings(policy, str(policy_file))
+    assert settings["sandbox"] == {"enabled": False}
+    assert not _command(settings).startswith(OUTSIDE)  # the session's own file: always on
+    assert settings["permissions"]["deny"]
 
 
 def test_matcher_is_exactly_the_file_tools() -> None:
@@ -95,28 +125,19 @@ def test_rendered_settings_round_trip_the_policy(world: tuple[Path, Policy],
     _, policy = world
     settings = render_settings(policy, str(policy_file))
     fs = settings["sandbox"]["filesystem"]
-    net = settings["sandbox"]["network"]
-    deny_read = [_absolute(p) for p in fs["denyRead"]]
-    assert deny_read == [policy.home, policy.runtime, *policy.deny]
-    assert [_absolute(p) for p in fs["allowRead"]] == [*policy.read, *policy.write,
-                                                      *policy.tool_write]
-    # Commands write the write paths only: never tool_write, never the harness.
-    assert [_absolute(p) for p in fs["allowWrite"]] == list(policy.write)
+    # Commands, where a user turns Claude Code's sandbox on: never the deny paths,
+    # never a write to the harness.
+    assert [_absolute(p) for p in fs["denyRead"]] == list(policy.deny)
     assert [_absolute(p) for p in fs["denyWrite"]] == [*policy.deny, policy.harness]
-    assert net["allowedDomains"] == list(policy.domains)
-    assert (net["httpProxyPort"], net["socksProxyPort"]) == (policy.proxy_port, policy.socks_port)
-    env = settings["env"]
-    assert env["AGENT_SANDBOX"] == "1"
-    assert env["AGENT_SANDBOX_POLICY"] == str(policy_file)
-    # The hook reads back exactly this policy.
-    command = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
-    option = next(a for a in shlex.split(command) if a.startswith("--policy="))
-    assert Policy.load(option.removeprefix("--policy=")) == policy
+    # The hook reads back exactly this policy, in both renderings.
+    for rendered in (settings, session_settings(policy, str(policy_file))):
+        option = next(a for a in shlex.split(_command(rendered)) if a.startswith("--policy="))
+        assert Policy.load(option.removeprefix("--policy=")) == policy
 
 
 def test_permission_deny_rules_cover_only_wholly_denied_regions(world: tuple[Path, Policy]) -> None:
     _, policy = world
-    rules = render_settings(policy)["permissions"]["deny"]
+    rules = session_settings(policy)["permissions"]["deny"]
     deny = policy.deny[0]
     assert f"Read(/{deny})" in rules and f"Read(/{deny}/**)" in rules
     assert f"Edit(/{deny}/**)" in rules
@@ -134,34 +155,19 @@ def test_permission_deny_rules_when_nothing_is_reallowed() -> None:
     read, edit = denied_regions(policy)
     assert read == ["/home/u", "/run/user/1"]
     assert edit == ["/home/u", "/run/user/1", "/home/u/.c"]
-    rules = render_settings(policy)["permissions"]["deny"]
+    rules = session_settings(policy)["permissions"]["deny"]
     assert "Read(//home/u/**)" in rules and "Edit(//home/u/.c/**)" in rules
-
-
-def test_ca_and_extra_env() -> None:
-    policy = Policy("/h", egress="/run/user/1/egress",
-                    env={"HTTPS_PROXY": "http://127.0.0.1:3128", "AGENT_SANDBOX": "1"})
-    env = render_settings(policy)["env"]
-    assert env == {
-        "AGENT_SANDBOX": "1",
-        "SSL_CERT_FILE": "/run/user/1/egress/bundle.pem",
-        "GIT_SSL_CAINFO": "/run/user/1/egress/bundle.pem",
-        "REQUESTS_CA_BUNDLE": "/run/user/1/egress/bundle.pem",
-        "CURL_CA_BUNDLE": "/run/user/1/egress/bundle.pem",
-        "NODE_EXTRA_CA_CERTS": "/run/user/1/egress/ca.pem",
-        "GH_CONFIG_DIR": "/run/user/1/egress/gh",
-        "HTTPS_PROXY": "http://127.0.0.1:3128",
-    }
 
 
 def test_hook_command_is_quoted_and_overridable(tmp_path: Path) -> None:
     policy = Policy("/h", hook="/opt/agent sandbox/policy-hook")
     path = str(tmp_path / "my policy.json")
-    command = render_settings(policy, path)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    command = _command(session_settings(policy, path))
     assert command == ("{ /opt/agent sandbox/policy-hook --policy=" + shlex.quote(path)
                        + "; } || exit 2")
+    assert _command(render_settings(policy, path)) == OUTSIDE + command
     plain = Policy("/h")
-    command = render_settings(plain)["hooks"]["PreToolUse"][0]["hooks"][0]["command"]
+    command = _command(session_settings(plain))
     assert shlex.split(command)[:3] == [sys.executable, "-I", "-S"]
 
 
@@ -169,9 +175,9 @@ def test_the_rendered_hook_command_runs_and_denies(world: tuple[Path, Policy],
                                                    policy_file: Path) -> None:
     """The command Claude Code would run (through a shell), end to end."""
     _, policy = world
-    command = render_settings(policy, str(policy_file))["hooks"]["PreToolUse"][0]["hooks"][0][
-        "command"]
-    env = {"PATH": os.environ["PATH"]}  # no AGENT_SANDBOX_POLICY: --policy must carry it
+    command = _command(render_settings(policy, str(policy_file)))
+    # In a session, without AGENT_SANDBOX_POLICY: --policy must carry it.
+    env = {"PATH": os.environ["PATH"], "AGENT_SANDBOX": "1"}
     event = json.dumps({
         "session_id": "s", "transcript_path": "/t.jsonl", "cwd": policy.write[0],
         "permission_mode": "default", "hook_event_name": "PreToolUse", "tool_name": "Read",
