@@ -13,7 +13,7 @@ Run: python3 bench/broker.py [--sandbox=nono|bwrap|both] [--mib=N] [--runs=N]
    2-core machine mostly measures 100 Python starts.
 
 1, 3 and 4 are also shown (1b, 3b, 4b) for broker-client started from a
-`python -I -S` script (libbroker.start_script): the console script pays for
+`python -I -S` script (libbroker.native.start_script): the console script pays for
 site and every .pth file of this environment (here an editable install's
 finder and an injected certifi hook), which is not the client's own cost.
 
@@ -36,9 +36,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from libbroker import client
-from libbroker.profile import default_profile
-from libbroker.start_script import start_script
+from libbroker.broker import client
+from libbroker.broker.profile import default_profile
+from libbroker.native.start_script import start_script
 from libbroker.wire import Request
 
 BIN = os.path.dirname(sys.executable)
@@ -90,7 +90,7 @@ class Server:
 
 def spawn_cost(sandbox: str, workdir: str, runs: int) -> tuple[float, float]:
     """Median ms of spawn+wait of `true`: in-process executor vs a plain posix_spawn."""
-    from libbroker.executor import make_executor
+    from libbroker.broker.executor import make_executor
 
     executor = make_executor(sandbox, default_profile(), workdir, os.environ)
     null = os.open(os.devnull, os.O_RDWR)

@@ -8,7 +8,7 @@ variant, interleaved so that load from elsewhere hits all of them alike.
 Variants:
   gpg            gpg.program=gpg with the secret key (the baseline)
   shim           gpg.program=gpg-shim (the console script as installed)
-  shim -I -S     gpg.program=libbroker.gpg_shim.program_script: a `#!python -IS`
+  shim -I -S     gpg.program=libbroker.signing.shim.program_script: a `#!python -IS`
                  script (no site, no .pth files, no shell in between)
   shim native    gpg.program=the C fast path (libbroker/native, built by
                  `just setup`), laid out as the launcher does: the Python
@@ -93,8 +93,8 @@ def startup_ms(argv: list[str], env: dict[str, str]) -> float:
     return median_ms(times)
 
 
-SHOWN_IMPORTS = ("bin.gpg_shim", "libbroker.cli", "libbroker.errors", "libbroker.gpg_args",
-                 "libbroker.gpg_shim", "libbroker.dial", "_socket", "select", "_json",
+SHOWN_IMPORTS = ("bin.gpg_shim", "libbroker.cli", "libbroker.errors", "libbroker.signing.args",
+                 "libbroker.signing.shim", "libbroker.broker.dial", "_socket", "select", "_json",
                  # none of these should appear: they were the cost before
                  "typing", "socket", "json", "enum", "os", "libbroker.wire")
 
@@ -102,7 +102,7 @@ SHOWN_IMPORTS = ("bin.gpg_shim", "libbroker.cli", "libbroker.errors", "libbroker
 def sign_path_imports() -> list[tuple[str, int]]:
     """Cumulative import time (us) of the modules gpg-shim loads to sign, best of 5."""
     code = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); import bin.gpg_shim, "
-            "libbroker.gpg_shim")
+            "libbroker.signing.shim")
     best: dict[str, int] = {}
     for _ in range(5):
         done = subprocess.run([sys.executable, "-I", "-S", "-X", "importtime", "-c", code],
@@ -140,8 +140,7 @@ def main() -> None:
             sys.exit("bench/sign.py: broker-server did not start")
 
         sys.path.insert(0, str(ROOT))
-        from libbroker.gpg_shim import program_script
-        from libbroker.native import build, built, install_gpg_program
+        from libbroker.native import build, built, install_gpg_program, program_script
 
         fast = root / "gpg-shim-fast"
         fast.write_text(program_script(sys.executable, str(ROOT)))

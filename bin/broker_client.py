@@ -83,7 +83,7 @@ def _usage(problem: str) -> None:
 
 
 def _main() -> int:
-    from libbroker.client import call
+    from libbroker.broker.client import call
     from libbroker.wire import Request
 
     no_stdin, socket, directory, command = _parse(sys.argv[1:])

@@ -35,7 +35,7 @@ from libbroker.cli import Args, parse, run
 
 
 def _main(args: Args) -> int:
-    from libbroker.server import run_server
+    from libbroker.broker.server import run_server
 
     return run_server(
         socket_path=args["--socket"],

@@ -23,12 +23,12 @@ import sys
 
 from libbroker.cli import VERSION, run
 from libbroker.errors import UsageError
-from libbroker.gpg_args import SignCall, parse_args
+from libbroker.signing.args import SignCall, parse_args
 
 
 def _main(argv: list[str]) -> int:
     # docopt cannot express gpg's option grammar (a cluster ending in an
-    # option with a value, as in -bsau KEY), so libbroker.gpg_args parses it.
+    # option with a value, as in -bsau KEY), so libbroker.signing.args parses it.
     if argv in (["-h"], ["--help"]):
         sys.stdout.write(__doc__ or "")
         return 0
@@ -44,10 +44,10 @@ def _main(argv: list[str]) -> int:
     if isinstance(call, SignCall):
         # Imported here so that verification (once per commit in
         # `git log --show-signature`) never loads the broker's wire modules.
-        from libbroker.gpg_shim import sign
+        from libbroker.signing.shim import sign
 
         return sign(call)
-    from libbroker.gpg_local import exec_local_gpg
+    from libbroker.signing.local import exec_local_gpg
 
     exec_local_gpg(call.args)
     return 127  # not reached: exec replaced this process

@@ -11,10 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import os
 import socket
 
-from libbroker.pipes import set_pipe_size
+
+def set_pipe_size(fd: int, size: int) -> None:
+    """Grow the pipe behind ``fd``; harmless if refused (the per-user pipe quota).
+
+    libbroker has the same three lines; libegress keeps its own rather than
+    reach into the broker's layer (LAYOUT.md: only libbroker's base is shared).
+    """
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)
+
 
 PIPE_SIZE = 1 << 20
 CHUNK = 1 << 20

@@ -136,7 +136,7 @@ def test_broker_client(tmp_path: Path) -> None:
         status, names = loaded(tmp_path, "bin.broker_client",
                                ["broker-client", "-n", f"--socket={path}", "--", "true"])
     assert status == "0"
-    assert "libbroker.client" in names
+    assert "libbroker.broker.client" in names
     check_budget(names, ceiling=BUDGET["broker-client"])
 
 
@@ -149,7 +149,7 @@ def test_gpg_shim_signing(tmp_path: Path) -> None:
         status, names = loaded(tmp_path, "bin.gpg_shim", ["gpg-shim", "--status-fd=2", "-bsau",
                                "KEY"], stdin=b"tree 0000\n", env=env)  # fmt: skip
     assert status == "0"
-    assert "libbroker.gpg_shim" in names
+    assert "libbroker.signing.shim" in names
     # Its own, stricter rule (libbroker/gpg_shim.py): not even socket, json or typing.
     check_budget(names, ceiling=BUDGET["gpg-shim"],
                  extra_forbidden=("socket", "json", "enum", "typing", "re", "os"))

@@ -1,7 +1,7 @@
 """One broker connection's conversation, as a pure state machine: events in, commands out.
 
 h11's and mitmproxy's way: this module decides, its caller (the pump in
-:mod:`libbroker.connection`) moves bytes and processes and reports what
+:mod:`libbroker.broker.connection`) moves bytes and processes and reports what
 happened.  Nothing here touches a socket, a pipe or a process, so every rule
 is tested as a script of events and the exact commands they produce
 (tests/broker/test_exchange.py).
@@ -339,8 +339,10 @@ class Exchange:
         status = 128 - event.code if event.code < 0 else event.code  # the shell's rule
         # A limit hit is an ordinary event the caller should hear of, on stderr.
         notes = tuple(f"broker: the command hit its {hit}\n" for hit in event.limits_hit)
-        said: list[Command] = [KillGroup(), CloseStdin(), SendExit(status, notes)]
-        return [*said, *self._said_all(exit=status)]
+        # The audit line goes before the exit frame: once the client has its
+        # status it may be gone, and whoever reads the log then must find it.
+        audit, half_close = self._said_all(exit=status)
+        return [KillGroup(), CloseStdin(), audit, SendExit(status, notes), half_close]
 
     def _request_timeout(self, event: RequestTimeout) -> list[Command]:
         if self.state is not State.AWAITING_REQUEST:

@@ -31,10 +31,15 @@ from libbroker.launcher.trace import trace
 # up to its ``listening`` line.  The backend's modules are a guess from the
 # command line (the config may still choose otherwise: then they load late).
 PROXY_WARM = ("libegress.app",)
-BROKER_WARM = ("libbroker.server", "libbroker.profile", "libbroker.audit", "libbroker.executor")
+BROKER_WARM = (
+    "libbroker.broker.server",
+    "libbroker.broker.profile",
+    "libbroker.broker.audit",
+    "libbroker.broker.executor",
+)
 BACKEND_WARM = {
-    "bwrap": ("libbroker.sandbox_bwrap",),
-    "nono": ("libbroker.sandbox_landlock",),
+    "bwrap": ("libbroker.broker.bwrap_executor",),
+    "nono": ("libbroker.broker.landlock_executor",),
 }
 # run's options that take a value (docopt also accepts it as the next word).
 _VALUED = ("--config", "--workdir", "--sandbox", "--agent", "--limit")

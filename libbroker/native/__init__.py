@@ -21,6 +21,7 @@ import os
 import sys
 
 from libbroker.errors import BuildError
+from libbroker.native.start_script import start_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SOURCES = {"gpg-shim": "gpg_shim.c", "reaper": "reaper.c"}
@@ -67,8 +68,6 @@ def install_gpg_program(path: str, python: str, root: str, native: str | None) -
     ``root``).  Nothing existing is replaced: every name is created anew
     (``O_EXCL``, a fresh directory), so a planted file or link is an error.
     """
-    from libbroker.gpg_shim import program_script
-
     script = path
     if native is not None:
         script = os.path.join(os.path.dirname(path), FULL_SHIM)
@@ -120,3 +119,15 @@ def main() -> None:
             sys.stderr.write(f"libbroker.native: {exc}\n")
             sys.exit(1)
         sys.stdout.write(f"built {path}\n")
+
+
+def program_script(python: str, root: str) -> str:
+    """A ``gpg.program`` for git that starts gpg-shim without site-packages.
+
+    git runs ``gpg.program`` by path, once per signature and once per commit
+    verified, so start-up is most of gpg-shim's cost: see
+    :func:`libbroker.native.start_script.start_script`.  ``sys.argv[0]`` is the
+    script's path, so the shim still recognises itself on PATH when looking
+    for the local gpg.
+    """
+    return start_script(python, root, "bin.gpg_shim", "git's gpg.program: gpg-shim")

@@ -54,7 +54,7 @@ enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH
 #define MAX_PAYLOAD (1u << 20)
 #define CHANNEL_COUNT 7 /* stdin ... signal */
 
-#define MAX_SIGN_PAYLOAD (64u << 20) /* as libbroker.gpg_shim.MAX_SIGN_PAYLOAD */
+#define MAX_SIGN_PAYLOAD (64u << 20) /* as libbroker.signing.shim.MAX_SIGN_PAYLOAD */
 #define MAX_FIELD 4096               /* a longer key or cwd: the full shim's case */
 #define SOCKET_ENV "AGENT_SANDBOX_BROKER_SOCKET"
 #define DOOR_ENV "AGENT_SANDBOX_BROKER_DOOR" /* libbroker/launcher/door.py */
@@ -103,7 +103,7 @@ static void full_shim(char **argv)
     fail(127, "cannot run the full gpg-shim %s: %s", path, strerror(errno));
 }
 
-/* ---- the request: the bytes libbroker.gpg_shim.sign_request makes -------- */
+/* ---- the request: the bytes libbroker.signing.shim.sign_request makes -------- */
 
 struct buf {
     unsigned char *data;

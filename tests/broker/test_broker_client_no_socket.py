@@ -59,7 +59,7 @@ def test_dial_maps_every_socket_failure_to_broker_unavailable(
 ) -> None:
     import _socket
 
-    from libbroker import dial
+    from libbroker.broker import dial
     from libbroker.errors import BrokerUnavailable
 
     for exc in (PermissionError(13, "Permission denied"), OSError(24, "Too many open files")):

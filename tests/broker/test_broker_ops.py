@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from libbroker.broker.ops import checked_cwd, gpg_argv, sign_key_problem, spawn_gpg
 from libbroker.errors import RequestRefused
-from libbroker.ops import checked_cwd, gpg_argv, sign_key_problem, spawn_gpg
 
 
 def test_cwd_inside_the_workdir_only(tmp_path) -> None:

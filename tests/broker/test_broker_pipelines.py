@@ -13,7 +13,7 @@ import subprocess
 import threading
 import time
 
-from libbroker import client
+from libbroker.broker import client
 from libbroker.wire import Request
 
 
@@ -199,7 +199,7 @@ def test_broker_client_from_a_start_script(broker, tmp_path) -> None:
     import sys
 
     import libbroker
-    from libbroker.start_script import start_script
+    from libbroker.native.start_script import start_script
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
     script = tmp_path / "broker-client"

@@ -6,17 +6,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libbroker.errors import ConfigError
-from libbroker.profile import (
+from libbroker.broker.bwrap_executor import bwrap_args
+from libbroker.broker.landlock_executor import landlock_rules
+from libbroker.broker.profile import (
     DEFAULT_ENV_ALLOW,
     Profile,
     command_environment,
     default_profile,
     parse_profile,
 )
+from libbroker.errors import ConfigError
 from libbroker.sandbox.landlock import Rule
-from libbroker.sandbox_bwrap import bwrap_args
-from libbroker.sandbox_landlock import landlock_rules
 
 
 @given(st.dictionaries(st.text(min_size=1, max_size=8), st.text(max_size=8)), st.lists(st.text()))

@@ -94,7 +94,7 @@ def test_a_command_runs_streams_and_exits() -> None:
         (StdinData(4096), []),
         (SignalFrame(b"\x02"), [DeliverSignal(2)]),
         (StdinEof(), [CloseStdin()]),
-        (ChildExited(3), [KillGroup(), CloseStdin(), SendExit(3), audit(REQ, exit=3), HalfClose()]),
+        (ChildExited(3), [KillGroup(), CloseStdin(), audit(REQ, exit=3), SendExit(3), HalfClose()]),
         state=State.DONE,
     )
 
@@ -104,7 +104,7 @@ def test_a_signal_death_is_128_plus_n_and_limit_hits_go_to_stderr() -> None:
     play(
         *RUNNING,
         (ChildExited(-9, ("task limit (64): 3 forks were refused",)),
-         [KillGroup(), CloseStdin(), SendExit(137, (line,)), audit(REQ, exit=137), HalfClose()]),
+         [KillGroup(), CloseStdin(), audit(REQ, exit=137), SendExit(137, (line,)), HalfClose()]),
     )  # fmt: skip
 
 
@@ -115,8 +115,8 @@ def test_ping_answers_even_with_the_audit_log_broken() -> None:
 
 def test_sign_spawns_like_exec_and_its_key_is_audited() -> None:
     play(OPENED, (frame(SIGN), [Spawn(SIGN)]), (Spawned(), []),
-         (ChildExited(0), [KillGroup(), CloseStdin(), SendExit(0),
-                           audit(SIGN, exit=0), HalfClose()]))  # fmt: skip
+         (ChildExited(0), [KillGroup(), CloseStdin(), audit(SIGN, exit=0),
+                           SendExit(0), HalfClose()]))  # fmt: skip
 
 
 BEFORE_REQUEST = "protocol error: the first frame must be a request"
@@ -186,8 +186,8 @@ def test_nothing_the_client_sends_matters_once_all_is_said() -> None:
 
 def test_shutdown_kills_a_running_command_whose_exit_still_goes_out() -> None:
     play(*RUNNING, (Shutdown(), [KillGroup()]),
-         (ChildExited(-15), [KillGroup(), CloseStdin(), SendExit(143),
-                             audit(REQ, exit=143), HalfClose()]))  # fmt: skip
+         (ChildExited(-15), [KillGroup(), CloseStdin(), audit(REQ, exit=143),
+                             SendExit(143), HalfClose()]))  # fmt: skip
 
 
 def test_the_client_going_before_its_request_leaves_an_audit_line() -> None:
@@ -197,7 +197,7 @@ def test_the_client_going_before_its_request_leaves_an_audit_line() -> None:
 
 # --- every order of exit, stdin EOF and the client going away ---------------
 
-EXITED = [KillGroup(), CloseStdin(), SendExit(0), audit(REQ, exit=0), HalfClose()]
+EXITED = [KillGroup(), CloseStdin(), audit(REQ, exit=0), SendExit(0), HalfClose()]
 GONE = [CloseStdin(), KillGroup(), audit(REQ, exit=None, client_gone=True), HalfClose()]
 
 

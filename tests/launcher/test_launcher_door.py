@@ -1,7 +1,7 @@
-"""The broker's door into a Landlock session (libbroker.launcher.door, libbroker.dial).
+"""The broker's door into a Landlock session (libbroker.launcher.door, libbroker.broker.dial).
 
 A real Door in front of a real unix listener standing in for the broker; the
-client side is :func:`libbroker.dial.dial`, as broker-client and gpg-shim use it.
+client side is :func:`libbroker.broker.dial.dial`, as broker-client and gpg-shim use it.
 Everything that arrives through the door is hostile.
 """
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.dial import DOOR_ENV_VAR, SOCKET_ENV_VAR, dial
+from libbroker.broker.dial import DOOR_ENV_VAR, SOCKET_ENV_VAR, dial
 from libbroker.errors import BrokerUnavailable
 from libbroker.launcher.door import Door
 

@@ -24,10 +24,10 @@ import pytest
 from as_user import OrdinaryUser
 from battery import BIN, PYTHON, Cell, cannot_run, the_user
 
+from libbroker.broker.profile import parse_profile
 from libbroker.errors import ConfigError
 from libbroker.launcher.config import HostFacts
 from libbroker.launcher.config import from_mapping as config_from_mapping
-from libbroker.profile import parse_profile
 from libbroker.sandbox import bwrap, limits
 from libbroker.sandbox.limits import GiB, Limits, LimitsError, MiB, parse_size, parse_value
 from libbroker.sandbox.shape import Shape

@@ -7,7 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libbroker.errors import UsageError
-from libbroker.gpg_args import STATUS_PREFIX, SignCall, StatusRouter, VerifyCall, parse_args
+from libbroker.signing.args import STATUS_PREFIX, SignCall, StatusRouter, VerifyCall, parse_args
 
 KEY = "ABCDEF0123456789"
 

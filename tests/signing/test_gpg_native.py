@@ -29,8 +29,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import libbroker
-from libbroker import gpg_shim, wire
+from libbroker import wire
 from libbroker.native import FULL_SHIM, install_gpg_program
+from libbroker.signing import shim as gpg_shim
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
 SIGNED = (

@@ -10,7 +10,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import libbroker
-from libbroker import gpg_shim, wire
+from libbroker import native, wire
+from libbroker.signing import shim as gpg_shim
 
 
 @given(st.text(min_size=1), st.text())
@@ -44,7 +45,7 @@ def _root() -> str:
 
 
 def test_program_script_is_python_behind_a_shebang() -> None:
-    script = gpg_shim.program_script(sys.executable, _root())
+    script = native.program_script(sys.executable, _root())
     assert script.startswith(f"#!{sys.executable} -IS\n")
 
 
@@ -54,9 +55,9 @@ def test_program_script_falls_back_to_sh_for_an_awkward_python(tmp_path) -> None
     odd.mkdir()
     (odd / "python").symlink_to(sys.executable)
     for python in (str(odd / "python"), "/" + "x" * 130 + "/python"):
-        assert gpg_shim.program_script(python, _root()).startswith("#!/bin/sh\n")
+        assert native.program_script(python, _root()).startswith("#!/bin/sh\n")
     script = tmp_path / "gpg-program"
-    script.write_text(gpg_shim.program_script(str(odd / "python"), _root()))
+    script.write_text(native.program_script(str(odd / "python"), _root()))
     script.chmod(0o755)
     done = subprocess.run([str(script), "--version"], capture_output=True, text=True,
                           timeout=30, env={"PATH": os.environ["PATH"]})
@@ -70,11 +71,11 @@ def test_program_script_falls_back_to_sh_for_an_awkward_python(tmp_path) -> None
 def test_the_signing_path_imports_no_heavy_module() -> None:
     """What git starts per signature: no socket, json, enum, typing or os (wire is cheap)."""
     code = (f"import sys; sys.path.insert(0, {_root()!r}); import bin.gpg_shim, "
-            "libbroker.gpg_shim; print(' '.join(sorted(sys.modules)))")
+            "libbroker.signing.shim; print(' '.join(sorted(sys.modules)))")
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
                           text=True, timeout=30, check=True)
     loaded = set(done.stdout.split())
     assert "libbroker.wire" in loaded  # the one decoder, on this path too
     for heavy in ("socket", "json", "enum", "typing", "os", "re", "struct", "mmap",
-                  "libbroker.client", "collections"):
+                  "libbroker.broker.client", "collections"):
         assert heavy not in loaded, heavy

@@ -323,7 +323,7 @@ def test_the_fast_program_script_signs_too(keys: Keys, broker: Broker, repo: Pat
     import sys
 
     import libbroker
-    from libbroker.gpg_shim import program_script
+    from libbroker.native import program_script
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(libbroker.__file__)))
     script = broker.workdir / "gpg-program"

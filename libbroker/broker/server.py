@@ -1,6 +1,6 @@
 """The broker server: a unix socket, one sandboxed command per connection.
 
-The I/O shell around :mod:`libbroker.connection`: binds the socket (0600,
+The I/O shell around :mod:`libbroker.broker.connection`: binds the socket (0600,
 replacing a stale one, never a live one), accepts connections until SIGTERM
 or SIGINT, then ends every running command, waits for each to be reaped and
 removes the socket.  Single-threaded on purpose: the Landlock backend forks
@@ -17,7 +17,7 @@ import socket
 import stat
 import sys
 
-from libbroker.connection import Connection, Settings
+from libbroker.broker.connection import Connection, Settings
 from libbroker.errors import SocketInUse
 
 SHUTDOWN_GRACE = 5.0
@@ -136,11 +136,11 @@ def run_server(
     """Build everything from the command line's values and serve; return 0 on a clean stop."""
     import shutil
 
-    from libbroker.audit import AuditLog
+    from libbroker.broker.audit import AuditLog
+    from libbroker.broker.executor import make_executor
+    from libbroker.broker.ops import sign_key_problem
+    from libbroker.broker.profile import default_profile, load_profile, with_env_allow
     from libbroker.errors import ConfigError
-    from libbroker.executor import make_executor
-    from libbroker.ops import sign_key_problem
-    from libbroker.profile import default_profile, load_profile, with_env_allow
 
     real_workdir = os.path.realpath(workdir)
     if not os.path.isdir(real_workdir):

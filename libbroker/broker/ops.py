@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import subprocess
 
+from libbroker.broker.executor import Child, killpg_quietly
 from libbroker.errors import RequestRefused, SpawnError
-from libbroker.executor import Child, killpg_quietly
 from libbroker.paths import under
 
 

@@ -33,9 +33,9 @@ from collections.abc import Mapping
 from typing import NoReturn
 
 from libbroker import native
+from libbroker.broker.executor import Child, Executor, restore_child_signals
+from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
-from libbroker.executor import Child, Executor, restore_child_signals
-from libbroker.profile import Profile, command_environment
 from libbroker.sandbox import enter, landlock, limits, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
 from libbroker.sandbox.shape import Shape

@@ -9,11 +9,11 @@ lines (``[GNUPG:] SIG_CREATED ...``, which git looks for) on the status fd.
 
 Start-up is most of what a signature costs (git runs this once per
 signature), so the signing path imports C modules only (``_socket``,
-``_json``, ``select``) besides :mod:`libbroker.dial`, :mod:`libbroker.errors`,
-:mod:`libbroker.gpg_args` and :mod:`libbroker.wire` (cheap on purpose, and the
+``_json``, ``select``) besides :mod:`libbroker.broker.dial`, :mod:`libbroker.errors`,
+:mod:`libbroker.signing.args` and :mod:`libbroker.wire` (cheap on purpose, and the
 one decoder of frames): no ``socket``, ``json``, ``enum`` or ``typing``.
-Parsing lives in :mod:`libbroker.gpg_args`, verification in
-:mod:`libbroker.gpg_local`.
+Parsing lives in :mod:`libbroker.signing.args`, verification in
+:mod:`libbroker.signing.local`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ import posix
 import select
 import sys
 
-from libbroker.dial import SOCKET_ENV_VAR, dial
+from libbroker.broker.dial import SOCKET_ENV_VAR, dial
 from libbroker.errors import BrokerUnavailable, ProtocolError, RequestRefused, UsageError
-from libbroker.gpg_args import SignCall, StatusRouter
+from libbroker.signing.args import SignCall, StatusRouter
 from libbroker.wire import (
     MAX_PAYLOAD,
     SERVER_CHANNELS,
@@ -178,15 +178,3 @@ def _cwd() -> str:
         return "/"
 
 
-def program_script(python: str, root: str) -> str:
-    """A ``gpg.program`` for git that starts gpg-shim without site-packages.
-
-    git runs ``gpg.program`` by path, once per signature and once per commit
-    verified, so start-up is most of gpg-shim's cost: see
-    :func:`libbroker.start_script.start_script`.  ``sys.argv[0]`` is the
-    script's path, so the shim still recognises itself on PATH when looking
-    for the local gpg.
-    """
-    from libbroker.start_script import start_script
-
-    return start_script(python, root, "bin.gpg_shim", "git's gpg.program: gpg-shim")

@@ -1,7 +1,7 @@
 """The client side of the broker protocol: one request, frames both ways.
 
 Used by broker-client and gpg-shim, so it imports only the standard library
-and :mod:`libbroker.wire` / :mod:`libbroker.pipes`: every import here is paid
+and :mod:`libbroker.wire` / :mod:`libbroker.broker.pipes`: every import here is paid
 on every call.
 
 The I/O loop is a single ``poll`` over the socket, stdin and a signal wake-up
@@ -25,9 +25,9 @@ import socket
 import stat
 from collections.abc import Iterable
 
-from libbroker.dial import SOCKET_ENV_VAR, dial
+from libbroker.broker.dial import SOCKET_ENV_VAR, dial
+from libbroker.broker.pipes import available, lazy_buffer, read_exact, set_pipe_size
 from libbroker.errors import BrokerUnavailable, ProtocolError
-from libbroker.pipes import available, lazy_buffer, read_exact, set_pipe_size
 from libbroker.wire import (
     MAX_PAYLOAD,
     SERVER_CHANNELS,

@@ -20,9 +20,9 @@ import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from libbroker.broker.executor import Child, Executor, killpg_quietly
+from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
-from libbroker.executor import Child, Executor, killpg_quietly
-from libbroker.profile import Profile, command_environment
 from libbroker.sandbox import bwrap, limits, seccomp
 from libbroker.sandbox.shape import Shape
 

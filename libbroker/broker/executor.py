@@ -15,8 +15,8 @@ import sys
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 
+from libbroker.broker.profile import Profile
 from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
-from libbroker.profile import Profile
 
 SANDBOX_KINDS = ("auto", "nono", "bwrap")
 
@@ -94,13 +94,13 @@ def make_executor(
 
 
 def _bwrap(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.sandbox_bwrap import BwrapExecutor
+    from libbroker.broker.bwrap_executor import BwrapExecutor
 
     return BwrapExecutor(profile, workdir, env)
 
 
 def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.sandbox_landlock import LandlockExecutor
+    from libbroker.broker.landlock_executor import LandlockExecutor
 
     return LandlockExecutor(profile, workdir, env)
 

@@ -58,10 +58,10 @@ from libbroker.broker.exchange import (
     State,
     from_wire,
 )
+from libbroker.broker.executor import Child, Executor
+from libbroker.broker.ops import checked_cwd, spawn_gpg
+from libbroker.broker.pipes import SPLICE_FLAGS, available, read_exact, set_pipe_size
 from libbroker.errors import ProtocolError, RequestRefused, SpawnError
-from libbroker.executor import Child, Executor
-from libbroker.ops import checked_cwd, spawn_gpg
-from libbroker.pipes import SPLICE_FLAGS, available, read_exact, set_pipe_size
 from libbroker.wire import (
     CLIENT_CHANNELS,
     HEADER_SIZE,
@@ -76,7 +76,7 @@ from libbroker.wire import (
 )
 
 if TYPE_CHECKING:
-    from libbroker.audit import AuditLog
+    from libbroker.broker.audit import AuditLog
 
 REQUEST_TIMEOUT = 30.0
 LINGER = 5.0  # how long a finished connection waits for the client to hang up
