@@ -21,8 +21,8 @@ from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
 from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
 from libegress.limits import Limits
-from libegress.policy import EgressPolicy, Pin
 from libegress.record import Recorder
+from libegress.route import EgressPolicy, Pin
 from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind

@@ -10,8 +10,8 @@ from libegress.ca import LeafCache
 from libegress.eventlog import EventLog
 from libegress.limits import Limits
 from libegress.peers import PidFinder
-from libegress.policy import EgressPolicy
 from libegress.record import Recorder
+from libegress.route import EgressPolicy
 from libegress.scope import Scope
 from libegress.tokens import SecretKeeper, TokenKeeper
 

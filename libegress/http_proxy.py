@@ -19,11 +19,12 @@ from urllib.parse import urlsplit
 import h11
 
 from libegress.context import Peer, Services
+from libegress.dial import UpstreamFailed, dial
 from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
 from libegress.intercept import serve_intercepted
-from libegress.policy import Refused, Route, UpstreamFailed, dial, route
+from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
 

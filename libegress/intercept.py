@@ -20,9 +20,10 @@ from urllib.parse import urlsplit
 import h11
 
 from libegress.context import Peer, Services
+from libegress.dial import UpstreamFailed, dial
 from libegress.heads import authorization, forward_headers, host_header, same_host
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
-from libegress.policy import Refused, UpstreamFailed, dial
+from libegress.route import Refused
 from libegress.scope_guard import Dialer, admit, framed
 from libegress.streams import SocketStream, TlsStream
 

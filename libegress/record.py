@@ -21,7 +21,7 @@ import time
 
 from libegress.allowlist import allowed
 from libegress.http1 import Exchanged
-from libegress.policy import EgressPolicy
+from libegress.route import EgressPolicy
 
 _PATH_MAX = 256
 LEARN_MARK = "not on the allow list"

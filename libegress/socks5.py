@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from libegress.context import Peer, Services
+from libegress.dial import UpstreamFailed, dial
 from libegress.hosts import BadHost, canonical_host
 from libegress.intercept import serve_intercepted
-from libegress.policy import Refused, Route, UpstreamFailed, dial, route
+from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
 

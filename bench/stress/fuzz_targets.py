@@ -28,7 +28,7 @@ from libegress.http1 import HttpError
 from libegress.http_proxy import absolute_target, connect_target
 from libegress.intercept import inner_target
 from libegress.kubeconfig import proxify
-from libegress.policy import EgressPolicy, Refused, Route, route
+from libegress.route import EgressPolicy, Refused, Route, route
 from libpolicy.hook import evaluate
 from libpolicy.model import Policy
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from egress_proxyproc import ProxyProc, start_proxy
 from egress_world import TOKEN, World, proxy_args, require
 
-from libegress.policy import EgressPolicy, Refused, Route, route
 from libegress.record import request_path
+from libegress.route import EgressPolicy, Refused, Route, route
 
 CLIENT_SECRET = "client-side-secret-record-0123456789"
 

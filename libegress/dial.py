@@ -1,35 +1,19 @@
-"""Where a request may go, and how it gets there.
+"""How a request gets where :func:`libegress.route.route` let it go (I/O).
 
-:func:`route` is pure: allow list and inject hosts decide whether a host:port
-is tunnelled, intercepted (TLS terminated, token set) or refused.  :func:`dial`
-is the thin I/O after it: resolve once, check every address against the
-address rules, and connect to a checked address only, so what was checked is
-what is dialled (no second lookup a rebinding resolver could answer
-differently).
+Resolve once, check every address against the address rules, and connect to
+a checked address only, so what was checked is what is dialled (no second
+lookup a rebinding resolver could answer differently).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import socket
-from dataclasses import dataclass, field
 
-from libegress.addresses import IPAddress, Network, refusal
-from libegress.allowlist import Pattern, allowed
-from libegress.hosts import format_authority, ip_of
-
-BLOCKED_ALLOWLIST = "blocked-by-allowlist"
-BLOCKED_ADDRESS = "blocked-address"
-
-
-class Refused(Exception):
-    """A request policy refuses: 403 with ``kind`` as X-Proxy-Error."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
+from libegress.addresses import IPAddress, refusal
+from libegress.hosts import ip_of
+from libegress.route import BLOCKED_ADDRESS, EgressPolicy, Refused
 
 
 class UpstreamFailed(Exception):
@@ -38,53 +22,6 @@ class UpstreamFailed(Exception):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
-
-
-class Route(enum.Enum):
-    """What the proxy does with an allowed destination."""
-
-    PASS = "pass"  # noqa: S105 - not a password: a raw tunnel, or plain HTTP forwarded as is
-    INTERCEPT = "intercept"  # TLS terminated, token set
-    LEARN = "learn"  # --learn: not on the allow list, passed as PASS is (and recorded)
-
-
-@dataclass(frozen=True)
-class Pin:
-    """A ``--resolve`` entry: trusted, so the address rules do not apply."""
-
-    address: IPAddress
-    port: int | None = None
-
-
-@dataclass(frozen=True)
-class EgressPolicy:
-    """The proxy's whole policy, fixed at start."""
-
-    allow: tuple[Pattern, ...] = ()
-    inject: tuple[str, ...] = ("github.com", "api.github.com")
-    pins: dict[str, Pin] = field(default_factory=dict)
-    allow_cidrs: tuple[Network, ...] = ()
-    learn: bool = False  # --learn: any host and port the inject rules leave is passed
-
-
-def route(policy: EgressPolicy, host: str, port: int, *, tls: bool) -> Route:
-    """How canonical ``host``:``port`` is served; raises Refused.
-
-    ``tls`` is True for CONNECT and SOCKS (the client may speak TLS inside) and
-    False for absolute-form plain HTTP, which an inject host never gets.
-    """
-    where = format_authority(host, port)
-    if host in policy.inject:
-        if not tls:
-            raise Refused(BLOCKED_ALLOWLIST, f"plain HTTP to {host} is refused; use https")
-        if port != 443:
-            raise Refused(BLOCKED_ALLOWLIST, f"{where} is refused: {host} is served on 443 only")
-        return Route.INTERCEPT
-    if allowed(policy.allow, host, port):
-        return Route.PASS
-    if policy.learn:  # after the inject rules, before the address rules (which still hold)
-        return Route.LEARN
-    raise Refused(BLOCKED_ALLOWLIST, f"{where} is not on the allow list")
 
 
 async def resolve(policy: EgressPolicy, host: str, port: int,
