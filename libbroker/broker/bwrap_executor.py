@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from libbroker.broker.executor import Child, Executor, killpg_quietly
 from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
-from libbroker.sandbox import bwrap, limits, seccomp
+from libbroker.sandbox import bwrap, cgroups, seccomp
 from libbroker.sandbox.shape import Shape
 
 if TYPE_CHECKING:
@@ -73,8 +73,8 @@ class BwrapExecutor(Executor):
             raise SandboxUnavailable(f"bwrap backend: no seccomp filter for {os.uname().machine}")
         self.seccomp = prog
         self.timeout = profile.limits.timeout
-        self.limits = limits.mechanism()
-        limits.reclaim(self.limits)  # the groups of a server killed before it cleaned up
+        self.limits = cgroups.mechanism()
+        cgroups.reclaim(self.limits)  # the groups of a server killed before it cleaned up
         self._spawned = 0
         self._probe()
 
@@ -105,7 +105,7 @@ class BwrapExecutor(Executor):
         return f"bwrap ({self.bwrap})"
 
     def close(self) -> None:
-        limits.flush_pending(timeout=2.0)
+        cgroups.flush_pending(timeout=2.0)
 
     def _args(self, cwd: str, info_fd: int | None, block_fd: int | None, sec_fd: int) -> list[str]:
         shape = command_shape(self.profile, self.workdir, cwd)
@@ -114,17 +114,17 @@ class BwrapExecutor(Executor):
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         self._spawned += 1
         try:
-            group = limits.create(self.profile.limits, str(self._spawned), self.limits)
+            group = cgroups.create(self.profile.limits, str(self._spawned), self.limits)
         except OSError as exc:
             raise SpawnError(f"cannot set the command's limits: {exc.strerror or exc}") from None
         try:
             return self._spawn(argv, cwd, stdio, group)
         except BaseException:
-            limits.remove(group)
+            cgroups.remove(group)
             raise
 
     def _spawn(
-        self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int], group: limits.Group
+        self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int], group: cgroups.Group
     ) -> Child:
         info_r, info_w = os.pipe2(os.O_CLOEXEC)
         block_r, block_w = os.pipe2(os.O_CLOEXEC) if self.profile.proxy_port else (None, None)
@@ -143,7 +143,7 @@ class BwrapExecutor(Executor):
                 env=self.env,
                 # bwrap itself joins the command's group (or takes its rlimits)
                 # before it execs: everything it starts is born inside.
-                preexec_fn=functools.partial(limits.join_self, group.entry()),
+                preexec_fn=functools.partial(cgroups.join_self, group.entry()),
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
             for fd in (info_r, block_w):
@@ -183,7 +183,7 @@ class BwrapExecutor(Executor):
 class BwrapChild(Child):
     """A bwrap process; the command's group is led by bwrap's pid-namespace init."""
 
-    def __init__(self, pid: int, info_fd: int, group: limits.Group | None = None) -> None:
+    def __init__(self, pid: int, info_fd: int, group: cgroups.Group | None = None) -> None:
         self.pid = pid
         self.group = group
         self._info_fd: int | None = info_fd
@@ -231,11 +231,11 @@ class BwrapChild(Child):
         killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
 
     def limits_hit(self) -> list[str]:
-        return limits.report(self.group) if self.group is not None else []
+        return cgroups.report(self.group) if self.group is not None else []
 
     def release(self) -> None:
         if self.group is not None:  # bwrap is gone; its pid namespace is going
-            limits.remove(self.group, timeout=0)
+            cgroups.remove(self.group, timeout=0)
             self.group = None
         if self.relay is not None:
             self.relay.close()

@@ -36,7 +36,7 @@ from libbroker import native
 from libbroker.broker.executor import Child, Executor, restore_child_signals
 from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
-from libbroker.sandbox import enter, landlock, limits, pidns, reaper, seccomp
+from libbroker.sandbox import cgroups, enter, landlock, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
 from libbroker.sandbox.shape import Shape
 
@@ -77,8 +77,8 @@ class LandlockExecutor(Executor):
         self.tmp_base = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self.native_reaper = native.built("reaper")
         self.timeout = profile.limits.timeout
-        self.limits = limits.mechanism()
-        limits.reclaim(self.limits)  # the groups of a server killed before it cleaned up
+        self.limits = cgroups.mechanism()
+        cgroups.reclaim(self.limits)  # the groups of a server killed before it cleaned up
         self._spawned = 0
         self._joining: dict[str, object] = {}  # the next command's group, for _child
         self._probe()
@@ -99,7 +99,7 @@ class LandlockExecutor(Executor):
 
     def close(self) -> None:
         shutil.rmtree(self.tmp_base, ignore_errors=True)
-        limits.flush_pending(timeout=2.0)
+        cgroups.flush_pending(timeout=2.0)
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         try:
@@ -114,7 +114,7 @@ class LandlockExecutor(Executor):
             raise SpawnError(f"cannot create a pipe: {exc.strerror}") from None
         self._spawned += 1
         try:
-            group = limits.create(self.profile.limits, str(self._spawned), self.limits)
+            group = cgroups.create(self.profile.limits, str(self._spawned), self.limits)
             # The command (not its reaper) joins it in _child, before it execs.
             self._joining = group.entry()
             pid = os.fork()
@@ -123,7 +123,7 @@ class LandlockExecutor(Executor):
             os.close(tell)
             shutil.rmtree(tmp, ignore_errors=True)
             if self._joining:
-                limits.remove(group)
+                cgroups.remove(group)
             self._joining = {}
             raise SpawnError(f"cannot fork or set the command's limits: {exc.strerror}") from None
         if pid == 0:
@@ -172,7 +172,7 @@ class LandlockExecutor(Executor):
                 os.dup2(fd, target)
             os.closerange(3, 65536)
             os.chdir(cwd)
-            limits.join_self(self._joining)  # while /sys/fs/cgroup is still reachable
+            cgroups.join_self(self._joining)  # while /sys/fs/cgroup is still reachable
             self._apply(tmp)
         except BaseException as exc:  # the child must never return into the server's code
             report_and_exit(f"broker: sandbox setup failed: {exc}", SETUP_FAILED)
@@ -196,7 +196,9 @@ class LandlockChild(Child):
     closing the pipe on release kills whatever is still running.
     """
 
-    def __init__(self, pid: int, control: int, tmp: str, group: limits.Group | None = None) -> None:
+    def __init__(
+        self, pid: int, control: int, tmp: str, group: cgroups.Group | None = None
+    ) -> None:
         self.pid = pid
         self.control: int | None = control
         self.tmp: str | None = tmp
@@ -212,11 +214,11 @@ class LandlockChild(Child):
         self.send_signal(9)
 
     def limits_hit(self) -> list[str]:
-        return limits.report(self.group) if self.group is not None else []
+        return cgroups.report(self.group) if self.group is not None else []
 
     def release(self) -> None:
         if self.group is not None:  # the reaper is gone: nothing of the command is left
-            limits.remove(self.group, timeout=0)
+            cgroups.remove(self.group, timeout=0)
             self.group = None
         if self.control is not None:
             os.close(self.control)

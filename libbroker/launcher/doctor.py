@@ -369,12 +369,12 @@ def check_claude_managed(cfg: Config) -> Check:
 
 def check_limits(cfg: Config) -> Check:
     """Which mechanism holds the session's limits, with a fix where a stronger one could."""
-    from libbroker.sandbox import limits
+    from libbroker.sandbox import cgroups, limits
 
-    mech = limits.mechanism()
+    mech = cgroups.mechanism()
     what = f"limits: {limits.summary(cfg.limits)}; through {mech.describe()}"
     try:
-        limits.remove(limits.create(cfg.limits, "doctor", mech))
+        cgroups.remove(cgroups.create(cfg.limits, "doctor", mech))
     except OSError as exc:
         return Check(
             FAIL,

@@ -87,10 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     # The session's cgroup (named in the runtime dir), and any group left by a
     # process now gone: the launcher's, the broker's commands'.
     try:
-        from libbroker.sandbox import limits
+        from libbroker.sandbox import cgroups
 
-        limits.remove_recorded(runtime_dir)
-        limits.reclaim()
+        cgroups.remove_recorded(runtime_dir)
+        cgroups.reclaim()
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: removing the session's cgroup failed: {exc}\n")
     # Then the host-run files, from the snapshot the launcher's scan left in

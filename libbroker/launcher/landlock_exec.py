@@ -96,9 +96,9 @@ def _sandboxed(spec: dict[str, Any], tty: bool) -> int:
         if door >= 0:
             os.set_inheritable(door, True)  # the broker's door (launcher/door.py)
         if "limits" in spec:  # into the session's group before CMD runs (the reaper stays out)
-            from libbroker.sandbox import limits
+            from libbroker.sandbox import cgroups
 
-            limits.join_self(spec["limits"])
+            cgroups.join_self(spec["limits"])
         apply(shape)
     except Exception as exc:
         sys.stderr.write(f"agent-sandbox: cannot apply the Landlock sandbox: {exc}\n")

@@ -52,7 +52,7 @@ if TYPE_CHECKING:
     from libbroker.launcher.door import Door
     from libbroker.launcher.record import SessionRecord
     from libbroker.launcher.relay import Relay
-    from libbroker.sandbox.limits import Group
+    from libbroker.sandbox.cgroups import Group
 else:
     # The C module: signal.py's enum conversions cost the launcher ~1 ms of
     # CPU while the servers start, and nothing here needs its enums.
@@ -239,10 +239,10 @@ class Session:
             self.relays[0].start(found.http_port)
             self.relays[1].start(found.socks_port)
             if self.limits is not None and self.sandbox is not None:
-                from libbroker.sandbox import limits
+                from libbroker.sandbox import cgroups
 
                 # bwrap's tree waits for the go byte: nothing of CMD runs yet.
-                limits.move_tree(self.limits, self.sandbox.pid)
+                cgroups.move_tree(self.limits, self.sandbox.pid)
             os.write(self.control, b"g")
         else:
             self._send_landlock_spec(host, found)
@@ -265,14 +265,14 @@ class Session:
         CMD runs (bwrap: the waiting tree is moved; Landlock: the command
         joins itself).  The servers and the launcher stay outside it.
         """
-        from libbroker.sandbox import limits
+        from libbroker.sandbox import cgroups
 
         try:
-            self.limits = limits.create(self.cfg.limits, "session")
-            limits.record(self.limits, rt.root)
+            self.limits = cgroups.create(self.cfg.limits, "session")
+            cgroups.record(self.limits, rt.root)
         except OSError as exc:
             raise LaunchError(
-                f"cannot set the session's limits with {limits.mechanism().describe()}: "
+                f"cannot set the session's limits with {cgroups.mechanism().describe()}: "
                 f"{exc.strerror or exc} (agent-sandbox doctor)"
             ) from None
         _trace("limits set")
@@ -668,15 +668,15 @@ class Session:
 
             reaper.kill_below(os.getpid())
         if self.limits is not None:  # nothing of the session is left in it
-            from libbroker.sandbox import limits
+            from libbroker.sandbox import cgroups
 
-            for hit in limits.report(self.limits):
+            for hit in cgroups.report(self.limits):
                 os.write(2, f"agent-sandbox: the session hit its {hit}\n".encode())
-            limits.remove(self.limits)
+            cgroups.remove(self.limits)
             self.limits = None
             # A broker killed at once (nothing in flight) may leave the group of
             # its last command, still emptying then: groups of the gone go too.
-            limits.reclaim()
+            cgroups.reclaim()
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish()
             self.hostrun = None

@@ -28,7 +28,7 @@ from libbroker.broker.profile import parse_profile
 from libbroker.errors import ConfigError
 from libbroker.launcher.config import HostFacts
 from libbroker.launcher.config import from_mapping as config_from_mapping
-from libbroker.sandbox import bwrap, limits
+from libbroker.sandbox import bwrap, cgroups, limits
 from libbroker.sandbox.limits import GiB, Limits, LimitsError, MiB, parse_size, parse_value
 from libbroker.sandbox.shape import Shape
 
@@ -109,7 +109,7 @@ def test_the_strongest_mechanism_is_found(tmp_path: Path) -> None:
     _fake_cgroup(v2, "/user.slice/user@1000.service", "memory pids")
     _fake_cgroup(v2, "/user.slice/user@1000.service/app.slice/term.scope", "")
     mounts = f"cgroup2 {v2} cgroup2 rw 0 0\n"
-    mech = limits.discover(mounts, "0::/user.slice/user@1000.service/app.slice/term.scope\n")
+    mech = cgroups.discover(mounts, "0::/user.slice/user@1000.service/app.slice/term.scope\n")
     assert mech.kind == "cgroup2"
     assert mech.bases[0][1] == str(v2 / "user.slice/user@1000.service")
     v1 = tmp_path / "v1"
@@ -117,9 +117,9 @@ def test_the_strongest_mechanism_is_found(tmp_path: Path) -> None:
         _fake_cgroup(v1 / name, "/a", "")
     mounts = "".join(f"cgroup {v1 / n} cgroup rw,{n} 0 0\n" for n in ("memory", "pids"))
     mounts += f"cgroup2 {tmp_path / 'empty'} cgroup2 rw 0 0\n"
-    mech = limits.discover(mounts, "4:memory:/a\n3:pids:/a\n0::/\n")
+    mech = cgroups.discover(mounts, "4:memory:/a\n3:pids:/a\n0::/\n")
     assert mech.kind == "cgroup1" and [n for n, _ in mech.bases] == ["memory", "pids"]
-    assert limits.discover("", "").kind == "rlimit"
+    assert cgroups.discover("", "").kind == "rlimit"
 
 
 # --- every cell ------------------------------------------------------------------------
@@ -139,7 +139,7 @@ def _groups_left(*, alive: bool = False) -> list[str]:
     servers may run meanwhile, on this machine or beside this test run).
     """
     found = []
-    for _, base in limits.mechanism().bases:
+    for _, base in cgroups.mechanism().bases:
         for entry in os.listdir(base):
             owner = entry[len(limits.PREFIX) :].split("-", 1)[0]
             if entry.startswith(limits.PREFIX) and (alive or not Path(f"/proc/{owner}").exists()):
@@ -261,7 +261,7 @@ def test_a_runaway_stops_at_its_limits(world: tuple[Cell, Path, OrdinaryUser | N
     # The host can still start a process, as root and as the user.
     assert subprocess.run(["true"], check=False).returncode == 0
     assert subprocess.run(_wrap(user, ["true"]), env=_env(base, user)).returncode == 0
-    if limits.mechanism().kind != "rlimit" and user is None:
+    if cgroups.mechanism().kind != "rlimit" and user is None:
         who = "session" if cell.path == "session" else "command"
         assert f"the {who} hit its task limit (64)" in err, err
         assert f"the {who} hit its memory limit (256 MiB)" in err, err
@@ -275,18 +275,18 @@ def test_node_runs_under_the_rlimits() -> None:
     node = subprocess.run(["sh", "-c", "command -v node"], capture_output=True, text=True)
     if node.returncode != 0:
         pytest.skip("node is not installed")
-    group = limits.create(Limits(memory=GiB), "node", limits.Mechanism("rlimit"))
+    group = cgroups.create(Limits(memory=GiB), "node", cgroups.Mechanism("rlimit"))
     code = "new WebAssembly.Memory({initial: 10}); console.log(Buffer.alloc(1 << 24).length)"
     done = subprocess.run(
         ["node", "-e", code], capture_output=True, text=True, timeout=30,
-        preexec_fn=lambda: limits.join_self(group.entry()),
+        preexec_fn=lambda: cgroups.join_self(group.entry()),
     )  # fmt: skip
     assert done.returncode == 0 and done.stdout.strip() == str(1 << 24), done.stderr
 
 
 @pytest.mark.timeout(60)
 def test_the_janitor_removes_a_killed_launchers_cgroup(tmp_path: Path) -> None:
-    if os.geteuid() != 0 or limits.mechanism().kind == "rlimit":
+    if os.geteuid() != 0 or cgroups.mechanism().kind == "rlimit":
         pytest.skip("needs a cgroup mechanism (root here)")
     work = tmp_path / "work"
     work.mkdir()
@@ -313,17 +313,17 @@ def test_the_janitor_removes_a_killed_launchers_cgroup(tmp_path: Path) -> None:
 
 def test_move_tree_puts_a_waiting_tree_in_place() -> None:
     """The bwrap session's way in: top down, before anything of CMD runs."""
-    if os.geteuid() != 0 or limits.mechanism().kind == "rlimit":
+    if os.geteuid() != 0 or cgroups.mechanism().kind == "rlimit":
         pytest.skip("needs a cgroup mechanism (root here)")
-    group = limits.create(Limits(tasks=32), "tree")
+    group = cgroups.create(Limits(tasks=32), "tree")
     tree = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30 & wait"])
     try:
         time.sleep(0.2)
-        assert limits.move_tree(group, tree.pid) == 3
+        assert cgroups.move_tree(group, tree.pid) == 3
         for directory in group.dirs:
             assert len((Path(directory) / "cgroup.procs").read_text().split()) == 3
     finally:
         tree.kill()
         tree.wait()
-        limits.remove(group)
+        cgroups.remove(group)
     assert not any(os.path.exists(d) for d in group.dirs)
