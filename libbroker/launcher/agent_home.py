@@ -40,6 +40,13 @@ from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
 
 MANIFEST = "agent-home.json"
 _MAX_JSON = 64 << 20  # a settings or state file larger than this is not merged
+# A transcript, session or login larger than this is not brought back (the
+# session wrote it: it must not fill the user's disk or the launcher's memory).
+_MAX_FILE = 256 << 20
+
+
+class TooLarge(Exception):
+    """A file of the session's copy is larger than what is brought back."""
 
 
 class AgentHome(NamedTuple):
@@ -227,8 +234,11 @@ def _profile_from(data: Mapping[str, Any]) -> Profile:
     return Profile(**raw)
 
 
-def _read_session_file(dirfd: int, name: str, limit: int | None = None) -> bytes | None:
-    """A regular file's bytes from the copy, never through a symlink."""
+def _read_session_file(dirfd: int, name: str, limit: int, start: int = 0) -> bytes | None:
+    """A regular file's bytes from ``start``, never through a symlink; None if not one.
+
+    Raises :class:`TooLarge` when more than ``limit`` bytes follow ``start``.
+    """
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dirfd)
     except OSError:
@@ -237,9 +247,13 @@ def _read_session_file(dirfd: int, name: str, limit: int | None = None) -> bytes
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             return None
         with os.fdopen(os.dup(fd), "rb") as fh:
-            return fh.read() if limit is None else fh.read(limit)
+            fh.seek(start)
+            data = fh.read(limit + 1)  # never more than the bound in memory
     finally:
         os.close(fd)
+    if len(data) > limit:
+        raise TooLarge(f"larger than {limit >> 20} MiB: not brought back")
+    return data
 
 
 def _atomic_write(path: str, data: bytes) -> None:
@@ -324,6 +338,8 @@ def write_back(runtime: str, *, remove: bool = True) -> list[str]:
                 if before is not None and before == [st.st_size, st.st_mtime_ns]:
                     continue  # untouched by the session
                 _bring(rule, dirfd, name, rel, target, before, claude_session)
+            except TooLarge as exc:
+                problems.append(f"{target}: {exc}")
             except OSError as exc:
                 problems.append(f"{target}: {exc.strerror or exc}")
     if remove:
@@ -343,20 +359,22 @@ def _bring(
     claude_session: Mapping[str, Any],
 ) -> None:
     if rule.mode == WHOLE:
-        data = _read_session_file(dirfd, name)
+        data = _read_session_file(dirfd, name, _MAX_FILE)
         if data is not None:
             _atomic_write(target, data)
     elif rule.mode == APPEND:
-        data = _read_session_file(dirfd, name)
-        if data is None:
-            return
         start = before[0] if before is not None else 0
-        if len(data) < start:
-            _atomic_write(target, data)  # rewritten shorter by the agent
-        elif len(data) > start:
-            fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data[start:])
+        size = os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_size
+        if size < start:  # rewritten shorter by the agent
+            data = _read_session_file(dirfd, name, _MAX_FILE)
+            if data is not None:
+                _atomic_write(target, data)
+        elif size > start:  # only what was added after the copy
+            data = _read_session_file(dirfd, name, _MAX_FILE, start)
+            if data:
+                fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+                with os.fdopen(fd, "wb") as fh:
+                    fh.write(data)
     elif rule.mode == JSON and rule.keep:
         raw = _read_session_file(dirfd, name, _MAX_JSON)
         try:
