@@ -154,6 +154,7 @@ def session_shape(
     tmpdir: str = "",
     pin: tuple[str, ...] = (),
     hold: tuple[str, ...] | None = None,
+    overlays: tuple[tuple[str, str], ...] = (),
 ) -> Shape:
     """The agent session's :class:`Shape`, for either backend.
 
@@ -162,7 +163,9 @@ def session_shape(
     the agents' and editors' project files, from the guard's snapshot;
     without one, the top repository's hooks and config) are held read-only,
     every repository's ``.git`` is bound onto itself (``pin``: a mount point
-    cannot be renamed or replaced), and the hostname is the sandbox's.
+    cannot be renamed or replaced), the agent's session-only files are
+    mounted over its own paths (``overlays``: Claude Code's managed
+    settings), and the hostname is the sandbox's.
     Landlock: a private TMPDIR, the terminal's devices, TCP connect to the
     proxy's ``ports`` only.  ``--new-session`` (which drops the controlling
     tty) only without a tty: an interactive shell needs its terminal for job
@@ -186,6 +189,7 @@ def session_shape(
         tmp_size=None if landlock else cfg.limits.tmp,  # Landlock's tmp is a host directory
         new_session=not tty,
         hostname="" if landlock else "agent-sandbox",
+        overlays=() if landlock else overlays,
     )
 
 

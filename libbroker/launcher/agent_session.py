@@ -6,19 +6,23 @@
    that stays outside is said in one line;
 2. :meth:`Agent.prepare` (while the servers start): the private copy of the
    agent's config (:mod:`.agent_home`), added to the session's ``write``;
+   :meth:`Agent.overlays` (bwrap): its session-only files mounted over its
+   own paths (Claude Code's managed settings);
 3. :meth:`Agent.environment`: the agent's variables, and the CA variables
-   bundling the user's own CA files with ours;
+   bundling the user's own CA files with ours (Landlock: a HOME of its own,
+   :meth:`Agent.landlock_home`);
 4. :func:`write_cas` (once the proxy has written its CA, before the command
    runs); 5. the teardown and the janitor call :func:`.agent_home.write_back`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agents
+from libbroker.launcher import agents, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -48,6 +52,8 @@ class Agent:
 
         cfg = self.cfg
         claude = _claude_session(cfg, rt) if self.profile.name == "claude" else None
+        if claude is not None:  # under bwrap, mounted over the managed settings' path
+            plan.write_private(_managed(rt), json.dumps({"sandbox": {"enabled": False}, **claude}))
         try:
             home = agent_home.prepare(
                 self.profile,
@@ -67,6 +73,20 @@ class Agent:
         self.root = home.root
         self.cfg = cfg._replace(write=(*cfg.write, home.root))
         return self.cfg
+
+    def overlays(self, rt: Runtime) -> tuple[tuple[str, str], ...]:
+        """bwrap: the agent's session-only files, mounted read-only over its own paths.
+
+        Claude Code's managed settings (the highest scope: a workdir
+        ``.claude/settings.local.json`` with ``disableAllHooks`` turns off only
+        the hooks below it) get the session's hook, deny rules and sandbox off,
+        over any machine-wide drop-in of the same name.  Landlock mounts nothing.
+        """
+        if self.profile.name != "claude":
+            return ()
+        from libbroker.launcher.settings import target_path
+
+        return ((_managed(rt), target_path()),)
 
     def landlock_home(self) -> dict[str, str]:
         """Under Landlock: HOME, a home of the session's own in the private copy.
@@ -94,6 +114,10 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
         os.write(2, (warning + "\n").encode())
     domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))
     return Agent(profile, cfg._replace(domains=domains), agents.session_argv(profile, cmd))
+
+
+def _managed(rt: Runtime) -> str:
+    return os.path.join(rt.root, "claude-managed-settings.json")
 
 
 def _claude_session(cfg: Config, rt: Runtime) -> dict[str, object]:

@@ -74,7 +74,9 @@ def prepare_workdir(cfg: Config) -> None:
             os.mkdir(os.path.join(git, "hooks"), 0o755)
 
 
-def host_facts(cfg: Config, cwd: str, rt: Runtime) -> Host:
+def host_facts(
+    cfg: Config, cwd: str, rt: Runtime, overlays: tuple[tuple[str, str], ...] = ()
+) -> Host:
     """The host facts the session's sandbox depends on, its paths stat'ed once."""
     project = project_dir()
     prefixes: list[str] = []
@@ -91,8 +93,10 @@ def host_facts(cfg: Config, cwd: str, rt: Runtime) -> Host:
         cwd=cwd,
         facts=bwrap.Facts(frozenset(), frozenset(), {}),
     )
-    shape = agent_sandbox.session_shape(cfg, rt, host, {}, landlock=False, tty=False)
-    return host._replace(facts=bwrap.facts(bwrap.shape_paths(shape)))
+    shape = agent_sandbox.session_shape(
+        cfg, rt, host, {}, landlock=False, tty=False, overlays=overlays
+    )
+    return host._replace(facts=bwrap.shape_facts(shape))
 
 
 def proxy_args(cfg: Config, rt: Runtime) -> list[str]:

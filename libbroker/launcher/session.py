@@ -113,6 +113,7 @@ class Session:
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.agent: agent_session.Agent | None = None  # the agent profile's part
+        self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
         self.limits: Group | None = None  # the sandbox's resource limits
         self.record: SessionRecord | None = None  # the session record, from go to the end
         self._record_dir = ""  # where it goes ("" when record = false)
@@ -197,7 +198,9 @@ class Session:
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)
             _trace(f"{agent.profile.name}'s private config copied")
-        host = plan.host_facts(cfg, os.getcwd(), rt)
+        overlays = agent.overlays(rt) if agent is not None and self.backend == "bwrap" else ()
+        self._overlays = overlays
+        host = plan.host_facts(cfg, os.getcwd(), rt, overlays)
         if cfg.record:  # never where the sandbox could reach it: refused before anything runs
             from libbroker.launcher.record import check_private
 
@@ -339,12 +342,15 @@ class Session:
         found = bwrap.facts([*pin, *hold])
         facts = host.facts
         host = host._replace(
-            facts=bwrap.Facts(facts.dirs | found.dirs, facts.files | found.files, facts.links)
+            facts=bwrap.Facts(
+                facts.dirs | found.dirs, facts.files | found.files, facts.links, facts.listings
+            )
         )
         sec_fd = bwrap.seccomp_pipe(prog)
         env = self._env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.session_shape(
-            self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold
+            self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold,
+            overlays=self._overlays,
         )
         argv = agent_sandbox.bwrap_argv(shape, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd)
         try:

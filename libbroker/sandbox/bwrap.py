@@ -13,10 +13,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from libbroker.paths import under_any
+from libbroker.paths import under, under_any
 from libbroker.sandbox.shape import Shape
+
+# Where a directory rebuilt for an overlay keeps the host's original, bound
+# read-only: its entries in the rebuilt directory are symlinks into it.
+HIDDEN = "/.agent-sandbox-host"
 
 
 @dataclass(frozen=True)
@@ -26,10 +30,17 @@ class Facts:
     dirs: frozenset[str]
     files: frozenset[str]  # anything that exists and is not a directory
     links: Mapping[str, str]  # /bin -> usr/bin: recreated as a symlink, not bound
+    # An overlay's deepest existing directory (when its path does not exist),
+    # with the names in it: the directory is rebuilt to hold the overlay.
+    listings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
-def facts(paths: Iterable[str]) -> Facts:
-    """Stat each of ``paths`` once (following links, as bwrap's binds do)."""
+def facts(paths: Iterable[str], overlays: Iterable[str] = ()) -> Facts:
+    """Stat each of ``paths`` once (following links, as bwrap's binds do).
+
+    For each of ``overlays`` (paths inside) that does not exist, its deepest
+    existing directory is listed.
+    """
     dirs: set[str] = set()
     files: set[str] = set()
     links: dict[str, str] = {}
@@ -42,12 +53,65 @@ def facts(paths: Iterable[str]) -> Facts:
             dirs.add(path)
         elif os.path.exists(path):
             files.add(path)
-    return Facts(frozenset(dirs), frozenset(files), links)
+    listings: dict[str, tuple[str, ...]] = {}
+    for path in overlays:
+        if os.path.exists(path):
+            files.add(path)
+            continue
+        parent = os.path.dirname(path)
+        while parent != "/" and not os.path.isdir(parent):
+            parent = os.path.dirname(parent)
+        try:
+            listings[parent] = tuple(sorted(os.listdir(parent)))
+        except OSError:
+            continue
+    return Facts(frozenset(dirs), frozenset(files), links, listings)
 
 
 def shape_paths(shape: Shape) -> list[str]:
-    """Every path whose existence :func:`argv` asks about."""
+    """Every path whose existence :func:`argv` asks about (overlays: :func:`shape_facts`)."""
     return [*shape.read, *shape.write, *shape.protect, *shape.deny, *shape.masked]
+
+
+def shape_facts(shape: Shape) -> Facts:
+    """:func:`facts` for everything :func:`argv` asks about in ``shape``."""
+    return facts(shape_paths(shape), [inside for _, inside in shape.overlays])
+
+
+def _overlays(shape: Shape, host: Facts) -> list[str]:
+    """The overlays' options, after the read-only binds they may lie in.
+
+    A path that exists on the host is simply bound over.  One that does not
+    would need its directories made, which a read-only bind refuses: its
+    deepest existing directory D, when it lies in a tree bound from the host,
+    is rebuilt.  The host's D is bound read-only at HIDDEN/D, a tmpfs covers D,
+    each of D's entries becomes a relative symlink into HIDDEN/D (so what follows in
+    the argv, as the masked files, lands on the host's entry), the overlay is
+    bound in, and D is made read-only again.  Symlinks, not binds: a bind per
+    entry of /etc costs ~0.13 ms each, 141 of them ~19 ms; the links ~0.6 ms.
+    """
+    out: list[str] = []
+    bound = [*shape.read, *shape.write]
+    rebuilt: dict[str, list[tuple[str, str]]] = {}
+    for src, inside in shape.overlays:
+        bases = [d for d in host.listings if under(inside, d) and d != inside]
+        base = max(bases, key=len) if bases else None
+        if inside in host.files or base is None or not under_any(base, bound):
+            out += ["--ro-bind", src, inside]  # bwrap makes any directory in its own tmpfs
+        else:
+            rebuilt.setdefault(base, []).append((src, inside))
+    for base, pairs in rebuilt.items():
+        hidden = HIDDEN + base
+        out += ["--ro-bind", base, hidden, "--tmpfs", base]
+        for name in host.listings[base]:
+            # Relative: bwrap resolves links as it builds the root under its
+            # own mount point, where an absolute one would name the host's.
+            target = os.path.relpath(os.path.join(hidden, name), base)
+            out += ["--symlink", target, os.path.join(base, name)]
+        for src, inside in pairs:
+            out += ["--ro-bind", src, inside]
+        out += ["--remount-ro", base]
+    return out
 
 
 def argv(
@@ -84,6 +148,7 @@ def argv(
             out += ["--symlink", host.links[path], path]
         elif path in exists:
             out += ["--ro-bind", path, path]
+    out += _overlays(shape, host)
     for path in shape.masked:
         if path in host.files:
             out += ["--ro-bind", "/dev/null", path]

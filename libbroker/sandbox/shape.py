@@ -48,7 +48,10 @@ class Shape:
     ``tmp`` is a private directory granted read-write and named by TMPDIR
     (Landlock); bwrap mounts a fresh /tmp instead, of at most ``tmp_size``
     bytes when that is set (a tmpfs is memory: unbounded, it can take the
-    host's).
+    host's).  ``overlays`` are ``(host file, path inside)`` pairs: the file is
+    mounted read-only at that path, over whatever the host has there, even
+    where the path's directory does not exist (bwrap; Landlock mounts nothing
+    and ignores them).
     """
 
     read: tuple[str, ...] = SYSTEM_READ
@@ -65,6 +68,7 @@ class Shape:
     tmp_size: int | None = None
     new_session: bool = True
     hostname: str = ""
+    overlays: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> str:
         body = asdict(self)
@@ -84,6 +88,6 @@ def from_json(text: str | bytes) -> Shape:
     args: dict[str, object] = {}
     for name, value in body.items():
         if isinstance(value, list):
-            value = tuple(value)
+            value = tuple(tuple(v) if isinstance(v, list) else v for v in value)
         args[name] = value
     return Shape(**args)  # type: ignore[arg-type]

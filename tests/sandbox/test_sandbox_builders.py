@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libbroker.errors import ConfigError
-from libbroker.sandbox import landlock, seccomp
+from libbroker.sandbox import bwrap, landlock, seccomp
 from libbroker.sandbox.shape import Shape, from_json
 
 ALLOW = seccomp.RET_ALLOW
@@ -104,7 +104,8 @@ def test_foreign_abis_are_refused() -> None:
 
 
 def test_shape_json_round_trip_and_refusals() -> None:
-    shape = Shape(write=("/w",), tcp_connect=(1, 2), env={"A": "b"}, cwd="/w")
+    shape = Shape(write=("/w",), tcp_connect=(1, 2), env={"A": "b"}, cwd="/w",
+                  overlays=(("/run/s.json", "/etc/x/s.json"),))
     assert from_json(shape.to_json()) == shape
     with pytest.raises(ValueError, match="unknown shape field"):
         from_json('{"read": [], "evil": 1}')
@@ -127,3 +128,81 @@ def test_landlock_ruleset(tmp_path) -> None:
     deny_inside = Shape(write=(str(w),), deny=(str(w / "f"),))
     with pytest.raises(ConfigError, match="cannot deny"):
         landlock.ruleset(deny_inside, landlock.kinds(landlock.shape_paths(deny_inside)))
+
+
+# --- overlays: a host file mounted read-only at a path inside (bwrap) ----------------
+
+MANAGED = "/etc/claude-code/managed-settings.d/agent-sandbox.json"
+
+
+def bwrap_works() -> bool:
+    import shutil
+    import subprocess
+
+    if shutil.which("bwrap") is None:
+        return False
+    done = subprocess.run(["bwrap", "--ro-bind", "/", "/", "true"], capture_output=True,
+                          check=False)
+    return done.returncode == 0
+
+
+def _pairs(argv: list[str], option: str) -> list[tuple[str, str]]:
+    return [(argv[i + 1], argv[i + 2]) for i, a in enumerate(argv) if a == option]
+
+
+def test_an_overlay_over_an_existing_file_is_one_read_only_bind() -> None:
+    shape = Shape(read=("/usr", "/etc"), overlays=(("/run/rt/m.json", MANAGED),))
+    host = bwrap.Facts(frozenset({"/usr", "/etc"}), frozenset({MANAGED}), {})
+    argv = bwrap.argv(shape, host)
+    assert ("/run/rt/m.json", MANAGED) in _pairs(argv, "--ro-bind")
+    # After the read-only bind of /etc it lies in, before the masked files.
+    assert argv.index("/run/rt/m.json") > argv.index("/etc")
+    assert "--tmpfs" not in argv[argv.index("/etc"):argv.index("/run/rt/m.json")]
+
+
+def test_an_overlay_whose_directory_is_missing_rebuilds_the_deepest_existing_one() -> None:
+    shape = Shape(read=("/usr", "/etc"), overlays=(("/run/rt/m.json", MANAGED),))
+    host = bwrap.Facts(frozenset({"/usr", "/etc"}), frozenset({"/etc/shadow"}), {},
+                       {"/etc": ("hosts", "passwd", "shadow")})
+    argv = bwrap.argv(shape, host)
+    hidden = bwrap.HIDDEN + "/etc"
+    at = argv.index(hidden)
+    assert argv[at - 2:at + 1] == ["--ro-bind", "/etc", hidden]
+    assert argv[at + 1:at + 3] == ["--tmpfs", "/etc"]
+    assert _pairs(argv, "--symlink") == [(f"..{hidden}/{n}", f"/etc/{n}")
+                                         for n in ("hosts", "passwd", "shadow")]
+    bind = argv.index("/run/rt/m.json")
+    assert argv[bind + 1] == MANAGED and argv[bind + 2:bind + 4] == ["--remount-ro", "/etc"]
+    # The masked file still lands on the host's entry (through its link): after.
+    assert argv.index("/dev/null") > bind
+    # Outside any tree bound from the host, bwrap makes the directories itself.
+    loose = Shape(read=("/usr",), overlays=(("/run/rt/m.json", "/opt/x/m.json"),))
+    argv = bwrap.argv(loose, bwrap.Facts(frozenset({"/usr"}), frozenset(), {}, {"/": ("usr",)}))
+    assert ("/run/rt/m.json", "/opt/x/m.json") in _pairs(argv, "--ro-bind")
+    assert "--symlink" not in argv
+
+
+def test_facts_list_an_overlays_deepest_existing_directory(tmp_path) -> None:
+    (tmp_path / "etc").mkdir()
+    (tmp_path / "etc" / "a").write_text("x")
+    (tmp_path / "etc" / "b").mkdir()
+    found = bwrap.facts([], [str(tmp_path / "etc" / "c" / "d" / "m.json"),
+                             str(tmp_path / "etc" / "a")])
+    assert found.listings == {str(tmp_path / "etc"): ("a", "b")}
+    assert str(tmp_path / "etc" / "a") in found.files
+
+
+@pytest.mark.skipif(not bwrap_works(), reason="bwrap cannot start here")
+def test_a_real_bwrap_sees_the_overlay_and_the_rest_of_etc(tmp_path) -> None:
+    import subprocess
+
+    managed = tmp_path / "m.json"
+    managed.write_text('{"session": true}')
+    shape = Shape(read=("/usr", "/bin", "/lib", "/lib64", "/etc"),
+                  overlays=((str(managed), MANAGED),))
+    argv = ["bwrap", *bwrap.argv(shape, bwrap.shape_facts(shape)), "--", "sh", "-c",
+            f"cat {MANAGED}; head -c 5 /etc/passwd; echo; cat /etc/shadow | wc -c; "
+            f"echo x > /etc/new 2>/dev/null || echo ro; echo y > {MANAGED} 2>/dev/null || echo ro"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n") == ['{"session": true}root:', "0", "ro", "ro", ""], done.stdout
