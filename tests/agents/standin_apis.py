@@ -111,7 +111,10 @@ def _anthropic(body: dict[str, Any]) -> tuple[str, Call | None]:
     if not calls:
         return "pong", None
     if len(results) < len(calls):
-        return "", calls[len(results)]
+        name, tool_input = calls[len(results)]
+        # Its id names how many results came before: Claude Code merges turns,
+        # and a repeated id makes it loop.
+        return "", (name, {**tool_input, "__id": f"toolu_standin{len(results)}"})
     return "RESULT<<" + "\n--\n".join(r[:2000] for r in results) + ">>", None
 
 
@@ -120,8 +123,10 @@ def _sse(event: str | None, data: dict[str, Any]) -> bytes:
     return (head + "data: " + json.dumps(data) + "\n\n").encode()
 
 
-def _tool_id(body: dict[str, Any]) -> str:
-    return f"toolu_standin{len(body.get('messages') or [])}"
+def _split(call: Call) -> tuple[str, str, dict[str, Any]]:
+    """A call's name, id and input (the id rides in the input as ``__id``)."""
+    tool_input = dict(call[1])
+    return call[0], str(tool_input.pop("__id", "toolu_standin0")), tool_input
 
 
 def anthropic_stream(body: dict[str, Any]) -> bytes:
@@ -148,8 +153,9 @@ def anthropic_stream(body: dict[str, Any]) -> bytes:
         delta: dict[str, Any] = {"type": "text_delta", "text": text}
         stop = "end_turn"
     else:
-        block = {"type": "tool_use", "id": _tool_id(body), "name": call[0], "input": {}}
-        delta = {"type": "input_json_delta", "partial_json": json.dumps(call[1])}
+        name, tool_id, tool_input = _split(call)
+        block = {"type": "tool_use", "id": tool_id, "name": name, "input": {}}
+        delta = {"type": "input_json_delta", "partial_json": json.dumps(tool_input)}
         stop = "tool_use"
     out += _sse(
         "content_block_start", {"type": "content_block_start", "index": 0, "content_block": block}
@@ -172,7 +178,8 @@ def anthropic_json(body: dict[str, Any]) -> bytes:
     text, call = _anthropic(body)
     content: list[dict[str, Any]] = [{"type": "text", "text": text or "ok"}]
     if call is not None:
-        content = [{"type": "tool_use", "id": _tool_id(body), "name": call[0], "input": call[1]}]
+        name, tool_id, tool_input = _split(call)
+        content = [{"type": "tool_use", "id": tool_id, "name": name, "input": tool_input}]
     return json.dumps(
         {
             "id": "msg_standin",
@@ -376,7 +383,7 @@ def _handler(apis: Apis) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
-def start(tmp: Path) -> tuple[Apis, ThreadingHTTPServer]:
+def start(tmp: Path, port: int = 0) -> tuple[Apis, ThreadingHTTPServer]:
     ca = trustme.CA()
     cert = ca.issue_cert(*HOSTS, "localhost", "127.0.0.1")
     ca_file = tmp / "standin-ca.pem"
@@ -384,7 +391,7 @@ def start(tmp: Path) -> tuple[Apis, ThreadingHTTPServer]:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert.configure_cert(ctx)
     apis = Apis(port=0, ca_file=ca_file)
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(apis))
+    server = ThreadingHTTPServer(("127.0.0.1", port), _handler(apis))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     apis.port = server.server_address[1]

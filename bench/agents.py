@@ -1,0 +1,188 @@
+"""Benchmark: the real agent CLIs on the host and in sessions, against the stand-in APIs.
+
+In one run, interleaved, BENCH_N times each (median):
+
+1. one text turn (``claude -p``, ``codex exec``, ``gemini -p``) on the host,
+   in a bwrap session and in a Landlock session, per installed agent, and the
+   session's overhead per turn (the issue's goal: at most 0.1 s).  The host
+   run reaches the APIs by their real names, as a session does (Claude Code
+   makes several more requests to a first-party base URL than to a custom
+   one): the stand-in listens on 127.0.0.1:443 and the host run sees an
+   /etc/hosts naming the API hosts there (a bwrap mount namespace, ~5 ms).
+   Where port 443 cannot be had, the host run uses base-URL variables
+   (and says so);
+2. the time the policy hook adds per file-tool call inside Claude Code:
+   ``claude -p`` with BENCH_READS scripted Read calls, with the session's hook
+   (``--settings``, the command a session renders) and without, on the host:
+   (with - without) / reads;
+3. where a session's start goes: one bwrap and one Landlock session of
+   ``claude -p`` with AGENT_SANDBOX_TRACE=1 (the launcher's phases, in ms).
+
+Needs the CLIs (``just setup``) and bwrap; an agent not installed is skipped.
+Run: ``python3 bench/agents.py`` (``BENCH_N=5 BENCH_READS=20`` by default).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests" / "agents"))
+sys.path.insert(0, str(HERE.parent))
+
+from agents_world import Home, _logins  # noqa: E402
+from standin_apis import HOSTS, start  # noqa: E402
+
+N = int(os.environ.get("BENCH_N", "5"))
+READS = int(os.environ.get("BENCH_READS", "20"))
+MODES = ("host", "bwrap", "nono")
+
+
+HOSTS_FILE: Path | None = None  # /etc/hosts for host runs, when the stand-in has :443
+
+
+def turn_argv(agent: str, w: Home, mode: str) -> tuple[list[str], dict[str, str]]:
+    """One text turn of ``agent``: the host run reaches the stand-in by name where it can."""
+    base = f"https://127.0.0.1:{w.apis.port}"
+    by_url = mode == "host" and HOSTS_FILE is None
+    env: dict[str, str] = {}
+    if agent == "claude":
+        argv = ["claude", "-p", "hello"]
+        if by_url:
+            env["ANTHROPIC_BASE_URL"] = base
+    elif agent == "codex":
+        argv = ["codex", "exec", "--skip-git-repo-check", "hello"]
+        if by_url:
+            argv[1:1] = ["-c", f'model_providers.standin.base_url="{base}/v1"']
+    else:
+        argv = ["gemini", "--skip-trust", "-p", "hello"]
+        if by_url:
+            env["GOOGLE_GEMINI_BASE_URL"] = base
+    if mode == "host" and HOSTS_FILE is not None:
+        argv = ["bwrap", "--dev-bind", "/", "/", "--ro-bind", str(HOSTS_FILE), "/etc/hosts",
+                "--", *argv]
+    if mode != "host":
+        argv = ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={mode}", "--", *argv]
+    return argv, env
+
+
+def timed(w: Home, argv: list[str], env: dict[str, str]) -> float:
+    t0 = time.perf_counter()
+    done = subprocess.run(argv, env=w.env(**env), cwd=w.workdir, capture_output=True,
+                          text=True, timeout=120, stdin=subprocess.DEVNULL, check=False)
+    took = time.perf_counter() - t0
+    if done.returncode != 0 or ("pong" not in done.stdout and "RESULT<<" not in done.stdout):
+        raise SystemExit(f"{argv[:6]} failed: {done.stdout[-500:]} {done.stderr[-1500:]}")
+    return took
+
+
+def turns(w: Home) -> None:
+    agents = [a for a in ("claude", "codex", "gemini") if shutil.which(a)]
+    times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
+    for agent in agents:  # warm: page cache, bytecode, each CLI's first-run files
+        for mode in MODES:
+            timed(w, *turn_argv(agent, w, mode))
+    for _ in range(N):
+        for agent in agents:
+            for mode in MODES:
+                times[agent, mode].append(timed(w, *turn_argv(agent, w, mode)))
+    print(f"1. one text turn, median of {N} (s): host / bwrap / Landlock; session overhead")
+    for agent in agents:
+        med = [statistics.median(times[agent, m]) for m in MODES]
+        print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
+              f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
+
+
+def hook(w: Home) -> None:
+    """Claude Code with READS Reads of distinct files: no hook, ``true``, ours, ``sleep 0.1``.
+
+    ``true`` is a hook's floor (Claude Code spawns a shell per call); ``sleep
+    0.1`` calibrates: Claude Code does part of a call's own work while its
+    hook runs, so a hook adds less than its own run time.
+    """
+    if not shutil.which("claude"):
+        return
+    from libpolicy.model import Policy
+    from libpolicy.render import session_settings
+
+    policy = w.root / "policy.json"
+    policy.write_text(Policy(str(w.home), write=[str(w.workdir)]).to_json())
+    ours = session_settings(Policy.load(str(policy)), str(policy))["hooks"]
+    calls = ""
+    for i in range(READS):
+        (w.workdir / f"f{i}.txt").write_text(str(i))
+        calls += "TOOL<<Read " + json.dumps({"file_path": str(w.workdir / f"f{i}.txt")}) + ">>"
+    env = {"ANTHROPIC_BASE_URL": f"https://127.0.0.1:{w.apis.port}"}
+    argvs: dict[str, list[str]] = {}
+    for name, command in (("none", ""), ("true", "true"), ("policy-hook", None),
+                          ("sleep 0.1", "sleep 0.1")):
+        hooks = json.loads(json.dumps(ours))
+        if command is not None:
+            hooks["PreToolUse"][0]["hooks"][0]["command"] = command
+        settings = w.root / f"settings-{len(argvs)}.json"
+        settings.write_text(json.dumps({"hooks": hooks} if command != "" else {}))
+        argvs[name] = ["claude", "-p", f"--settings={settings}", "--allowedTools=Read", calls]
+    runs: dict[str, list[float]] = {name: [] for name in argvs}
+    for argv in argvs.values():
+        timed(w, argv, env)
+    for _ in range(N):
+        for name, argv in argvs.items():
+            runs[name].append(timed(w, argv, env))
+    med = {name: statistics.median(v) for name, v in runs.items()}
+    print(f"2. a hook's added time per file-tool call in Claude Code ({READS} Reads, "
+          f"median of {N}; {med['none']:.2f} s without a hook):")
+    for name in ("true", "policy-hook", "sleep 0.1"):
+        print(f"   {name:<12}{(med[name] - med['none']) / READS * 1000:6.1f} ms")
+
+
+def trace(w: Home) -> None:
+    if not shutil.which("claude"):
+        return
+    print("3. AGENT_SANDBOX_TRACE=1, claude -p (ms since the launcher's start)")
+    for mode in ("bwrap", "nono"):
+        argv, env = turn_argv("claude", w, mode)
+        done = subprocess.run(argv, env=w.env(AGENT_SANDBOX_TRACE="1", **env), cwd=w.workdir,
+                              capture_output=True, text=True, timeout=120, check=False)
+        lines = [ln for ln in done.stderr.splitlines() if "trace" in ln or " ms" in ln]
+        print(f"   {mode}:")
+        for line in lines:
+            print("     " + line)
+
+
+def main() -> None:
+    global HOSTS_FILE
+    tmp = Path(tempfile.mkdtemp(prefix="as-bench-agents-"))
+    try:
+        apis, server = start(tmp, 443)
+        HOSTS_FILE = tmp / "hosts"
+        HOSTS_FILE.write_text(Path("/etc/hosts").read_text() + "".join(
+            f"127.0.0.1 {h}\n" for h in HOSTS))
+    except OSError:
+        apis, server = start(tmp)
+        print("port 443 taken: host runs use base-URL variables (fewer requests than a session)")
+    home = tmp / "home"
+    (home / ".ssh").mkdir(parents=True)
+    _logins(home)
+    workdir = Path(tempfile.mkdtemp(prefix="as-b-", dir="/tmp"))
+    w = Home(tmp, home, workdir, apis, mark="bench")
+    try:
+        print(f"load: {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
+        turns(w)
+        hook(w)
+        trace(w)
+    finally:
+        server.shutdown()
+        shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
