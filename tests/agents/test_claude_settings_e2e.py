@@ -132,7 +132,7 @@ def test_in_a_session_the_hook_holds_and_commands_work(
     prompt = (
         read(w.home / ".ssh" / "id_rsa")
         + read(w.workdir / "notes.txt")
-        + "RUN<<echo bash-ran; ls -d ~/.ssh 2>&1 | head -1>>"
+        + "RUN<<echo bash-ran; broker-client -- echo brokered>>"
     )
     argv = ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={backend}", "--"]
     out = _run(w, [*argv, *claude(prompt)], drop_in)
@@ -141,8 +141,11 @@ def test_in_a_session_the_hook_holds_and_commands_work(
     assert "notes-in-workdir" in notes, notes
     # Commands run (Claude Code's own sandbox is off in a session: nested, it
     # failed every command under Landlock), with no shell start-up noise.
-    assert bash.startswith("bash-ran\n"), bash
-    assert "Permission denied" not in bash.split("\n")[0] and ".bashrc" not in bash, bash
+    assert "bash-ran\n" in bash and ".bashrc" not in bash, bash
+    if backend == "bwrap":  # the broker's socket: Claude Code's own sandbox no longer blocks it
+        assert bash.startswith("bash-ran\nbrokered"), bash
+    else:  # known limit: Claude Code's Bash tool closes the inherited broker door
+        assert "broker door (descriptor" in bash and "not open here" in bash, bash
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
