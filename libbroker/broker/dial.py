@@ -6,16 +6,15 @@ signature git asks for, so this module imports ``_socket`` (the C module;
 and ``sys`` (built in) and nothing else beyond :mod:`libbroker.errors`.
 
 In a Landlock session no unix socket may be created; the session's broker is
-reached through the door instead (:mod:`libbroker.launcher.door`): an
-inherited descriptor named by ``AGENT_SANDBOX_BROKER_DOOR``, through which
-the launcher hands back a socket it connected to the broker.
+reached through the door instead (:mod:`libbroker.launcher.door`): a loopback
+TCP port named by ``AGENT_SANDBOX_BROKER_DOOR``, which the launcher relays
+to the broker's socket.
 """
 
 from __future__ import annotations
 
 import _socket
 import posix
-import sys
 
 from libbroker.errors import BrokerUnavailable
 
@@ -76,48 +75,28 @@ def _ask_send_buffer(sock: _socket.socket, size: int) -> None:
 
 
 def _door_for(path: str) -> int | None:
-    """The door's descriptor, when there is one and ``path`` is the session's broker."""
+    """The door's port, when there is one and ``path`` is the session's broker."""
     env = posix.environ
     door = env.get(DOOR_ENV_VAR.encode(), b"")
     if not door.isdigit() or env.get(SOCKET_ENV_VAR.encode(), b"").decode(errors="replace") != path:
         return None
-    return int(door)
+    port = int(door)
+    return port if 0 < port < 65536 else None
 
 
-def through_door(door: int) -> _socket.socket:
-    """A socket connected to the broker, asked for through the door at fd ``door``."""
+def through_door(port: int) -> _socket.socket:
+    """A connection to the broker through the launcher's door at ``127.0.0.1:port``."""
+    sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        gate = _socket.socket(fileno=posix.dup(door))
+        sock.settimeout(_DOOR_TIMEOUT)
+        sock.connect(("127.0.0.1", port))
+        sock.settimeout(None)
+        sock.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
     except OSError as exc:
+        sock.close()
+        reason = exc.strerror or str(exc)
         raise BrokerUnavailable(
-            f"the broker door (descriptor {door}, {DOOR_ENV_VAR}) is not open here: "
-            f"{exc.strerror or exc}; a parent process closed it (Python's subprocess does: "
-            f"pass_fds=({door},) keeps it)"
+            f"cannot reach the broker through the session's door (127.0.0.1:{port}, "
+            f"{DOOR_ENV_VAR}): {reason}; is the session still running?"
         ) from None
-    mine, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
-    try:
-        passed = theirs.fileno().to_bytes(4, sys.byteorder)
-        rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, passed)]
-        try:
-            gate.sendmsg([b"\0"], rights)
-        except OSError as exc:
-            raise BrokerUnavailable(
-                f"cannot use the broker door (descriptor {door}): {exc.strerror or exc}"
-            ) from None
-        theirs.close()
-        mine.settimeout(_DOOR_TIMEOUT)
-        try:
-            data, ancillary, _, _ = mine.recvmsg(
-                256, _socket.CMSG_SPACE(4), _socket.MSG_CMSG_CLOEXEC
-            )
-        except OSError as exc:
-            raise BrokerUnavailable(f"the broker door did not answer: {exc}") from None
-        for level, kind, payload in ancillary:
-            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS and len(payload) >= 4:
-                return _socket.socket(fileno=int.from_bytes(payload[:4], sys.byteorder))
-        reason = data[1:].decode(errors="replace") or "the session is ending"
-        raise BrokerUnavailable(f"the broker door refused: {reason}")
-    finally:
-        theirs.close()
-        mine.close()
-        gate.close()
+    return sock

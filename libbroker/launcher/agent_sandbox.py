@@ -20,7 +20,7 @@ What both backends give the command:
 - network only to the egress proxy: bwrap has a network namespace of its own
   with nothing but loopback, where the forwarder listens on :3128 and :1080;
   Landlock allows TCP connect to the proxy's two ports only, and reaches the
-  broker through an inherited descriptor (:mod:`.door`), since it may create
+  broker through a loopback port relayed to its socket (:mod:`.door`), since it may create
   no unix socket.
 """
 

@@ -1,117 +1,124 @@
-"""The broker's door into a Landlock session: a connected socket handed in on request.
+"""The broker's door into a Landlock session: a loopback TCP port relayed to its socket.
 
 A Landlock sandbox may create no unix socket (Landlock does not mediate
 ``connect()`` to a path-named one, so the user's agent and docker sockets
 would be reachable by name; :mod:`libbroker.sandbox.seccomp` refuses them
-all).  broker-client and gpg-shim still need the broker.  The session
-therefore inherits one end of a ``SOCK_SEQPACKET`` socketpair, the *door*,
-named by ``AGENT_SANDBOX_BROKER_DOOR``; the launcher holds the other end.
+all).  broker-client and gpg-shim still need the broker.  So the launcher
+listens on ``127.0.0.1:PORT``, named to the session by
+``AGENT_SANDBOX_BROKER_DOOR=PORT``; Landlock lets the sandbox connect to that
+one port (as to the proxy's two); and each connection is relayed, spliced in
+the kernel, to a fresh connection the launcher makes to the broker's socket.
 
-A client makes a socketpair of its own (allowed: it reaches nothing), sends
-one end through the door, and waits on the other.  For each message the
-launcher connects a fresh unix socket to the broker, on the host, and sends
-that connected socket back over the client's end (SCM_RIGHTS).  The client
-then talks to the broker directly, at full speed, exactly as it would have
-through the path; the broker sees the launcher (same uid) as the peer.
+Why a port and not an inherited descriptor: an agent's tool runner may close
+every descriptor but stdio when it starts a shell (Claude Code does), which
+would leave broker-client without a way in.  A variable survives that.
 
-Everything from the sandbox is hostile: a message with no descriptor is
-ignored, extra descriptors are closed, the answer is sent without blocking
-(a client that does not read cannot stall the door), and the door leads to
-one place only, the session's broker.  The bwrap session needs no door: its
-network namespace and mounts already leave nothing else to reach.
+The port is on the host's loopback, so any local user could connect: each
+connection is checked against the kernel's TCP table (``/proc/net/tcp``) and
+served only if the peer's socket belongs to our own uid, as broker-server
+does with SO_PEERCRED.  The broker sees the launcher (same uid) as its peer.
+Everything from the sandbox is hostile: the door leads to one place only,
+the session's broker, and carries bytes it does not read.
 """
 
 from __future__ import annotations
 
 import _socket
-import array
 import contextlib
+import errno
 import os
 import sys
 import threading
+import time
 
-_FD_BYTES = array.array("i").itemsize
+from libbroker.sandbox.forwarder import pump
+
+_TRANSIENT = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EINTR}
+)
+
+
+def tcp_owner(local: tuple[str, int], remote: tuple[str, int], table: str) -> int | None:
+    """The uid owning the IPv4 socket bound at ``local`` and connected to ``remote``.
+
+    ``table`` is ``/proc/net/tcp``'s text: addresses are hex, in host byte
+    order for the address and big-endian for the port (``0100007F:1F90``).
+    """
+    def encode(addr: tuple[str, int]) -> str:
+        packed = _socket.inet_aton(addr[0])
+        return f"{int.from_bytes(packed, sys.byteorder):08X}:{addr[1]:04X}"
+
+    want_local, want_remote = encode(local), encode(remote)
+    for line in table.splitlines()[1:]:
+        fields = line.split()
+        if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
+            return int(fields[7]) if fields[7].isdigit() else None
+    return None
 
 
 class Door:
-    """The launcher's end of the door, answered by one thread until :meth:`close`."""
+    """The launcher's door: a loopback listener, one thread accepting, two per relay."""
 
     def __init__(self, broker_path: str) -> None:
         self.broker_path = broker_path
-        ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
-        self._sock = ours
-        self.inner_fd = theirs.detach()  # the sandbox's end: the caller passes it on
-        os.set_inheritable(self.inner_fd, True)
-        self._thread = threading.Thread(target=self._serve, name="broker-door", daemon=True)
+        self._sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+        try:
+            self._sock.bind(("127.0.0.1", 0))
+            self._sock.listen(64)
+        except OSError:
+            self._sock.close()
+            raise
+        self.port: int = self._sock.getsockname()[1]
+        self._closing = False
+        self._thread = threading.Thread(target=self._accept_loop, name="broker-door", daemon=True)
         self._thread.start()
 
-    def close_inner(self) -> None:
-        """Close our copy of the sandbox's end, once the sandbox holds it."""
-        if self.inner_fd >= 0:
-            os.close(self.inner_fd)
-            self.inner_fd = -1
-
-    def _serve(self) -> None:
-        space = _socket.CMSG_SPACE(16 * _FD_BYTES)
+    def _accept_loop(self) -> None:
         while True:
             try:
-                # close-on-exec at once: the launcher spawns children meanwhile
-                data, ancillary, _, _ = self._sock.recvmsg(16, space, _socket.MSG_CMSG_CLOEXEC)
-            except OSError:
-                return  # closed: the session is over
-            if not data and not ancillary:
-                return  # every copy of the sandbox's end is gone
-            fds = _received_fds(ancillary)
-            try:
-                if fds:
-                    self._answer(fds[0])
-            finally:
-                for fd in fds:
-                    with contextlib.suppress(OSError):
-                        os.close(fd)
-
-    def _answer(self, reply_fd: int) -> None:
-        """Connect to the broker and pass the connection back on ``reply_fd``."""
-        try:
-            reply = _socket.socket(fileno=os.dup(reply_fd))
-        except OSError:
-            return  # not a socket: nothing to answer on
-        conn = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        try:
-            try:
-                conn.settimeout(10)
-                conn.connect(self.broker_path)
-                conn.settimeout(None)
+                fd, peer = self._sock._accept()  # type: ignore[attr-defined]
             except OSError as exc:
-                message = f"cannot reach the broker: {exc.strerror or exc}".encode()
-                with contextlib.suppress(OSError):
-                    reply.sendmsg([b"\0" + message[:200]], [], _socket.MSG_DONTWAIT)
-                sys.stderr.write(f"agent-sandbox: broker door: {message.decode()}\n")
+                if self._closing or exc.errno not in _TRANSIENT:
+                    return  # closed: the session is over
+                sys.stderr.write(f"agent-sandbox: broker door cannot accept: {exc.strerror}\n")
+                time.sleep(0.1)
+                continue
+            conn = _socket.socket(fileno=fd)
+            if self._closing:
+                conn.close()
                 return
-            rights = [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, _fd_bytes(conn.fileno()))]
-            with contextlib.suppress(OSError):  # the client gave up: its loss
-                reply.sendmsg([b"\1"], rights, _socket.MSG_DONTWAIT)
-        finally:
+            self._serve(conn, peer)
+
+    def _serve(self, conn: _socket.socket, peer: tuple[str, int]) -> None:
+        """Check the peer, connect to the broker, relay; ``conn`` is ours to close."""
+        try:
+            with open("/proc/net/tcp") as fh:
+                owner = tcp_owner(peer, ("127.0.0.1", self.port), fh.read())
+        except OSError:
+            owner = None
+        if owner != os.getuid():
+            sys.stderr.write(
+                f"agent-sandbox: broker door: refused a connection from port {peer[1]} "
+                f"(uid {owner if owner is not None else 'unknown'}, not ours)\n"
+            )
             conn.close()
-            reply.close()
+            return
+        broker = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+        try:
+            broker.settimeout(10)
+            broker.connect(self.broker_path)
+            broker.settimeout(None)
+            conn.setsockopt(_socket.IPPROTO_TCP, _socket.TCP_NODELAY, 1)
+            pump(conn, broker)  # both close when the relay ends
+        except OSError as exc:
+            sys.stderr.write(f"agent-sandbox: broker door: cannot reach the broker: {exc}\n")
+            conn.close()
+            broker.close()
 
     def close(self) -> None:
-        """Stop answering; the thread ends at once."""
-        self.close_inner()
+        """Stop accepting; relays in flight end with their connections (the sandbox's end)."""
+        self._closing = True
         with contextlib.suppress(OSError):
             self._sock.shutdown(_socket.SHUT_RDWR)
-        self._thread.join(timeout=1)
         self._sock.close()
-
-
-def _fd_bytes(fd: int) -> bytes:
-    return array.array("i", [fd]).tobytes()
-
-
-def _received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
-    fds: list[int] = []
-    for level, kind, payload in ancillary:
-        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            usable = len(payload) - len(payload) % _FD_BYTES
-            fds += array.array("i", payload[:usable]).tolist()
-    return fds
+        self._thread.join(timeout=1)

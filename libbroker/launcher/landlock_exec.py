@@ -68,14 +68,10 @@ def main(argv: list[str] | None = None) -> int:
         for sig in _REAPER_IGNORES:
             signal.signal(sig, signal.SIG_IGN)
         reaper.become_subreaper()
-        door = int(spec.get("door", -1))
-
         def run() -> NoReturn:
             os._exit(_sandboxed(spec, tty))
 
         child, watch, group = pidns.spawn_below(run, life, group=not tty, native_reaper=None)
-        if door >= 0:
-            os.close(door)  # the command's, not the reaper's
     except Exception as exc:
         sys.stderr.write(f"agent-sandbox: cannot start the Landlock sandbox: {exc}\n")
         return 125
@@ -92,9 +88,6 @@ def _sandboxed(spec: dict[str, Any], tty: bool) -> int:
         if not tty:
             os.setsid()  # the command leads its own group: signals go to all of it
         os.chdir(shape.cwd)
-        door = int(spec.get("door", -1))
-        if door >= 0:
-            os.set_inheritable(door, True)  # the broker's door (launcher/door.py)
         if "limits" in spec:  # into the session's group before CMD runs (the reaper stays out)
             from libbroker.sandbox import cgroups
 

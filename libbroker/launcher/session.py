@@ -394,7 +394,7 @@ class Session:
                 "sandbox",
                 argv,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                pass_fds=[r, life_r, self.door.inner_fd],
+                pass_fds=[r, life_r],
                 pipes=False,
                 own_group=not self.tty,  # the helper calls setsid() then
             )
@@ -407,7 +407,7 @@ class Session:
         tmpdir = os.path.join(self.rt.root, "tmp")
         os.mkdir(tmpdir, 0o700)
         env = self._env(host, found.http_port, found.socks_port, tmpdir)
-        env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.inner_fd)
+        env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
         if self.agent is not None:  # the real home is not granted: a home of its own
             env.update(self.agent.landlock_home())
         shape = agent_sandbox.session_shape(
@@ -417,14 +417,12 @@ class Session:
             env,
             landlock=True,
             tty=self.tty,
-            ports=(found.http_port, found.socks_port),
+            ports=(found.http_port, found.socks_port, self.door.port),
             tmpdir=tmpdir,
         )
         import json
 
-        spec: dict[str, object] = {
-            "shape": shape.to_json(), "argv": self.cmd, "door": self.door.inner_fd
-        }
+        spec: dict[str, object] = {"shape": shape.to_json(), "argv": self.cmd}
         if self.limits is not None:  # joined by the command itself before it execs
             spec["limits"] = self.limits.entry()
         data = json.dumps(spec).encode()
@@ -433,7 +431,6 @@ class Session:
             view = view[os.write(self._spec, view) :]
         os.close(self._spec)
         self._spec = -1
-        self.door.close_inner()  # the helper holds it now
 
     def _start_kubeconfig(
         self, rt: Runtime, socks_port: int = SOCKS_PORT

@@ -45,6 +45,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <unistd.h>
 
 /* The wire format (DESIGN.md 2.2): tests/signing/test_gpg_native.py holds this
@@ -58,7 +60,6 @@ enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH
 #define MAX_FIELD 4096               /* a longer key or cwd: the full shim's case */
 #define SOCKET_ENV "AGENT_SANDBOX_BROKER_SOCKET"
 #define DOOR_ENV "AGENT_SANDBOX_BROKER_DOOR" /* libbroker/launcher/door.py */
-#define DOOR_WAIT_MS 30000
 #define FULL_SHIM "python/gpg-shim" /* beside this program: the Python gpg-shim */
 
 static const char *const channel_names[CHANNEL_COUNT] = {
@@ -261,53 +262,30 @@ static int dial(const char *path)
     return fd;
 }
 
-/* A socket connected to the broker, asked for through the door (a Landlock
-   session may create no unix socket: libbroker/launcher/door.py), or -1 (the
-   full shim then says why).  Our end of a fresh socketpair goes through the
-   door; the launcher answers on it with a descriptor (SCM_RIGHTS). */
+/* A connection to the broker through the session's door (a Landlock session
+   may create no unix socket: libbroker/launcher/door.py relays a loopback
+   TCP port to the broker's socket), or -1 (the full shim then says why). */
 static int through_door(const char *door_env)
 {
     char *end;
     errno = 0;
-    long door = strtol(door_env, &end, 10);
-    if (errno != 0 || end == door_env || *end != '\0' || door < 0 || door > INT32_MAX)
+    long port = strtol(door_env, &end, 10);
+    if (errno != 0 || end == door_env || *end != '\0' || port <= 0 || port > 65535)
         return -1;
-    int pair[2];
-    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0)
+    struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+                               .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
         return -1;
-    union { char buf[CMSG_SPACE(sizeof(int))]; struct cmsghdr align; } control;
-    memset(&control, 0, sizeof control);
-    char byte = 0;
-    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1,
-                         .msg_control = control.buf, .msg_controllen = sizeof control.buf};
-    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    memcpy(CMSG_DATA(c), &pair[1], sizeof(int));
-    ssize_t sent;
-    do
-        sent = sendmsg((int)door, &msg, MSG_NOSIGNAL);
-    while (sent < 0 && errno == EINTR);
-    close(pair[1]);
-    int got = -1;
-    struct pollfd pfd = {.fd = pair[0], .events = POLLIN};
-    if (sent == 1 && poll(&pfd, 1, DOOR_WAIT_MS) == 1) {
-        memset(&control, 0, sizeof control);
-        msg.msg_control = control.buf;
-        msg.msg_controllen = sizeof control.buf;
-        ssize_t n;
-        do
-            n = recvmsg(pair[0], &msg, MSG_CMSG_CLOEXEC);
-        while (n < 0 && errno == EINTR);
-        c = n > 0 ? CMSG_FIRSTHDR(&msg) : NULL;
-        if (c != NULL && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-            c->cmsg_len == CMSG_LEN(sizeof(int)))
-            memcpy(&got, CMSG_DATA(c), sizeof(int));
+    while (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
+        if (errno == EINTR)
+            continue;
+        close(fd);
+        return -1;
     }
-    close(pair[0]);
-    return got;
+    int one = 1;
+    (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
 }
 
 /* One server frame, complete: act on it.  Returns only for stdout and stderr. */

@@ -286,12 +286,11 @@ def own_unix_socket(directory: str) -> Outcome:
 
 
 def broker_client() -> Outcome:
-    # close_fds=False: run it as a shell or node would, passing on inherited
-    # descriptors (a Landlock session may hand broker-client its way to the
-    # broker as one; Python's default close_fds=True would drop it).
+    # Python's default close_fds=True: the way to the broker must not be an
+    # inherited descriptor (agents' tool runners close them).
     done = subprocess.run(
         ["broker-client", "--", "true"], capture_output=True, text=True, timeout=30,
-        stdin=subprocess.DEVNULL, close_fds=False,
+        stdin=subprocess.DEVNULL,
     )  # fmt: skip
     return done.returncode == 0, f"exit {done.returncode} {done.stderr.strip()[:200]}"
 

@@ -313,8 +313,8 @@ def test_any_answer_ends_as_in_the_python_shim(layout: Layout, answer: bytes) ->
 def test_in_a_landlock_session_the_fast_path_signs_through_the_door(
     layout: Layout, tmp_path: Path
 ) -> None:
-    """No unix socket may be made there (seccomp): the broker's door hands one in.
-    Alone, without the Python shim beside it, any fallback would be a 127."""
+    """No unix socket may be made there (seccomp): the door relays a loopback port to
+    the broker.  Alone, without the Python shim beside it, any fallback would be a 127."""
     from libbroker.launcher.door import Door
 
     lonely = tmp_path / "gpg-shim"
@@ -324,15 +324,15 @@ def test_in_a_landlock_session_the_fast_path_signs_through_the_door(
     env = {
         "PATH": os.environ["PATH"],
         "AGENT_SANDBOX_BROKER_SOCKET": broker.path,
-        "AGENT_SANDBOX_BROKER_DOOR": str(door.inner_fd),
+        "AGENT_SANDBOX_BROKER_DOOR": str(door.port),
     }
     try:
         done = subprocess.run([str(lonely), *SIGN, "KEY"], input=b"tree\n", capture_output=True,
-                              env=env, pass_fds=(door.inner_fd,), timeout=30, check=False)
+                              env=env, timeout=30, check=False)
         assert (done.returncode, done.stdout) == (0, b"-----BEGIN PGP SIGNATURE-----\n...\n")
         assert bytes(broker.received) == gpg_shim.sign_frames("KEY", os.getcwd(), b"tree\n")
-        # a door that is not open here: the fast path hands over (and, alone, says so)
-        env["AGENT_SANDBOX_BROKER_DOOR"] = "1000"
+        # a door that does not answer: the fast path hands over (and, alone, says so)
+        door.close()
         done = subprocess.run([str(lonely), *SIGN, "KEY"], input=b"tree\n", capture_output=True,
                               env=env, timeout=30, check=False)
         assert done.returncode == 127 and b"cannot run the full gpg-shim" in done.stderr
