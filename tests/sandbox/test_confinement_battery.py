@@ -48,7 +48,7 @@ CELLS = [
     for backend in ("bwrap", "nono")
 ]
 
-# Before the one sandbox (issues 11/18), 45 of these tests failed: the
+# Before the one sandbox (issues 11/18), 41 of these tests failed: the
 # Landlock session reached UDP, host unix sockets, sock_diag, the keyring,
 # /dev/shm, raw sockets, other processes' argv and (as root) environ, and
 # kept every capability; the root bwrap session kept its capabilities; the
