@@ -26,7 +26,9 @@ kill, so programs see an ordinary failure):
   Landlock does not mediate ``connect()`` to a path-named unix socket, so the
   user's ssh-agent, gpg-agent, D-Bus or docker socket would be reachable by
   name.  ``socketpair()`` stays allowed (pipes between the command's own
-  processes).  TCP is Landlock's: connect only to the ports the shape names.
+  processes) for stream and seqpacket pairs only: a datagram pair could
+  still ``sendto()`` a host socket by path.  TCP is Landlock's: connect only
+  to the ports the shape names.
 
 Stdlib only; ctypes is imported only when a filter is installed.
 """
@@ -61,6 +63,7 @@ TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 AF_UNIX, AF_INET, AF_INET6, AF_NETLINK = 1, 2, 10, 16
 SOCK_STREAM = 1
+SOCK_SEQPACKET = 5
 SOCK_TYPE_MASK = 0xF  # the rest of socket()'s type is SOCK_NONBLOCK / SOCK_CLOEXEC
 IPPROTO_TCP = 6
 NETLINK_ROUTE = 0
@@ -72,14 +75,17 @@ class Arch:
 
     audit: int
     socket: int
+    socketpair: int
     ioctl: int
     keyring: tuple[int, ...]  # add_key, request_key, keyctl
     io_uring: tuple[int, ...] = (425, 426, 427)  # the same on every 64-bit arch
 
 
 ARCHES = {
-    "x86_64": Arch(audit=0xC000003E, socket=41, ioctl=16, keyring=(248, 249, 250)),
-    "aarch64": Arch(audit=0xC00000B7, socket=198, ioctl=29, keyring=(217, 218, 219)),
+    "x86_64": Arch(audit=0xC000003E, socket=41, socketpair=53, ioctl=16, keyring=(248, 249, 250)),
+    "aarch64": Arch(
+        audit=0xC00000B7, socket=198, socketpair=199, ioctl=29, keyring=(217, 218, 219)
+    ),
 }
 
 
@@ -147,6 +153,7 @@ def program(spec: Filter | None = None, machine: str | None = None) -> bytes | N
         a.op(JEQ_K, nr, jt="eperm")
     if spec.sockets:
         a.op(JEQ_K, arch.socket, jt="socket")
+        a.op(JEQ_K, arch.socketpair, jt="socketpair")
     a.ret(RET_ALLOW)  # every other call
     a.label("ioctl")
     a.op(LD_W_ABS, arg_low(1))
@@ -168,6 +175,17 @@ def program(spec: Filter | None = None, machine: str | None = None) -> bytes | N
         a.label("netlink")
         a.op(LD_W_ABS, arg_low(2))
         a.op(JEQ_K, NETLINK_ROUTE, jt="allow", jf="eacces")
+        # A datagram socket from socketpair() is connected to its twin, yet
+        # sendto() with a path still reaches any datagram socket on the host
+        # (/dev/log, an app's): only stream and seqpacket pairs, which ignore
+        # or refuse an address.
+        a.label("socketpair")
+        a.op(LD_W_ABS, arg_low(0))
+        a.op(JEQ_K, AF_UNIX, jt=0, jf="eacces")
+        a.op(LD_W_ABS, arg_low(1))
+        a.op(AND_K, SOCK_TYPE_MASK)
+        a.op(JEQ_K, SOCK_STREAM, jt="allow")
+        a.op(JEQ_K, SOCK_SEQPACKET, jt="allow", jf="eacces")
     # The verdicts, last: classic BPF jumps only forward.
     a.label("allow")
     a.ret(RET_ALLOW)

@@ -38,7 +38,7 @@ PYTHON = os.path.realpath(sys.executable)
 CHECKS = (
     "udp_v4", "udp_v6", "tcp_v4", "tcp_v6",
     "unix_stream_home", "unix_dgram_home", "unix_stream_tmp", "unix_dgram_tmp",
-    "unix_abstract",
+    "unix_dgram_pair", "unix_abstract",
     "netlink_sock_diag", "raw_icmp", "capabilities", "cap_bounding",
     "keyring_read", "keyring_write", "shm_read", "shm_write",
     "proc_argv", "proc_environ", "signal", "ptrace",
@@ -248,6 +248,11 @@ def canaries(user: OrdinaryUser | None) -> Iterator[Canaries]:
                 c.listeners[f"unix_{kind_name}_{where}"] = _unix_listener(path, kind)
                 c.unix[f"unix_{kind_name}_{where}"] = (path, kind_name)
                 c.files.append(Path(path))
+        # a datagram pair's sendto() by path, past a refused socket() (found in review)
+        pair = str(c.home / f".as-{tag}-pair.sock")
+        c.listeners["unix_dgram_pair"] = _unix_listener(pair, socket.SOCK_DGRAM)
+        c.unix["unix_dgram_pair"] = (pair, "pair")
+        c.files.append(Path(pair))
         abstract = f"@as-canary-{tag}"
         c.listeners["unix_abstract"] = _unix_listener(abstract, socket.SOCK_STREAM)
         c.unix["unix_abstract"] = (abstract, "stream")

@@ -124,6 +124,14 @@ def unix(address: str, kind: int, payload: bytes) -> Outcome:
         return True, "connected"
 
 
+def unix_pair(address: str, payload: bytes) -> Outcome:
+    """socket() may be refused; a datagram socketpair's sendto() names any path."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    with a, b:
+        a.sendto(payload, address)
+        return True, "datagram sent from a socketpair"
+
+
 def create_socket(family: int, kind: int, proto: int) -> Outcome:
     with socket.socket(family, kind, proto):
         return True, "created"
@@ -317,6 +325,9 @@ def main() -> None:
             checks[f"udp_{family}"] = functools.partial(udp, host, port_u, mark)
             checks[f"tcp_{family}"] = functools.partial(tcp, host, port_t, mark)
     for name, (address, kind) in cfg["unix"].items():
+        if kind == "pair":
+            checks[name] = functools.partial(unix_pair, address, mark)
+            continue
         sock_kind = socket.SOCK_DGRAM if kind == "dgram" else socket.SOCK_STREAM
         checks[name] = functools.partial(unix, address, sock_kind, mark)
     checks |= {

@@ -57,7 +57,7 @@ def test_only_the_listed_calls_are_refused(machine: str, sockets: bool, nr: int,
     injecting = nr == arch.ioctl and low in (seccomp.TIOCSTI, seccomp.TIOCLINUX)
     if injecting or nr in (*arch.keyring, *arch.io_uring):
         assert got == EPERM
-    elif nr == arch.socket and sockets:
+    elif nr in (arch.socket, arch.socketpair) and sockets:
         assert got in (ALLOW, EACCES)
     else:
         assert got == ALLOW
@@ -93,6 +93,26 @@ def test_socket_families(machine: str, domain: int, kind: int, proto: int, allow
     )
     # without the socket rules (bwrap: a network namespace of its own) all pass
     assert run_bpf(seccomp.program(None, machine) or b"", arch.socket, arch.audit, domain) == ALLOW
+
+
+@pytest.mark.parametrize(
+    ("domain", "kind", "allowed"),
+    [
+        (1, 1, True),  # unix stream pair: pipes between the command's own processes
+        (1, 5 | 0o2000000, True),  # seqpacket (an address is ignored there)
+        (1, 2, False),  # datagram: sendto() by path would reach the host's sockets
+        (1, 2 | 0o4000, False),
+        (2, 1, False),  # not unix at all
+    ],
+)
+@pytest.mark.parametrize("machine", MACHINES)
+def test_socketpair_kinds(machine: str, domain: int, kind: int, allowed: bool) -> None:
+    arch = seccomp.ARCHES[machine]
+    prog = seccomp.program(seccomp.Filter(sockets=True), machine)
+    assert prog is not None
+    assert run_bpf(prog, arch.socketpair, arch.audit, domain, kind, 0) == (
+        ALLOW if allowed else EACCES
+    )
 
 
 def test_foreign_abis_are_refused() -> None:
