@@ -8,7 +8,8 @@ fresh /proc; this module does the same for the Landlock backend, with the
 unprivileged user namespace that most kernels allow:
 
     reaper (outside)  --  unshare(NEWUSER | NEWPID), uid/gid mapped to themselves
-      init (pid 1)    --  unshare(NEWNS), / made private, a fresh /proc mounted;
+      init (pid 1)    --  unshare(NEWNS), / made private, a fresh /proc and a
+                          devpts of its own (no other terminal of the user);
                           then the reaper's job for the command (signals from
                           the control pipe, everything killed when it ends)
         command       --  the one hardening sequence (enter.py), then exec
@@ -38,7 +39,7 @@ from libbroker.sandbox import reaper
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
-_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x4000, 0x40000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x1000, 0x4000, 0x40000
 # What a kernel that refuses unprivileged user namespaces answers.
 _REFUSED = {errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS, errno.ENOSYS, errno.EACCES}
 SETUP_FAILED = 125
@@ -72,13 +73,27 @@ def unshare_pids() -> bool:
 
 
 def own_proc() -> None:
-    """In the namespace's init: a mount namespace whose /proc shows only the namespace."""
+    """In the namespace's init: a mount namespace whose /proc shows only the namespace,
+    and whose /dev/pts holds only the sandbox's own terminals.
+
+    The host's /dev/pts would let the sandbox open the user's other terminals
+    (another shell's pty, where a password is typed) by path; a new devpts
+    instance, with /dev/ptmx bound to its own, shows none of them.  The
+    session's own terminal stays reachable through the descriptors it was
+    given and /dev/tty.
+    """
     libc = _libc()
     _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    # Private first: the new /proc must not propagate back to the host's mounts.
+    # Private first: the new mounts must not propagate back to the host's.
     _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
     _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount proc")
+    if os.path.isdir("/dev/pts"):
+        pts = b"newinstance,ptmxmode=0666,mode=0620"
+        _check(libc.mount(b"devpts", b"/dev/pts", b"devpts", _MS_NOSUID | _MS_NOEXEC, pts),
+               "mount devpts")
+        _check(libc.mount(b"/dev/pts/ptmx", b"/dev/ptmx", None, _MS_BIND, None),
+               "mount --bind /dev/pts/ptmx /dev/ptmx")
 
 
 def spawn_below(

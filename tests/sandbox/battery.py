@@ -41,7 +41,7 @@ CHECKS = (
     "unix_dgram_pair", "unix_abstract",
     "netlink_sock_diag", "raw_icmp", "capabilities", "cap_bounding",
     "keyring_read", "keyring_write", "shm_read", "shm_write",
-    "proc_argv", "proc_environ", "signal", "ptrace",
+    "proc_argv", "proc_environ", "signal", "ptrace", "pty_other",
     "home_file", "write_outside", "environment",
 )  # fmt: skip
 """Every refusal the battery asks of every cell."""
@@ -158,6 +158,7 @@ class Canaries:
     outside: list[str] = field(default_factory=list)
     shm_file: str = ""
     shm_plant: str = ""
+    pty: str = ""  # another terminal of the user's: its slave's path
     skipped: dict[str, str] = field(default_factory=dict)
 
     def as_owner(self, fn: Callable[[], int]) -> int:
@@ -178,6 +179,7 @@ class Canaries:
             "planted_key_name": self.planted_key_name,
             "shm_file": self.shm_file,
             "shm_plant": self.shm_plant,
+            "pty": self.pty,
             "home_file": str(self.home / ".ssh" / "id_rsa"),
             "outside": self.outside,
             "canary_pid": self.canary.pid if self.canary else 0,
@@ -219,6 +221,7 @@ def canaries(user: OrdinaryUser | None) -> Iterator[Canaries]:
     }
     base = Path(tempfile.mkdtemp(prefix="as-bat-", dir="/tmp"))  # short: sun_path
     c = Canaries(base, base / "home", base / "work", base / "rt", user, sec)
+    ptys: list[int] = []
     try:
         (c.home / ".ssh").mkdir(parents=True)
         (c.home / ".ssh" / "id_rsa").write_text(
@@ -267,8 +270,14 @@ def canaries(user: OrdinaryUser | None) -> Iterator[Canaries]:
             str(c.base / f"outside-{tag}"), f"/var/tmp/as-planted-{tag}",
         ]  # fmt: skip
         c.files += [Path(p) for p in c.outside]
+        # Another terminal of the user's (a shell where a password is typed).
+        master, slave = os.openpty()
+        c.pty = os.ttyname(slave)
+        os.close(slave)
+        ptys.append(master)
         if user is not None:
             user.own(c.base, c.shm_file, *(p for p, _ in c.unix.values() if p[0] == "/"))
+            os.chown(c.pty, user.uid, user.gid)
         # The user's keyring and another process of the same user.
         c.key_name, c.planted_key_name = f"as-canary-{tag}", f"as-planted-{tag}"
         if c.as_owner(lambda: add_user_key(c.key_name, sec["key"])) != 0:
@@ -288,6 +297,8 @@ def canaries(user: OrdinaryUser | None) -> Iterator[Canaries]:
         _wait_exec(c.canary.pid, sec["argv"])
         yield c
     finally:
+        for fd in ptys:
+            os.close(fd)
         if c.canary is not None:
             with contextlib.suppress(OSError):
                 os.killpg(c.canary.pid, signal.SIGKILL)

@@ -124,6 +124,13 @@ def unix(address: str, kind: int, payload: bytes) -> Outcome:
         return True, "connected"
 
 
+def open_terminal(path: str) -> Outcome:
+    """Another terminal of the user's, opened for reading: its keystrokes."""
+    fd = os.open(path, os.O_RDWR | os.O_NOCTTY)
+    os.close(fd)
+    return True, f"opened {path}"
+
+
 def unix_pair(address: str, payload: bytes) -> Outcome:
     """socket() may be refused; a datagram socketpair's sendto() names any path."""
     a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
@@ -338,6 +345,7 @@ def main() -> None:
         "keyring_read": lambda: keyring_read(cfg["key_name"], s["key"]),
         "keyring_write": lambda: keyring_write(cfg["planted_key_name"]),
         "shm_read": lambda: read_secret(cfg["shm_file"], s["shm"]),
+        "pty_other": lambda: open_terminal(cfg["pty"]),
         "shm_write": lambda: write_file(cfg["shm_plant"]),
         "home_file": lambda: read_secret(cfg["home_file"], s["home"]),
         "write_outside": lambda: _write_all(cfg["outside"]),
