@@ -243,6 +243,21 @@ static void write_all(int fd, const unsigned char *data, size_t len)
     }
 }
 
+/* A socket of ``family`` connected to ``addr``, or -1. */
+static int connected(int family, const struct sockaddr *addr, socklen_t len)
+{
+    int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -1;
+    while (connect(fd, addr, len) < 0) {
+        if (errno == EINTR)
+            continue;
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 /* A connected unix socket to the broker, or -1 (the full shim then says why). */
 static int dial(const char *path)
 {
@@ -250,16 +265,7 @@ static int dial(const char *path)
     if (strlen(path) >= sizeof addr.sun_path)
         return -1;
     memcpy(addr.sun_path, path, strlen(path) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    while (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        if (errno == EINTR)
-            continue;
-        close(fd);
-        return -1;
-    }
-    return fd;
+    return connected(AF_UNIX, (struct sockaddr *)&addr, sizeof addr);
 }
 
 /* A connection to the broker through the session's door (a Landlock session
@@ -274,15 +280,9 @@ static int through_door(const char *door_env)
         return -1;
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port),
                                .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd = connected(AF_INET, (struct sockaddr *)&addr, sizeof addr);
     if (fd < 0)
         return -1;
-    while (connect(fd, (struct sockaddr *)&addr, sizeof addr) < 0) {
-        if (errno == EINTR)
-            continue;
-        close(fd);
-        return -1;
-    }
     int one = 1;
     (void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     return fd;
