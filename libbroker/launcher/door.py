@@ -25,17 +25,12 @@ from __future__ import annotations
 
 import _socket
 import contextlib
-import errno
 import os
 import sys
 import threading
-import time
 
+from libbroker.launcher.relay import accept_each
 from libbroker.sandbox.forwarder import pump
-
-_TRANSIENT = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EINTR}
-)
 
 
 def tcp_owner(local: tuple[str, int], remote: tuple[str, int], table: str) -> int | None:
@@ -74,16 +69,7 @@ class Door:
         self._thread.start()
 
     def _accept_loop(self) -> None:
-        while True:
-            try:
-                fd, peer = self._sock._accept()  # type: ignore[attr-defined]
-            except OSError as exc:
-                if self._closing or exc.errno not in _TRANSIENT:
-                    return  # closed: the session is over
-                sys.stderr.write(f"agent-sandbox: broker door cannot accept: {exc.strerror}\n")
-                time.sleep(0.1)
-                continue
-            conn = _socket.socket(fileno=fd)
+        for conn, peer in accept_each(self._sock, lambda: self._closing, "broker door"):
             if self._closing:
                 conn.close()
                 return

@@ -36,10 +36,36 @@ import sys
 import threading
 import time
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up time)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from typing import Any
+
 # accept() failures that pass: the listener itself is fine.
 _TRANSIENT = frozenset(
     {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EINTR}
 )
+
+
+def accept_each(
+    sock: _socket.socket, closing: Callable[[], bool], what: str
+) -> Iterator[tuple[_socket.socket, Any]]:
+    """Each connection accepted on ``sock`` (close-on-exec) and its peer, until it closes.
+
+    Out of descriptors or memory for now refuses that connection, not all
+    later ones; any other failure, or ``closing()``, ends the loop.
+    """
+    while True:
+        try:
+            # close-on-exec, as socket.accept() makes it (not in typeshed)
+            fd, peer = sock._accept()  # type: ignore[attr-defined]
+        except OSError as exc:
+            if closing() or exc.errno not in _TRANSIENT:
+                return  # closed: the session is over
+            sys.stderr.write(f"agent-sandbox: {what} cannot accept: {exc.strerror}\n")
+            time.sleep(0.1)
+            continue
+        yield _socket.socket(fileno=fd), peer
 
 
 class Relay:
@@ -75,18 +101,7 @@ class Relay:
         self._ready.set()
 
     def _accept_loop(self) -> None:
-        while True:
-            try:
-                # close-on-exec, as socket.accept() makes it (not in typeshed)
-                fd, _ = self._sock._accept()  # type: ignore[attr-defined]
-            except OSError as exc:
-                if self._closing or exc.errno not in _TRANSIENT:
-                    return  # closed: the session is over
-                # Out of descriptors or memory for now: refuse this one, not all later ones.
-                sys.stderr.write(f"agent-sandbox: proxy bridge cannot accept: {exc.strerror}\n")
-                time.sleep(0.1)
-                continue
-            conn = _socket.socket(fileno=fd)
+        for conn, _ in accept_each(self._sock, lambda: self._closing, "proxy bridge"):
             try:
                 self._ready.wait()
                 if self._closing:
