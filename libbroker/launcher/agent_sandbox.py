@@ -68,7 +68,6 @@ class Host(NamedTuple):
     forwarder: str  # forwarder.py's path
     bin_dir: str  # where the console scripts are (gpg-shim, broker-client)
     cwd: str
-    facts: bwrap.Facts  # what exists among the shape's paths (see session_paths)
 
 
 def proxy_urls(http_port: int, socks_port: int) -> tuple[str, str]:
@@ -199,11 +198,16 @@ def bwrap_argv(
     host: Host,
     cmd: list[str],
     *,
+    facts: bwrap.Facts,
     control_fd: int,
     seccomp_fd: int,
 ) -> list[str]:
-    """bwrap's argv for the session's command, wrapped in the forwarder."""
-    argv = ["bwrap", *bwrap.argv(shape, host.facts, seccomp_fd=seccomp_fd), "--"]
+    """bwrap's argv for the session's command, wrapped in the forwarder.
+
+    ``facts``: what exists on the host among the shape's paths
+    (:func:`libbroker.sandbox.bwrap.shape_facts`).
+    """
+    argv = ["bwrap", *bwrap.argv(shape, facts, seccomp_fd=seccomp_fd), "--"]
     argv += [host.python, "-I", "-S", host.forwarder]
     for port, relay in ((HTTP_PORT, rt.http_relay), (SOCKS_PORT, rt.socks_relay)):
         argv += ["--listen", f"{port}={relay}"]

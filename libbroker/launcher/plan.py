@@ -22,7 +22,6 @@ from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
 from libbroker.launcher.prestart import choose_backend as choose_backend
 from libbroker.launcher.runtime import Runtime
-from libbroker.sandbox import bwrap
 
 if TYPE_CHECKING:
     from libpolicy.model import Policy
@@ -74,29 +73,22 @@ def prepare_workdir(cfg: Config) -> None:
             os.mkdir(os.path.join(git, "hooks"), 0o755)
 
 
-def host_facts(
-    cfg: Config, cwd: str, rt: Runtime, overlays: tuple[tuple[str, str], ...] = ()
-) -> Host:
-    """The host facts the session's sandbox depends on, its paths stat'ed once."""
+def host_facts(cwd: str) -> Host:
+    """The facts about this installation the session's sandbox depends on."""
     project = project_dir()
     prefixes: list[str] = []
     for p in (sys.prefix, sys.base_prefix):
         p = os.path.realpath(p)
         if p not in prefixes:
             prefixes.append(p)
-    host = Host(
+    return Host(
         python=os.path.realpath(sys.executable),
         python_dirs=tuple(prefixes),
         project_dir=project,
         forwarder=os.path.join(project, "libbroker", "sandbox", "forwarder.py"),
         bin_dir=scripts_dir(),
         cwd=cwd,
-        facts=bwrap.Facts(frozenset(), frozenset(), {}),
     )
-    shape = agent_sandbox.session_shape(
-        cfg, rt, host, {}, landlock=False, tty=False, overlays=overlays
-    )
-    return host._replace(facts=bwrap.shape_facts(shape))
 
 
 def proxy_args(cfg: Config, rt: Runtime) -> list[str]:

@@ -198,9 +198,9 @@ class Session:
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)
             _trace(f"{agent.profile.name}'s private config copied")
-        overlays = agent.overlays(rt) if agent is not None and self.backend == "bwrap" else ()
-        self._overlays = overlays
-        host = plan.host_facts(cfg, os.getcwd(), rt, overlays)
+        if agent is not None and self.backend == "bwrap":
+            self._overlays = agent.overlays(rt)
+        host = plan.host_facts(os.getcwd())
         if cfg.record:  # never where the sandbox could reach it: refused before anything runs
             from libbroker.launcher.record import check_private
 
@@ -339,20 +339,16 @@ class Session:
         snap = self.hostrun.wait()
         pin = tuple(hostrun_guard.bwrap_pin(snap))
         hold = tuple(hostrun_guard.bwrap_protect(snap))
-        found = bwrap.facts([*pin, *hold])
-        facts = host.facts
-        host = host._replace(
-            facts=bwrap.Facts(
-                facts.dirs | found.dirs, facts.files | found.files, facts.links, facts.listings
-            )
-        )
         sec_fd = bwrap.seccomp_pipe(prog)
         env = self._env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.session_shape(
             self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold,
             overlays=self._overlays,
         )
-        argv = agent_sandbox.bwrap_argv(shape, rt, host, self.cmd, control_fd=r, seccomp_fd=sec_fd)
+        facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
+        argv = agent_sandbox.bwrap_argv(
+            shape, rt, host, self.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd
+        )
         try:
             self.sandbox = self._spawn(
                 "sandbox",

@@ -20,12 +20,12 @@ HOST = Host(
     forwarder="/opt/agent-sandbox/libbroker/sandbox/forwarder.py",
     bin_dir="/home/u/.pyenv/versions/3.11/bin",
     cwd="/home/u/project/sub",
-    facts=Facts(
-        dirs=frozenset({"/usr", "/etc", "/home/u/.pyenv/versions/3.11", "/opt/agent-sandbox",
-                        "/home/u/project", "/home/u/.cargo", RT.root}),
-        files=frozenset({"/etc/shadow", "/home/u/project/.env"}),
-        links={"/bin": "usr/bin", "/lib": "usr/lib"},
-    ),
+)
+ON_HOST = Facts(
+    dirs=frozenset({"/usr", "/etc", "/home/u/.pyenv/versions/3.11", "/opt/agent-sandbox",
+                    "/home/u/project", "/home/u/.cargo", RT.root}),
+    files=frozenset({"/etc/shadow", "/home/u/project/.env"}),
+    links={"/bin": "usr/bin", "/lib": "usr/lib"},
 )  # fmt: skip
 
 
@@ -40,9 +40,11 @@ def _shape(cfg=CFG, host=HOST, tty: bool = False, landlock: bool = False):  # ty
     )
 
 
-def _argv(tty: bool, cfg=CFG, host=HOST) -> list[str]:  # type: ignore[no-untyped-def]
-    shape = _shape(cfg, host, tty)
-    return agent_sandbox.bwrap_argv(shape, RT, host, ["claude", "--x"], control_fd=4, seccomp_fd=5)
+def _argv(tty: bool, cfg=CFG, facts=ON_HOST) -> list[str]:  # type: ignore[no-untyped-def]
+    shape = _shape(cfg, HOST, tty)
+    return agent_sandbox.bwrap_argv(
+        shape, RT, HOST, ["claude", "--x"], facts=facts, control_fd=4, seccomp_fd=5
+    )
 
 
 def _pairs(argv: list[str], flag: str) -> list[tuple[str, str]]:
@@ -239,11 +241,10 @@ def test_listening_lines(name: str, line: str, field: str, value: object) -> Non
 
 def test_git_hooks_and_config_are_bound_read_only_after_the_workdir() -> None:
     git = ("/home/u/project/.git/hooks", "/home/u/project/.git/config")
-    facts = HOST.facts
-    host = HOST._replace(facts=Facts(facts.dirs | {git[0]}, facts.files | {git[1]}, facts.links))
-    argv = _argv(tty=False, host=host)
+    facts = Facts(ON_HOST.dirs | {git[0]}, ON_HOST.files | {git[1]}, ON_HOST.links)
+    argv = _argv(tty=False, facts=facts)
     after = argv[argv.index("/home/u/project", argv.index("--bind")) :]
     for p in git:
         assert (p, p) in _pairs(after, "--ro-bind")
-    argv = _argv(tty=False, cfg=CFG._replace(protect_git=False), host=host)
+    argv = _argv(tty=False, cfg=CFG._replace(protect_git=False), facts=facts)
     assert not any(p in argv for p in git)
