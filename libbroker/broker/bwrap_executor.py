@@ -47,7 +47,7 @@ def bwrap_args(
 ) -> list[str]:  # fmt: skip
     """The bwrap options (everything before ``--``) for one command.  Pure but for stat."""
     shape = command_shape(profile, workdir, cwd)
-    facts = bwrap.facts(bwrap.shape_paths(shape))
+    facts = bwrap.shape_facts(shape)
     return bwrap.argv(shape, facts, info_fd=info_fd, block_fd=block_fd, seccomp_fd=seccomp_fd)
 
 
@@ -67,7 +67,7 @@ class BwrapExecutor(Executor):
         self.workdir = workdir
         self.env = command_environment(server_env, profile.env_allow, tmpdir="/tmp")
         shape = command_shape(profile, workdir, workdir)
-        self.facts = bwrap.facts(bwrap.shape_paths(shape))  # the cwd is inside the workdir
+        self.facts = bwrap.shape_facts(shape)  # the cwd is inside the workdir
         prog = seccomp.program()
         if prog is None:
             raise SandboxUnavailable(f"bwrap backend: no seccomp filter for {os.uname().machine}")

@@ -54,7 +54,7 @@ def command_shape(profile: Profile, workdir: str, tmp: str = "") -> Shape:
 def landlock_rules(profile: Profile, workdir: str, tmp: str = "") -> landlock.Ruleset:
     """The ruleset of one command (ConfigError for a deny Landlock cannot enforce)."""
     shape = command_shape(profile, workdir, tmp)
-    return landlock.ruleset(shape, landlock.kinds(landlock.shape_paths(shape)))
+    return landlock.shape_ruleset(shape)
 
 
 class LandlockExecutor(Executor):

@@ -39,7 +39,7 @@ _REAPER_IGNORES = (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP, signal.SIGTERM)
 def apply(shape: Shape) -> None:
     """Capabilities, no_new_privs, seccomp and Landlock for ``shape`` (irreversible)."""
     version = landlock.require()
-    rules = landlock.ruleset(shape, landlock.kinds(landlock.shape_paths(shape)))
+    rules = landlock.shape_ruleset(shape)
     enter.enter(rules, version, seccomp.Filter(sockets=True))
 
 

@@ -124,6 +124,11 @@ def ruleset(shape: Shape, is_dir: dict[str, bool]) -> Ruleset:
     return Ruleset(tuple(rules), tuple(shape.tcp_connect))
 
 
+def shape_ruleset(shape: Shape) -> Ruleset:
+    """:func:`ruleset` for ``shape``, its paths looked at on this host."""
+    return ruleset(shape, kinds(shape_paths(shape)))
+
+
 # --- the kernel ---------------------------------------------------------------
 
 
