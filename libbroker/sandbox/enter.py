@@ -23,6 +23,7 @@ import ctypes
 import os
 
 from libbroker.sandbox import landlock, seccomp
+from libbroker.sandbox.libc import check, libc
 
 _PR_SET_NO_NEW_PRIVS = 38
 _PR_CAPBSET_DROP = 24
@@ -53,21 +54,17 @@ def _last_cap() -> int:
 
 def drop_capabilities() -> None:
     """No capability now or after any exec, and no_new_privs (the user may be root)."""
-    libc = ctypes.CDLL(None, use_errno=True)
+    c = libc()
     for cap in range(_last_cap() + 1):
         # EPERM without CAP_SETPCAP: then there is nothing to drop (an
         # unprivileged bounding set is inert under no_new_privs).
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+        if c.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
             break
-    libc.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    c.prctl(_PR_CAP_AMBIENT, _PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
     header = _CapHeader(_CAP_VERSION_3, 0)
     data = (_CapData * 2)()
-    if libc.capset(ctypes.byref(header), data) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"capset: {os.strerror(err)}")
-    if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_NO_NEW_PRIVS): {os.strerror(err)}")
+    check(c.capset(ctypes.byref(header), data), "capset")
+    check(c.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 def enter(rules: landlock.Ruleset, abi: int, seccomp_filter: seccomp.Filter) -> None:

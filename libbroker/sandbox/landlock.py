@@ -27,10 +27,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any
 
 from libbroker.errors import ConfigError, SandboxUnavailable
 from libbroker.paths import under
+from libbroker.sandbox.libc import check, fail, libc
 from libbroker.sandbox.shape import Shape
 
 # linux/landlock.h
@@ -66,7 +66,6 @@ MIN_ABI = 6
 _SYS_CREATE_RULESET, _SYS_ADD_RULE, _SYS_RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
-_PR_SET_NO_NEW_PRIVS = 38
 
 
 @dataclass(frozen=True)
@@ -132,16 +131,9 @@ def shape_ruleset(shape: Shape) -> Ruleset:
 # --- the kernel ---------------------------------------------------------------
 
 
-def _libc() -> Any:
-    import ctypes
-
-    return ctypes.CDLL(None, use_errno=True)
-
-
 def abi() -> int:
     """This kernel's Landlock ABI version; 0 when Landlock is off or missing."""
-    libc = _libc()
-    version = libc.syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
+    version = libc().syscall(_SYS_CREATE_RULESET, None, 0, _CREATE_RULESET_VERSION)
     return max(int(version), 0)
 
 
@@ -161,8 +153,8 @@ def require() -> int:
 def restrict_self(rs: Ruleset, version: int) -> None:
     """Apply ``rs`` to this process and its future children (irreversible).
 
-    Sets no_new_privs first, which Landlock needs from an unprivileged caller.
-    OSError when the kernel refuses.
+    Landlock needs no_new_privs from an unprivileged caller: :func:`.enter.enter`
+    sets it before.  OSError when the kernel refuses.
     """
     import ctypes
 
@@ -176,12 +168,12 @@ def restrict_self(rs: Ruleset, version: int) -> None:
     class NetPort(ctypes.Structure):
         _fields_ = [("allowed", ctypes.c_uint64), ("port", ctypes.c_uint64)]
 
-    libc = _libc()
+    c = libc()
     handled = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= version)]
     attr = RulesetAttr(handled, NET_BIND_TCP | NET_CONNECT_TCP, SCOPE_ABSTRACT_UNIX | SCOPE_SIGNAL)
-    fd = libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
+    fd = c.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.sizeof(attr), 0)
     if fd < 0:
-        _fail("landlock_create_ruleset")
+        fail("landlock_create_ruleset")
     try:
         for rule in rs.rules:
             allowed = handled if rule.writable else READ & handled
@@ -193,24 +185,14 @@ def restrict_self(rs: Ruleset, version: int) -> None:
                 raise OSError(exc.errno, f"cannot open {rule.path}: {exc.strerror}") from None
             try:
                 beneath = PathBeneath(allowed, parent)
-                if libc.syscall(_SYS_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0):
-                    _fail(f"landlock_add_rule({rule.path})")
+                check(c.syscall(_SYS_ADD_RULE, fd, _RULE_PATH_BENEATH, ctypes.byref(beneath), 0),
+                      f"landlock_add_rule({rule.path})")
             finally:
                 os.close(parent)
         for port in rs.tcp_connect:
             net = NetPort(NET_CONNECT_TCP, port)
-            if libc.syscall(_SYS_ADD_RULE, fd, _RULE_NET_PORT, ctypes.byref(net), 0):
-                _fail(f"landlock_add_rule(tcp connect {port})")
-        if libc.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            _fail("prctl(PR_SET_NO_NEW_PRIVS)")
-        if libc.syscall(_SYS_RESTRICT_SELF, fd, 0) != 0:
-            _fail("landlock_restrict_self")
+            check(c.syscall(_SYS_ADD_RULE, fd, _RULE_NET_PORT, ctypes.byref(net), 0),
+                  f"landlock_add_rule(tcp connect {port})")
+        check(c.syscall(_SYS_RESTRICT_SELF, fd, 0), "landlock_restrict_self")
     finally:
         os.close(fd)
-
-
-def _fail(what: str) -> None:
-    import ctypes
-
-    err = ctypes.get_errno()
-    raise OSError(err, f"{what}: {os.strerror(err)}")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import errno
 import os
 import signal
@@ -24,6 +23,7 @@ import socket
 import time
 
 from libbroker.errors import SpawnError
+from libbroker.sandbox.libc import check, libc
 
 _CLONE_NEWNET = 0x40000000
 _CLONE_NEWUSER = 0x10000000
@@ -59,13 +59,12 @@ def _listener_child(pid: int, port: int, channel: socket.socket) -> None:
     status = 0
     try:
         signal.set_wakeup_fd(-1)
-        libc = ctypes.CDLL(None, use_errno=True)
         user = f"/proc/{pid}/ns/user"
         if os.stat(user).st_ino != os.stat("/proc/self/ns/user").st_ino:
             # Joining the sandbox's user namespace first is what lets an
             # unprivileged server (the namespace's owner) join its netns.
-            _setns(libc, user, _CLONE_NEWUSER)
-        _setns(libc, f"/proc/{pid}/ns/net", _CLONE_NEWNET)
+            _setns(user, _CLONE_NEWUSER)
+        _setns(f"/proc/{pid}/ns/net", _CLONE_NEWNET)
         sock = socket.socket()
         deadline = time.monotonic() + _BIND_WAIT
         while True:
@@ -86,12 +85,10 @@ def _listener_child(pid: int, port: int, channel: socket.socket) -> None:
         os._exit(status)
 
 
-def _setns(libc: ctypes.CDLL, path: str, kind: int) -> None:
+def _setns(path: str, kind: int) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
-        if libc.setns(fd, kind) != 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"setns({path}): {os.strerror(err)}")
+        check(libc().setns(fd, kind), f"setns({path})")
     finally:
         os.close(fd)
 

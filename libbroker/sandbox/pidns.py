@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from libbroker.sandbox import reaper
+from libbroker.sandbox.libc import check, libc
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -45,21 +46,10 @@ _REFUSED = {errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS, errno.ENOSYS,
 SETUP_FAILED = 125
 
 
-def _libc() -> ctypes.CDLL:
-    return ctypes.CDLL(None, use_errno=True)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
 def unshare_pids() -> bool:
     """New user and PID namespaces for our children; False when the kernel refuses."""
     uid, gid = os.getuid(), os.getgid()
-    libc = _libc()
-    if libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+    if libc().unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
         err = ctypes.get_errno()
         if err in _REFUSED:
             return False
@@ -82,17 +72,17 @@ def own_proc() -> None:
     session's own terminal stays reachable through the descriptors it was
     given and /dev/tty.
     """
-    libc = _libc()
-    _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    c = libc()
+    check(c.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
     # Private first: the new mounts must not propagate back to the host's.
-    _check(libc.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
+    check(c.mount(None, b"/", None, _MS_REC | _MS_PRIVATE, None), "mount --make-rprivate /")
     flags = _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
-    _check(libc.mount(b"proc", b"/proc", b"proc", flags, None), "mount proc")
+    check(c.mount(b"proc", b"/proc", b"proc", flags, None), "mount proc")
     if os.path.isdir("/dev/pts"):
         pts = b"newinstance,ptmxmode=0666,mode=0620"
-        _check(libc.mount(b"devpts", b"/dev/pts", b"devpts", _MS_NOSUID | _MS_NOEXEC, pts),
+        check(c.mount(b"devpts", b"/dev/pts", b"devpts", _MS_NOSUID | _MS_NOEXEC, pts),
                "mount devpts")
-        _check(libc.mount(b"/dev/pts/ptmx", b"/dev/ptmx", None, _MS_BIND, None),
+        check(c.mount(b"/dev/pts/ptmx", b"/dev/ptmx", None, _MS_BIND, None),
                "mount --bind /dev/pts/ptmx /dev/ptmx")
 
 

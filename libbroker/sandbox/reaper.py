@@ -27,22 +27,20 @@ signalled.  :func:`descendants` is pure; the rest reads /proc.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import select
 import signal
 from collections.abc import Mapping
 from typing import NoReturn
 
+from libbroker.sandbox.libc import check, libc
+
 _PR_SET_CHILD_SUBREAPER = 36
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 def become_subreaper() -> None:
     """Make orphans below this process its children (OSError if refused)."""
-    if _libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"PR_SET_CHILD_SUBREAPER: {os.strerror(errno)}")
+    check(libc().prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0), "PR_SET_CHILD_SUBREAPER")
 
 
 def descendants(root: int, parents: Mapping[int, int]) -> list[int]:

@@ -209,8 +209,8 @@ def install(prog: bytes) -> None:
     class SockFprog(ctypes.Structure):
         _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
-    libc = ctypes.CDLL(None, use_errno=True)
+    from libbroker.sandbox.libc import check, libc
+
     fprog = SockFprog(len(prog) // 8, prog)
-    if libc.prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"prctl(PR_SET_SECCOMP): {os.strerror(err)}")
+    check(libc().prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
+          "prctl(PR_SET_SECCOMP)")
