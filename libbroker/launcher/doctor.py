@@ -119,15 +119,15 @@ def check_backend(kind: str) -> list[Check]:
 
 
 def check_terminal() -> Check:
-    """Whether an interactive session can keep job control without TIOCSTI."""
+    """Whether the one seccomp filter exists here: every sandbox needs it."""
     from libbroker.sandbox import seccomp
 
     if seccomp.program() is None:
         return Check(
-            WARN,
-            f"terminal: no TIOCSTI filter for {os.uname().machine}: interactive sessions "
-            "run with --new-session (no job control)",
-            "use x86_64 or aarch64, or sysctl -w dev.tty.legacy_tiocsti=0",
+            FAIL,
+            f"seccomp: no filter for {os.uname().machine}: no sandbox starts without it "
+            "(TIOCSTI, the keyring, and under Landlock every socket but TCP)",
+            "use x86_64 or aarch64",
         )
     return Check(OK, "terminal: TIOCSTI and TIOCLINUX refused in the sandbox (seccomp)")
 
