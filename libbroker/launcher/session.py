@@ -177,10 +177,11 @@ class Session:
         for child in self.children:
             self.janitor.watch(child)
         if self.backend == "nono":
-            # No PID namespace to end what the command leaves behind (setsid(),
-            # double forks): the helper reaps and kills those; should it be
-            # killed itself, the launcher, a child subreaper too, inherits
-            # them and the teardown kills them (libbroker.sandbox.reaper).
+            # What the command leaves behind (setsid(), double forks) ends with
+            # its PID namespace where one can be made, else the helper reaps and
+            # kills it; should the helper be killed itself, the launcher, a child
+            # subreaper too, inherits them and the teardown kills them
+            # (libbroker.sandbox.reaper, libbroker.sandbox.pidns).
             from libbroker.sandbox import reaper
 
             reaper.become_subreaper()
