@@ -278,3 +278,29 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+HTTP_OK = b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+def serve_once(ctx: ssl.SSLContext, reply: bytes) -> tuple[int, threading.Thread]:
+    """A TLS server on loopback that takes one connection, reads once and sends ``reply``;
+    a failed handshake just ends it (the client's side is what a test checks)."""
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def run() -> None:
+        with server:
+            server.settimeout(10)
+            conn, _ = server.accept()
+            with conn:
+                try:
+                    with ctx.wrap_socket(conn, server_side=True) as tls:
+                        tls.recv(4096)
+                        tls.sendall(reply)
+                except (ssl.SSLError, OSError):
+                    pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return port, thread

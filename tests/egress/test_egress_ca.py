@@ -5,12 +5,12 @@ from __future__ import annotations
 import socket
 import ssl
 import subprocess
-import threading
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
+from egress_upstreams import HTTP_OK, serve_once
 from egress_world import require
 
 from libegress.ca import LeafCache, issue_leaf, make_authority, server_context
@@ -40,27 +40,6 @@ def test_leaf_cache_issues_once_and_only_for_inject_hosts() -> None:
         cache.context_for("evil.test")
 
 
-def _serve_once(ctx: ssl.SSLContext) -> tuple[int, threading.Thread]:
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def run() -> None:
-        with server:
-            server.settimeout(10)
-            conn, _ = server.accept()
-            with conn:
-                try:
-                    with ctx.wrap_socket(conn, server_side=True) as tls:
-                        tls.recv(4096)
-                        tls.sendall(b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok")
-                except (ssl.SSLError, OSError):
-                    pass
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return port, thread
-
-
 @pytest.fixture(scope="module")
 def authority_files(tmp_path_factory: pytest.TempPathFactory) -> tuple[object, Path]:
     authority = make_authority(INJECT)
@@ -75,7 +54,7 @@ def test_python_ssl_accepts_inside_and_rejects_outside(
     authority, ca_file = authority_files
     for host, ok in (("github.com", True), ("evil.test", False)):
         cert, key = issue_leaf(authority, host)  # type: ignore[arg-type]
-        port, thread = _serve_once(server_context(cert, key, authority.cert))  # type: ignore[attr-defined]
+        port, thread = serve_once(server_context(cert, key, authority.cert), HTTP_OK)  # type: ignore[attr-defined]
         client = ssl.create_default_context(cafile=str(ca_file))
         with socket.create_connection(("127.0.0.1", port)) as raw:
             if ok:
@@ -93,7 +72,7 @@ def test_curl_rejects_a_leaf_outside_the_constraints(authority_files: tuple[obje
     authority, ca_file = authority_files
     for host, ok in (("api.github.com", True), ("evil.test", False)):
         cert, key = issue_leaf(authority, host)  # type: ignore[arg-type]
-        port, thread = _serve_once(server_context(cert, key, authority.cert))  # type: ignore[attr-defined]
+        port, thread = serve_once(server_context(cert, key, authority.cert), HTTP_OK)  # type: ignore[attr-defined]
         out = subprocess.run(
             ["curl", "-sS", "--max-time", "10", "--cacert", str(ca_file), "--resolve",
              f"{host}:{port}:127.0.0.1", f"https://{host}:{port}/"],

@@ -12,7 +12,6 @@ import os
 import socket
 import ssl
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ import pytest
 import trustme
 from cryptography import x509
 from egress_proxyproc import ProxyProc, start_proxy
-from egress_upstreams import Upstream, start
+from egress_upstreams import Upstream, serve_once, start
 from egress_world import require
 
 from libegress.ca import issue_leaf, make_authority, server_context
@@ -221,27 +220,6 @@ def test_the_ca_permits_the_secret_hosts(rig: Rig) -> None:
     assert "anthropic" not in (rig.egress / "gh" / "hosts.yml").read_text()
 
 
-def _serve_once(ctx: ssl.SSLContext) -> tuple[int, threading.Thread]:
-    server = socket.create_server(("127.0.0.1", 0))
-    port = server.getsockname()[1]
-
-    def run() -> None:
-        with server:
-            server.settimeout(10)
-            conn, _ = server.accept()
-            with conn:
-                try:
-                    with ctx.wrap_socket(conn, server_side=True) as tls:
-                        tls.recv(4096)
-                        tls.sendall(b"ok")
-                except (ssl.SSLError, OSError):
-                    pass
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    return port, thread
-
-
 def test_a_leaf_verifies_for_the_secret_host_only(tmp_path: Path) -> None:
     secrets = parse_secrets(json.dumps([{"host": "api.anthropic.com", "header": "x-api-key",
                                          "command": "true"}]), "t", ("api.github.com",))
@@ -251,7 +229,7 @@ def test_a_leaf_verifies_for_the_secret_host_only(tmp_path: Path) -> None:
     for host, ok in (("api.anthropic.com", True), ("anthropic.com", False),
                      ("evil.test", False)):
         cert, key = issue_leaf(authority, host)
-        port, thread = _serve_once(server_context(cert, key, authority.cert))
+        port, thread = serve_once(server_context(cert, key, authority.cert), b"ok")
         client = ssl.create_default_context(cafile=str(ca_file))
         with socket.create_connection(("127.0.0.1", port)) as raw:
             if ok:
