@@ -39,6 +39,8 @@ import stat
 import time
 from typing import Any
 
+from libpolicy.gitconfig import runs_commands as runs_commands  # the tests ask the guard
+from libpolicy.gitconfig import sanitized_pairs
 from libpolicy.hostrun import NESTED_GIT, Entry, Table
 
 SMALL = 1 << 20  # contents kept in the snapshot itself; bigger files are copied
@@ -49,22 +51,6 @@ MAX_DEPTH = 256  # directory levels walked (a deeper planted tree is reported, n
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _GIT_SKIP = frozenset({"objects", "refs", "logs", "lfs", "rr-cache", "info", "branches"})
-# Keys (lower case; a "*" is one subsection) that make git run a command.
-# Names ending in these words run one too, whatever the section.
-_RUNS_EXACT = frozenset({
-    "core.hookspath", "core.fsmonitor", "core.sshcommand", "core.pager", "core.editor",
-    "core.askpass", "core.gitproxy", "core.alternaterefscommand", "core.worktree",
-    "sequence.editor", "diff.external", "credential.helper", "gpg.program",
-    "uploadpack.packobjectshook", "web.browser", "interactive.difffilter", "ssh.variant",
-    "protocol.allow", "diff.*.textconv", "diff.*.command", "merge.*.driver",
-    "credential.*.helper", "gpg.*.program", "remote.*.uploadpack", "remote.*.receivepack",
-    "remote.*.vcs", "remote.*.proxy", "url.*.insteadof", "url.*.pushinsteadof",
-    "submodule.*.update", "protocol.*.allow", "core.fsmonitorhookversion",
-})
-_RUNS_SECTIONS = frozenset({"filter", "include", "includeif", "pager", "sendemail", "guitool",
-                            "instaweb", "difftool", "mergetool", "browser", "man", "trailer"})
-_RUNS_SUFFIXES = ("cmd", "command", "program", "editor", "pager", "helper", "hook", "hookspath",
-                  "textconv", "driver", "path")
 
 
 class Node:
@@ -660,20 +646,6 @@ def _copy(sfd: int, name: str, dfd: int, dname: str) -> None:
     # fifos, sockets, devices: nothing to keep
 
 
-def runs_commands(keys: list[str]) -> list[str]:
-    """The config keys (``section[.sub].name``, as git lists them) that make git run a command."""
-    out = []
-    for key in keys:
-        low = key.lower()
-        section, _, rest = low.partition(".")
-        sub, _, name = rest.rpartition(".")
-        generic = f"{section}.*.{name}" if sub else low
-        if (low in _RUNS_EXACT or generic in _RUNS_EXACT or section in _RUNS_SECTIONS
-                or name.endswith(_RUNS_SUFFIXES)):
-            out.append(key)
-    return out
-
-
 def config_entries(data: bytes) -> list[tuple[str, str]] | None:
     """``(key, value)`` of a git config file's bytes, parsed by git itself; None if unparseable.
 
@@ -699,38 +671,9 @@ def config_entries(data: bytes) -> list[tuple[str, str]] | None:
     return out
 
 
-def _alias_runs(key: str, value: str) -> bool:
-    return key.lower().startswith("alias.") and value.lstrip().startswith("!")
-
-
 def sanitized_config(data: bytes) -> tuple[bytes, list[str]] | None:
-    """The config without its command-running keys, and those keys; None when it has none.
-
-    A config git cannot parse counts as all command-running: nothing of it is kept.
-    """
-    pairs = config_entries(data)
-    if pairs is None:
-        return b"", ["(not parseable by git)"]
-    bad = set(runs_commands([k for k, _ in pairs]))
-    bad |= {k for k, v in pairs if _alias_runs(k, v)}
-    if not bad:
-        return None
-    sections: dict[tuple[str, str], list[tuple[str, str]]] = {}
-    for key, value in pairs:
-        if key in bad:
-            continue
-        section, _, rest = key.partition(".")
-        sub, _, name = rest.rpartition(".")
-        sections.setdefault((section, sub), []).append((name, value))
-    text = []
-    for (section, sub), items in sections.items():
-        quoted = sub.replace("\\", "\\\\").replace('"', '\\"')
-        text.append(f'[{section} "{quoted}"]' if sub else f"[{section}]")
-        for name, value in items:
-            escaped = (value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-                       .replace("\t", "\\t"))
-            text.append(f'\t{name} = "{escaped}"')
-    return ("\n".join(text) + "\n").encode(), sorted(bad)
+    """The config without its command-running keys, and those keys; None when it has none."""
+    return sanitized_pairs(config_entries(data))
 
 
 def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
