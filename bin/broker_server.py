@@ -6,7 +6,7 @@ Usage:
   broker-server -h | --help
   broker-server --version
 
-One command per connection (wire format: DESIGN.md 2.2).  The socket is
+One command per connection (wire format: docs/DESIGN.md 2.2).  The socket is
 created with mode 0600 (a stale one is replaced, a live one refused) and only
 peers of the server's own uid are served.  Prints "listening unix:PATH" once
 it accepts connections; SIGTERM or SIGINT ends every command, removes the

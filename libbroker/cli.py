@@ -1,7 +1,7 @@
 """Shared command-line shell: docopt parsing and error-to-exit-code mapping.
 
 Every console script's ``main`` goes through :func:`run`, so that the contract
-of DESIGN.md 2.3 holds everywhere: ``-h``/``--version`` exit 0, a usage error
+of docs/DESIGN.md 2.3 holds everywhere: ``-h``/``--version`` exit 0, a usage error
 exits 2 with the usage on stderr, and no traceback ever reaches a user.
 """
 

@@ -1,4 +1,4 @@
-"""The broker wire format (DESIGN.md 2.2) as pure functions: bytes in, frames out.
+"""The broker wire format (docs/DESIGN.md 2.2) as pure functions: bytes in, frames out.
 
 Nothing here touches a socket.  Every end decodes through :class:`Reader`
 (broker-server's connection, broker-client, gpg-shim's Python path; the

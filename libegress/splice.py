@@ -20,7 +20,7 @@ def set_pipe_size(fd: int, size: int) -> None:
     """Grow the pipe behind ``fd``; harmless if refused (the per-user pipe quota).
 
     libbroker has the same three lines; libegress keeps its own rather than
-    reach into the broker's layer (LAYOUT.md: only libbroker's base is shared).
+    reach into the broker's layer (docs/LAYOUT.md: only libbroker's base is shared).
     """
     with contextlib.suppress(OSError):
         fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, size)

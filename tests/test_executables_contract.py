@@ -1,4 +1,4 @@
-"""DESIGN.md 2.3, for every executable: -h/--help and --version exit 0, a usage
+"""docs/DESIGN.md 2.3, for every executable: -h/--help and --version exit 0, a usage
 error exits 2 with the usage on stderr, and no traceback reaches the user."""
 
 from __future__ import annotations

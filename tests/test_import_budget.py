@@ -13,7 +13,7 @@ The hot paths, and why they are hot:
 
 Their start-up is most of what they cost, so none of them may load
 cryptography, psutil, nono_py, h11, asyncio, yaml or docopt (each costs from
-a few to 190 ms: DESIGN.md section 4), and each has a ceiling on the number
+a few to 190 ms: docs/DESIGN.md section 4), and each has a ceiling on the number
 of standard-library modules it loads, a little above what it loads today: a
 new import on one of these paths has to be a decision, taken by raising a
 number here.  Everywhere else (the servers, the launcher after prestart,

@@ -1,4 +1,4 @@
-"""The layering rule of LAYOUT.md, checked over every module with ``ast``.
+"""The layering rule of docs/LAYOUT.md, checked over every module with ``ast``.
 
 Every ``import`` and ``from ... import`` counts, at the top of a file or
 inside a function (the start-up tricks put many there).  The rule:

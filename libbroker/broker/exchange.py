@@ -6,7 +6,7 @@ happened.  Nothing here touches a socket, a pipe or a process, so every rule
 is tested as a script of events and the exact commands they produce
 (tests/broker/test_exchange.py).
 
-The rules (DESIGN.md 2.2):
+The rules (docs/DESIGN.md 2.2):
 
 - a peer of another uid is refused;
 - the first frame must be a request, and there is only one;

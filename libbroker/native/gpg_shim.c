@@ -49,7 +49,7 @@
 #include <netinet/tcp.h>
 #include <unistd.h>
 
-/* The wire format (DESIGN.md 2.2): tests/signing/test_gpg_native.py holds this
+/* The wire format (docs/DESIGN.md 2.2): tests/signing/test_gpg_native.py holds this
    program to the Python shim on every channel and length limit. */
 enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH_REQUEST = 5 };
 #define HEADER_SIZE 5
