@@ -28,14 +28,20 @@ class EventLog:
         self.record: Recorder | None = None  # --record: refusals and failures go there too
 
     def line(self, event: str, host: str, port: int | str, reason: str,
-             pid: int | None) -> None:
-        """``event`` (refused/failed/limit) for ``host``:``port`` and why."""
+             pid: int | None, method: bytes | None = None) -> None:
+        """``event`` (refused/failed/limit) for ``host``:``port`` and why.
+
+        ``method`` is the refused request's, when one was read (plain HTTP and
+        inside an inject host's tunnel); a tunnel is refused before any.
+        """
         if self.record is not None:
-            self.record.event(event, host, port if isinstance(port, int) else 0, reason=reason)
+            self.record.event(event, host, port if isinstance(port, int) else 0, reason=reason,
+                              method=method)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        verb = "" if method is None else f"method={_clean(method[:16].decode('latin-1'))} "
         text = (
             f"{stamp} egress-proxy {event} host={_clean(host) or '-'} port={port} "
-            f"pid={pid if pid is not None else '-'} reason={_clean(reason)}\n"
+            f"pid={pid if pid is not None else '-'} {verb}reason={_clean(reason)}\n"
         )
         self._write(text)
 

@@ -25,12 +25,18 @@ from libegress.limits import Limits as Limits  # re-exported: its old home
 from libegress.streams import Stream
 
 
-def error_events(status: int, message: str, kind: str | None) -> list[h11.Event]:
-    """A short plain-text response, closing the connection."""
-    body = f"egress-proxy: {message}\n".encode("utf-8", "replace")
+def error_events(status: int, message: str, kind: str | None, *,
+                 body: bool = True) -> list[h11.Event]:
+    """A short plain-text response, closing the connection.
+
+    ``body=False`` for the answer to HEAD: the same status and fields (its
+    Content-Length is the body a GET would get, RFC 9110 9.3.2), no body.
+    h11 refuses a body after a HEAD, so sending one would send nothing at all.
+    """
+    text = f"egress-proxy: {message}\n".encode("utf-8", "replace")
     headers: Headers = [
         (b"Content-Type", b"text/plain; charset=utf-8"),
-        (b"Content-Length", str(len(body)).encode()),
+        (b"Content-Length", str(len(text)).encode()),
         (b"Connection", b"close"),
     ]
     if kind:
@@ -39,8 +45,10 @@ def error_events(status: int, message: str, kind: str | None) -> list[h11.Event]
         phrase = HTTPStatus(status).phrase.encode()
     except ValueError:
         phrase = b""
-    return [h11.Response(status_code=status, headers=headers, reason=phrase), h11.Data(data=body),
-            h11.EndOfMessage()]
+    response = h11.Response(status_code=status, headers=headers, reason=phrase)
+    if not body:
+        return [response, h11.EndOfMessage()]
+    return [response, h11.Data(data=text), h11.EndOfMessage()]
 
 
 def serialised(conn: h11.Connection, events: tuple[h11.Event, ...]) -> bytes:
@@ -56,6 +64,7 @@ class ClientSide:
         self.stream = stream
         self.limits = limits
         self.reader = RequestReader(limits)
+        self.method: bytes | None = None  # the current request's, once its head is read
 
     @property
     def conn(self) -> h11.Connection:
@@ -70,6 +79,7 @@ class ClientSide:
         ``head_timeout`` (a deadline, not a per-read timeout: a client
         dribbling one byte at a time is cut off like a silent one).
         """
+        self.method = None
         loop = asyncio.get_running_loop()
         # Bytes carried over from the previous request are this head's first.
         deadline = loop.time() + self.limits.head_timeout if self.reader.in_head else None
@@ -87,6 +97,7 @@ class ClientSide:
             if deadline is None:
                 deadline = loop.time() + self.limits.head_timeout
         if isinstance(event, h11.Request):
+            self.method = event.method
             return event
         if isinstance(event, h11.ConnectionClosed):
             return None
@@ -112,7 +123,8 @@ class ClientSide:
         """Answer ``error`` if a response can still be sent."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             with contextlib.suppress(OSError, h11.LocalProtocolError):
-                await self.send(*error_events(error.status, str(error), error.kind))
+                await self.send(*error_events(error.status, str(error), error.kind,
+                                              body=self.method != b"HEAD"))
 
     def next_cycle(self) -> bool:
         """Carry unread bytes over to the next request; False if none may follow."""

@@ -129,7 +129,8 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
 
 async def _answer(services: Services, client: ClientSide, exc: HttpError, host: str,
                   port: int, peer: Peer) -> None:
-    services.log.line(_event_of(exc.status), host, port, f"{exc.status} {exc}", peer.pid())
+    services.log.line(_event_of(exc.status), host, port, f"{exc.status} {exc}", peer.pid(),
+                      client.method)
     await client.refuse(exc)
 
 

@@ -115,7 +115,8 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                 event = "limit" if exc.status in (408, 431) else "refused"
                 if exc.status >= 500:
                     event = "failed"
-                services.log.line(event, host, port, f"{exc.status} {exc}", peer.pid())
+                services.log.line(event, host, port, f"{exc.status} {exc}", peer.pid(),
+                                  client.method)
                 await client.refuse(exc)
                 return
             if not client.next_cycle():
