@@ -248,3 +248,23 @@ def match_path(path: str, home: str, table: Table = DEFAULT) -> Entry | None:
     if found is None and home not in ("", "/") and path.startswith(home + "/"):
         found = table.match_home(path[len(home) + 1 :])
     return found
+
+
+def gitlink_verdict(target: str | None, git_dirs: frozenset[str] | set[str]) -> str | None:
+    """Why a ``gitdir:`` (a ``.git`` file) or ``commondir`` target may not stay; None: it may.
+
+    ``target``: where the kernel resolved it (links followed), relative to the
+    workdir ("" for the workdir itself); None when it resolved outside the
+    workdir or not at all.  ``git_dirs``: the git directories the walk found
+    and guards (workdir-relative).  Only a target that is one of them may stay:
+    git would take hooks and config from anything else unguarded.
+    """
+    if target is None:
+        return "it points outside the workdir, or nowhere"
+    target = target.strip("/")
+    if target in git_dirs:
+        return None
+    inside = [g for g in git_dirs if target.startswith(g + "/") or g == ""]
+    if inside:
+        return f"it points inside the git directory {max(inside, key=len) or '.'}, not at one"
+    return "it points at a directory that is not a guarded git directory"

@@ -13,6 +13,7 @@ import pytest
 
 from libpolicy.decide import writable
 from libpolicy.hostrun import DEFAULT, ENTRIES, HostRunError, Table, match, match_path
+from libpolicy.hostrun import gitlink_verdict as gitlink_verdict
 from libpolicy.model import Policy
 from libpolicy.render import render_settings, session_settings
 
@@ -259,3 +260,34 @@ def test_a_session_variable_set_even_empty_keeps_the_hook_on(tmp_path: Path, var
     assert json.loads(done.stdout)["hookSpecificOutput"]["permissionDecision"] == "deny"
     missing = _run(_rendered(str(tmp_path / "absent.json")), **{var: ""})
     assert missing.returncode == 2
+
+
+# --- gitdir: and commondir targets ----------------------------------------------------
+
+GIT_DIRS = frozenset({".git", ".git/modules/m", ".git/worktrees/w", "sub/.git", "bare.git"})
+
+
+@pytest.mark.parametrize(("target", "allowed", "why"), [
+    (".git/modules/m", True, ""),
+    (".git/worktrees/w/", True, ""),
+    ("sub/.git", True, ""),
+    ("bare.git", True, ""),
+    (".git", True, ""),
+    (None, False, "outside the workdir"),
+    (".git/modules/m/x/g", False, "inside the git directory .git/modules/m"),
+    (".git/objects/ab", False, "inside the git directory .git,"),
+    (".git/modules/new", False, "inside the git directory .git,"),
+    ("sub/.git/../.git", False, "inside the git directory sub/.git"),
+    ("elsewhere", False, "not a guarded git directory"),
+    ("", False, "not a guarded git directory"),
+    ("sub", False, "not a guarded git directory"),
+])  # fmt: skip
+def test_gitlink_verdict(target: str | None, allowed: bool, why: str) -> None:
+    verdict = gitlink_verdict(target, GIT_DIRS)
+    assert (verdict is None) is allowed
+    assert why in (verdict or "")
+
+
+def test_gitlink_into_a_bare_workdir() -> None:
+    assert gitlink_verdict("", frozenset({""})) is None
+    assert "inside the git directory ." in (gitlink_verdict("hooks", frozenset({""})) or "")
