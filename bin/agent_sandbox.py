@@ -23,10 +23,14 @@ doctor checks whether a session can run here, one line per check with a fix.
 render-settings prints Claude Code's managed-settings drop-in for the config.
 
 Every session is recorded (events only, never a secret) in
-$XDG_STATE_HOME/agent-sandbox/sessions/ (default ~/.local/state/...).  report
-summarizes a session (the last one by default): hosts, refusals and what to
-add to the config, brokered commands, signatures.  watch follows the current
-session's record in a second terminal.
+$XDG_STATE_HOME/agent-sandbox/sessions/ (default ~/.local/state/...).  A
+session in which something was refused ends with one line on stderr naming
+how many and the command that shows them.  report summarizes a session (the
+last one by default): hosts and ports, refusals and what to add to the
+config, brokered commands, signatures.  watch follows the newest live
+session's record in a second terminal (or SESSION's) until it ends; a
+session with no end whose launcher is gone (killed) is named in one line and
+skipped, or, named or watched, ends watch with status 1.
 
 Options:
   --config=FILE    The TOML config (default: ~/.config/agent-sandbox/config.toml).
@@ -45,14 +49,18 @@ Options:
   --list           report: the recent sessions, newest first.
   --verify         report: check the record's hash chain (exit 1 if it was
                    cut or edited).
-  --propose        report: the config's `domains = [...]` line from the hosts
-                   the session asked for (exact names; *.parent for 3 siblings).
+  --propose        report: the config's whole `domains = [...]` line: the
+                   session's configured domains, then each host the allow list
+                   refused (exact names; *.parent for 3 siblings; never
+                   loopback), ready to paste over the config's own.
   -h --help        Show this help.
   --version        Show the version.
 
 Exit status: run: CMD's own (128+N when signal N ended it); 1 the session could
 not start or a server crashed; 2 usage or config error.  doctor: 0 when a
 session can run, 1 otherwise.  report --verify: 1 when the record does not verify.
+watch: 0 after the session's end, 1 when there is no live session or its
+launcher went without ending it.
 """
 
 from __future__ import annotations
@@ -103,9 +111,9 @@ def _main(args: Args, servers: Servers | None) -> int:
 
         return report.main(args)
     if args["watch"]:
-        from libbroker.launcher import report
+        from libbroker.launcher import watch
 
-        return report.watch(args)
+        return watch.main(args)
     if args["doctor"]:
         from libbroker.launcher import doctor
 

@@ -20,7 +20,8 @@ event: :func:`verify` finds a line changed, removed, added, reordered, or a
 record cut short.  It is evidence against accidents and partial edits, not
 a signature: whoever can write the file as you can also rewrite the chain.
 
-Events (``ev``): ``start`` (id, workdir, backend, config digest, cmd, learn),
+Events (``ev``): ``start`` (id, workdir, backend, config digest, cmd, learn,
+inject hosts, the launcher's pid, the configured domains),
 ``egress`` (host, port, kind, verdict, reason, up, down, dur; method, path,
 status for HTTP requests; ``learn`` where the allow list would have refused),
 ``broker`` (argv, cwd, exit or refused, dur), ``sign`` (key, exit or refused,
@@ -30,10 +31,11 @@ servers never print one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 GENESIS = "agent-sandbox session record v1\n"
@@ -292,30 +294,6 @@ def verify(path: str) -> list[str]:
     return problems
 
 
-def follow(path: str, *, poll: float = 0.2, stop: Any = None) -> Iterator[dict[str, Any]]:
-    """Each event of ``path`` as it is appended; ends after the end event (or ``stop()``)."""
-    pending = b""
-    with open(path, "rb") as fh:
-        while True:
-            chunk = fh.read(65536)
-            if not chunk:
-                if stop is not None and stop():
-                    return
-                time.sleep(poll)
-                continue
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                try:
-                    obj = json.loads(raw)
-                except ValueError:
-                    continue
-                if isinstance(obj, dict):
-                    yield obj
-                    if obj.get("ev") == "end":
-                        return
-
-
 # --- the launcher's side ---------------------------------------------------------
 
 
@@ -346,13 +324,21 @@ class SessionRecord:
     """The launcher's record of one session: start, the servers' lines, end."""
 
     def __init__(self, rec: Record) -> None:
+        from libbroker.launcher.refusals import Refusals
+
         self.rec = rec
         self.went = time.monotonic()
         self.said = False  # the one line about a record that cannot be written
+        self.refusals = Refusals()  # said at the end, on stderr
 
     @classmethod
-    def start(cls, directory: str, cfg: Any, cmd: list[str], backend: str) -> SessionRecord:
-        """Create the file and write the start event; OSError when it cannot be made."""
+    def start(cls, directory: str, cfg: Any, cmd: list[str], backend: str,
+              domains: tuple[str, ...] | None = None) -> SessionRecord:
+        """Create the file and write the start event; OSError when it cannot be made.
+
+        ``domains`` is the allow list as configured, before an agent's own
+        hosts joined it: what ``report --propose`` merges into.
+        """
         sid = new_id()
         rec = Record.create(directory, sid)
         made = cls(rec)
@@ -360,6 +346,7 @@ class SessionRecord:
             "id": sid, "workdir": cfg.workdir, "backend": backend,
             "config": config_digest(cfg), "cmd": list(cmd), "learn": bool(cfg.learn),
             "inject": list(cfg.inject), "pid": os.getpid(),
+            "domains": list(cfg.domains if domains is None else domains),
         })
         return made
 
@@ -379,12 +366,18 @@ class SessionRecord:
         found = from_server(name, line)
         if found is None:
             return None
+        self.refusals.add(*found)
         return self.add(*found)
 
     def end(self, status: int, error: str | None = None) -> None:
+        """The end event; then, if anything was refused, one line on stderr that says so."""
         fields: dict[str, object] = {"exit": status,
                                      "dur": round(time.monotonic() - self.went, 3)}
         if error:
             fields["error"] = error
         self.add("end", fields)
         self.rec.close()
+        line = self.refusals.line(self.rec.id)
+        if line is not None:  # (with no stderr left to say it on, the record still holds it)
+            with contextlib.suppress(OSError):
+                os.write(2, (line + "\n").encode())

@@ -1,9 +1,9 @@
 """``agent-sandbox report`` and ``watch``: a session record, read by a person or a script.
 
 :func:`summarize` turns a record's events into one dict (what ``--json``
-prints); :func:`render` turns that into text a person reads in ten seconds;
-:func:`propose` is learn mode's ``domains = [...]`` line.  All three are pure.
-The entry points below them read files and print.  Plain text always: the
+prints); :func:`render` turns that into text a person reads in ten seconds.
+Both are pure; so is ``--propose``'s line (:mod:`.propose`) and ``watch``'s
+lines (:mod:`.watch`).  The entry points below them read files and print.  Plain text always: the
 report is short enough that a table library would not earn its import.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 from libbroker.errors import UsageError
@@ -26,7 +26,22 @@ _DEFAULT_PORTS = (80, 443)
 
 
 def _where(host: str, port: int) -> str:
+    """``host`` as a domains entry names it: without a port when it is 80 or 443."""
     return host if port in _DEFAULT_PORTS else f"{host}:{port}"
+
+
+def at(host: str, port: int) -> str:
+    """``host:port`` always: a host reached on 80 and on 443 is two rows that say which."""
+    return f"{host}:{port}"
+
+
+def printable(text: str) -> str:
+    """``text`` with each unprintable character but the newline escaped (``\\xNN``).
+
+    Hosts, reasons and argv in a record come from inside the sandbox: none
+    may move the cursor or recolour the terminal of the person reading it.
+    """
+    return "".join(c if c == "\n" or c.isprintable() else f"\\x{ord(c):02x}" for c in text)
 
 
 def _size(n: int) -> str:
@@ -137,12 +152,12 @@ def render(s: Mapping[str, Any]) -> str:
     out.append(f"  {_argv(s['cmd'])}   in {s['workdir']}")
     hosts = s["hosts"]
     if hosts:
-        width = max(len("host"), *(len(_where(h["host"], h["port"])) for h in hosts))
+        width = max(len("host"), *(len(h["host"]) for h in hosts))
         out.append("")
-        out.append(f"  {'host':<{width}}  requests  {'up':>9}  {'down':>9}  refused")
+        out.append(f"  {'host':<{width}}   port  requests  {'up':>9}  {'down':>9}  refused")
         for h in hosts:
             fail = f"  ({h['failed']} failed)" if h["failed"] else ""
-            out.append(f"  {_where(h['host'], h['port']):<{width}}  {h['requests']:>8}  "
+            out.append(f"  {h['host']:<{width}}  {h['port']:>5}  {h['requests']:>8}  "
                        f"{_size(h['up']):>9}  {_size(h['down']):>9}  {h['refused']:>7}{fail}")
     else:
         out.append("  no network requests")
@@ -155,7 +170,7 @@ def render(s: Mapping[str, Any]) -> str:
             if key in seen:
                 continue
             seen.add(key)
-            out.append(f"  {_where(r['host'], r['port'])}: {r['reason']}")
+            out.append(f"  {at(r['host'], r['port'])}: {r['reason']}")
             if r["fix"]:
                 out.append(f"    -> {r['fix']}")
     if s["learn"]:
@@ -191,80 +206,6 @@ def render(s: Mapping[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
-def propose(events: Iterable[Mapping[str, Any]], inject: Iterable[str] = ()) -> str:
-    """Learn mode's config line: every host asked for, ``*.`` only for 3+ siblings.
-
-    Hosts the token's hosts (``inject``) are left out: they are allowed
-    anyway.  A port other than 80 and 443 stays on its own entry.
-    """
-    skip = set(inject)
-    names: set[str] = set()
-    ported: set[str] = set()
-    for e in events:
-        if e.get("ev") != "egress":
-            continue
-        host, port = str(e.get("host", "-")), _num(e.get("port"))
-        if host in ("-", "") or host in skip:
-            continue
-        if port in _DEFAULT_PORTS:
-            names.add(host)
-        else:
-            ported.add(f"{host}:{port}")
-    by_parent: dict[str, set[str]] = {}
-    for name in names:
-        _, dot, parent = name.partition(".")
-        is_address = name.replace(".", "").isdigit() or name.startswith("[")
-        if dot and "." in parent and not is_address:
-            by_parent.setdefault(parent, set()).add(name)
-    entries = set(names)
-    for parent, children in by_parent.items():
-        if len(children) >= 3:
-            entries -= children
-            entries.add("*." + parent)
-    entries |= ported
-    ordered = sorted(entries, key=lambda n: (n.removeprefix("*.").split(".")[::-1], n))
-    return "domains = [" + ", ".join(json.dumps(n) for n in ordered) + "]"
-
-
-def watch_line(e: Mapping[str, Any], *, color: bool = False) -> str:
-    """One event as ``watch`` shows it; refusals marked (``!!``, and red on a tty)."""
-    import time
-
-    t = e.get("t")
-    stamp = time.strftime("%H:%M:%S", time.localtime(t)) if isinstance(t, int | float) else "--"
-    ev = e.get("ev")
-    bad = False
-    if ev == "egress":
-        verdict = str(e.get("verdict", "?"))
-        bad = verdict != "allowed"
-        where = _where(str(e.get("host", "-")), _num(e.get("port")))
-        kind = e.get("kind") or ""
-        text = f"{verdict.upper() if bad else verdict} {where} {kind}".rstrip()
-        if "method" in e:
-            text += f" {e['method']} {e.get('path', '')} {e.get('status', '-')}"
-        if "down" in e:
-            text += f" ({_size(_num(e.get('up')))} up, {_size(_num(e.get('down')))} down" \
-                    f", {_seconds(e.get('dur'))})"
-        if e.get("reason"):
-            text += f": {e['reason']}"
-        if e.get("learn"):
-            text += "  [learn: would be refused]"
-    elif ev in ("broker", "sign"):
-        bad = "refused" in e or e.get("exit") != 0
-        what = _argv(e.get("argv")) if ev == "broker" else f"key {e.get('key')}"
-        result = f"refused: {e['refused']}" if "refused" in e else f"exit {e.get('exit')}"
-        text = f"{what}: {result} ({_seconds(e.get('dur'))})"
-    elif ev == "start":
-        text = (f"session {e.get('id')} ({e.get('backend')}"
-                f"{', LEARN MODE' if e.get('learn') else ''}): {_argv(e.get('cmd'))}")
-    elif ev == "end":
-        text = f"exit {e.get('exit')} after {_seconds(e.get('dur'))}"
-    else:
-        text = json.dumps(dict(e))
-    line = f"{stamp} {'!!' if bad else '  '} {ev!s:<6} {text}"
-    return f"\x1b[1;31m{line}\x1b[0m" if bad and color else line
-
-
 # --- entry points --------------------------------------------------------------
 
 
@@ -295,14 +236,25 @@ def main(args: Mapping[str, Any], out: TextIO | None = None, home: str = "") -> 
     except record.RecordError as exc:
         raise UsageError(str(exc)) from None
     if args.get("--propose"):
-        start = next((e for e in events if e.get("ev") == "start"), {})
-        out.write(propose(events, start.get("inject") or ()) + "\n")
-        return 0
+        return _propose(events, out)
     summary = summarize(events, record.verify(path))
     if args.get("--json"):
         out.write(json.dumps(summary, indent=2) + "\n")
     else:
-        out.write(render(summary))
+        out.write(printable(render(summary)))
+    return 0
+
+
+def _propose(events: list[dict[str, Any]], out: TextIO) -> int:
+    from libbroker.launcher.propose import propose
+
+    start = next((e for e in events if e.get("ev") == "start"), {})
+    configured = start.get("domains")
+    if not isinstance(configured, list):
+        sys.stderr.write("agent-sandbox: this record does not name the session's domains "
+                         "(an older launcher wrote it): add yours to the line below\n")
+        configured = []
+    out.write(propose(events, configured, start.get("inject") or ()) + "\n")
     return 0
 
 
@@ -330,39 +282,4 @@ def _list(directory: str, out: TextIO, *, as_json: bool) -> int:
         out.write(f"{r['id']}  {r['backend'] or '-':<5}  {status:<8}  "
                   f"{_seconds(r['duration']):>9}  {r['requests']:>4} req  "
                   f"{r['refused']:>3} refused  {_argv(r['cmd'])}\n")
-    return 0
-
-
-def current(directory: str) -> str:
-    """The record ``watch`` follows: the newest one without its end event, else the newest."""
-    ids = record.listing(directory)
-    if not ids:
-        raise UsageError(f"no session records in {directory}: is a session running?")
-    for sid in reversed(ids):
-        path = os.path.join(directory, sid + record.SUFFIX)
-        lines = record.read_lines(path)
-        try:
-            ended = bool(lines) and json.loads(lines[-1]).get("ev") == "end"
-        except ValueError:
-            ended = False
-        if not ended:
-            return path
-    return os.path.join(directory, ids[-1] + record.SUFFIX)
-
-
-def watch(args: Mapping[str, Any], out: TextIO | None = None, home: str = "") -> int:
-    """``agent-sandbox watch``: follow a record, one line per event, until its end."""
-    out = out or sys.stdout
-    directory = record.sessions_dir(home)
-    which = args.get("SESSION")
-    path = _open(which, False, home) if which else current(directory)
-    color = out.isatty() and not os.environ.get("NO_COLOR")
-    out.write(f"watching {path} (Ctrl-C to stop)\n")
-    out.flush()
-    try:
-        for event in record.follow(path):
-            out.write(watch_line(event, color=color) + "\n")
-            out.flush()
-    except KeyboardInterrupt:
-        return 130
     return 0

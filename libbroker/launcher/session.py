@@ -117,6 +117,7 @@ class Session:
         self.limits: Group | None = None  # the sandbox's resource limits
         self.record: SessionRecord | None = None  # the session record, from go to the end
         self._record_dir = ""  # where it goes ("" when record = false)
+        self._domains = cfg.domains  # as configured: an agent's hosts join later (the record)
 
     # --- the whole run -------------------------------------------------------
 
@@ -256,7 +257,7 @@ class Session:
 
             try:
                 self.record = SessionRecord.start(self._record_dir, self.cfg, self.cmd,
-                                                  self.backend)
+                                                  self.backend, self._domains)
             except OSError as exc:
                 raise LaunchError(f"cannot create the session record in {self._record_dir}: "
                                   f"{exc.strerror or exc} (or record = false)") from None

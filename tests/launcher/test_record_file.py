@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher import record, report
+from libbroker.launcher import propose, record, report, watch
 
 SID = "20250102-150405-abcdef"
 
@@ -42,14 +42,14 @@ GOLDEN = """\
 session 20250102-150405-abcdef: exit 0, 62.50 s, bwrap
   claude   in /home/u/src/proj
 
-  host               requests         up       down  refused
-  api.github.com            2      512 B    6.0 KiB        0
-  api.anthropic.com         1   29.3 KiB    1.4 MiB        0
-  localhost:6443            0        0 B        0 B        1
-  pypi.org                  0        0 B        0 B        1
+  host                port  requests         up       down  refused
+  api.github.com       443         2      512 B    6.0 KiB        0
+  api.anthropic.com    443         1   29.3 KiB    1.4 MiB        0
+  localhost           6443         0        0 B        0 B        1
+  pypi.org             443         0        0 B        0 B        1
 
 refused (2):
-  pypi.org: 403 pypi.org:443 is not on the allow list
+  pypi.org:443: 403 pypi.org:443 is not on the allow list
     -> if it was needed: add "pypi.org" to domains in config.toml
   localhost:6443: 403 localhost is refused: loopback address
     -> an address rule: only for a lab host you trust, pin it (resolve = ["localhost:IP"]) \
@@ -154,10 +154,13 @@ def test_propose_exact_names_and_wildcards_for_three_siblings() -> None:
     hosts = ["pypi.org", "files.pythonhosted.org", "a.cdn.example.com", "b.cdn.example.com",
              "c.cdn.example.com", "cdn.example.com", "x.two.org", "y.two.org", "github.com",
              "10.0.0.1", "registry.npmjs.org"]
-    events = [{"ev": "egress", "host": h, "port": 443, "verdict": "allowed"} for h in hosts]
-    events.append({"ev": "egress", "host": "db.example.net", "port": 5432, "verdict": "failed"})
+    events = [{"ev": "egress", "host": h, "port": 443, "verdict": "allowed",
+               "learn": "not on the allow list"} for h in hosts]
+    events.append({"ev": "egress", "host": "db.example.net", "port": 5432, "verdict": "refused",
+                   "reason": "socks blocked-by-allowlist: db.example.net:5432 is not on the "
+                             "allow list"})
     events.append({"ev": "broker", "argv": ["true"]})
-    line = report.propose(events, inject=["github.com"])
+    line = propose.propose(events, inject=["github.com"])
     assert line == (
         'domains = ["10.0.0.1", "*.cdn.example.com", "cdn.example.com", '
         '"db.example.net:5432", "registry.npmjs.org", "pypi.org", '
@@ -188,9 +191,9 @@ def test_exposed_names_the_grant_that_reaches_the_record() -> None:
 
 
 def test_watch_marks_refusals() -> None:
-    refused = report.watch_line({"ev": "egress", "t": 0, "host": "x.org", "port": 443,
-                                 "verdict": "refused", "reason": "not on the allow list"})
-    assert " !! egress REFUSED x.org: not on the allow list" in refused
-    ok = report.watch_line({"ev": "broker", "t": 0, "argv": ["ls"], "exit": 0, "dur": 0.1})
+    refused = watch.watch_line({"ev": "egress", "t": 0, "host": "x.org", "port": 443,
+                                "verdict": "refused", "reason": "not on the allow list"})
+    assert " !! egress REFUSED x.org:443: not on the allow list" in refused
+    ok = watch.watch_line({"ev": "broker", "t": 0, "argv": ["ls"], "exit": 0, "dur": 0.1})
     assert " !! " not in ok and "ls: exit 0 (0.10 s)" in ok
     assert os.environ.get("NO_COLOR") or True

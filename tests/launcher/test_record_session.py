@@ -165,7 +165,8 @@ def test_learn_mode_proposes_the_domains_line(world: World) -> None:
     learned = next(r["id"] for r in json.loads(listed.stdout))
     proposed = subprocess.run(["agent-sandbox", "report", "--propose", learned], env=env,
                               capture_output=True, text=True, check=True)
-    assert proposed.stdout == 'domains = ["nowhere.invalid", "*.cdn.test", "solo.test"]\n'
+    # The whole line: the configured domain first, then what the allow list would refuse.
+    assert proposed.stdout == 'domains = ["solo.test", "nowhere.invalid", "*.cdn.test"]\n'
     shown = subprocess.run(["agent-sandbox", "report", learned], env=env,
                            capture_output=True, text=True, check=True).stdout
     assert "LEARN MODE" in shown
