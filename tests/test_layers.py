@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("libbroker", "libpolicy", "libegress", "bin")
 
-BASE = {"libbroker.errors", "libbroker.paths", "libbroker.cli"}
+BASE = {"libbroker.errors", "libbroker.paths", "libbroker.cli", "libbroker.shellquote"}
 PURE = {
     "libbroker.wire",
     "libbroker.broker.exchange",
