@@ -126,21 +126,27 @@ def newest_live(directory: str, err: TextIO) -> str | None:
         err.write(f"agent-sandbox watch: no session records in {directory}\n")
         return None
     dead = 0
+    found = None
     for sid in reversed(ids[-SCAN:]):
         path = os.path.join(directory, sid + record.SUFFIX)
         start, ended = ends(path)
+        if not start:  # made this instant, its start event not yet whole: look once more
+            time.sleep(0.2)
+            start, ended = ends(path)
         if ended:
             continue
         if launcher_alive(start):
-            return path
+            found = path
+            break
         dead += 1
         if dead <= SAID:
             err.write(gone_line(sid, start) + "\n")
     if dead > SAID:
         err.write(f"agent-sandbox watch: and {dead - SAID} more sessions like it\n")
-    err.write(f"agent-sandbox watch: no live session; the newest is {ids[-1]} "
-              f"(agent-sandbox report {ids[-1]})\n")
-    return None
+    if found is None:
+        err.write(f"agent-sandbox watch: no live session; the newest is {ids[-1]} "
+                  f"(agent-sandbox report {ids[-1]})\n")
+    return found
 
 
 def follow(path: str, *, poll: float = 0.2,
