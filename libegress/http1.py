@@ -169,12 +169,13 @@ class UpstreamSide:
 
 
 async def _pump_request_body(client: ClientSide, upstream: UpstreamSide,
-                             moved: list[int]) -> None:
+                             moved: list[int], trailers: bool) -> None:
     while True:
         event = await client.body_event()
-        await upstream.send(event)
         if isinstance(event, h11.EndOfMessage):
+            await upstream.send(event if trailers else h11.EndOfMessage())
             return
+        await upstream.send(event)
         moved[0] += len(event.data)
 
 
@@ -190,7 +191,7 @@ class Exchanged:
 
 
 async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Request,
-                   moved: Exchanged | None = None) -> None:
+                   moved: Exchanged | None = None, *, trailers: bool = True) -> None:
     """Send ``request`` upstream, relay its body and the response back.
 
     Raises HttpError for what the client should be told (while it still can be).
@@ -199,7 +200,7 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
     """
     up = [0]
     await upstream.send(request)
-    body = asyncio.create_task(_pump_request_body(client, upstream, up))
+    body = asyncio.create_task(_pump_request_body(client, upstream, up, trailers))
     down = 0
     try:
         status = await _relay_response_head(client, upstream, body)

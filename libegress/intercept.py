@@ -107,7 +107,7 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                                                          credential_for(services, host), drop))
                 moved, started = Exchanged(), time.monotonic()
                 try:
-                    await exchange(side, upstream, outgoing, moved)
+                    await exchange(side, upstream, outgoing, moved, trailers=False)
                 finally:  # --record: method, path (no query), status, bytes; never a header
                     services.record.request("injected", host, port, request.method, target,
                                             moved, started)

@@ -11,9 +11,15 @@ refused with 403 and ``X-Proxy-Error: blocked-by-scope``.
   (upload-pack) of any; other writes (LFS batch, say) only under a listed
   repository's path.
 - REST (``api.*`` and ``uploads.*``): methods other than GET and HEAD only
-  under ``/repos/OWNER/NAME`` of a listed repository, but not its ``forks``,
-  ``generate`` or ``transfer`` (a repository made or moved elsewhere).
-  GraphQL over GET is refused (only POST is inspected).
+  under ``/repos/OWNER/NAME/<resource>`` of a listed repository, where the
+  resource is one of :data:`WRITABLE` (its content and the conversation
+  around it).  Everything else there is refused: the repository itself
+  (settings, visibility, deletion), collaborators, keys, hooks, secrets and
+  variables, protection, Actions, forks and transfers each give access that
+  outlives the session, and an endpoint not named is refused, not guessed
+  at.  A format suffix (``forks.json``) is judged as the endpoint it names.
+  GraphQL over GET is refused (only POST is inspected), and so is a GET or
+  HEAD carrying a body on these hosts (nothing there needs one).
 - GraphQL (``POST /graphql``): :func:`decide` answers ``graphql``; the shell
   buffers the body (at most :data:`MAX_GRAPHQL_BODY`) and :func:`graphql_ties`
   reads it.  Queries pass.  Every mutation in the document (not only the
@@ -47,14 +53,16 @@ READS = frozenset({b"GET", b"HEAD"})
 MAX_GRAPHQL_BODY = 1 << 20
 MAX_MUTATIONS = 8
 MAX_ID = 256
-# Writes under a listed repository's path that make or move a repository elsewhere.
-ELSEWHERE = frozenset({"forks", "generate", "transfer"})
+# The resources a write may touch under a listed repository (an allow list):
+# files and git data, issues, pull requests, comments, labels, releases.
+WRITABLE = frozenset({"contents", "git", "issues", "pulls", "comments", "labels", "releases"})
 
 _OWNER = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,38})")
 _NAME = re.compile(r"[A-Za-z0-9._-]{1,100}")
 _BAD_ESCAPE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 _ENCODED_BAD = re.compile(r"%(?:2[fF]|5[cC]|25|00)")
 _JSON_TYPES = ("application/json", "application/graphql+json")
+_FORMAT = re.compile(r"\.[A-Za-z0-9]+$")  # GitHub routes ``forks.json`` as ``forks``
 
 
 class ScopeError(ValueError):
@@ -257,6 +265,8 @@ def _decide_api(repos: frozenset[str], method: bytes, target: bytes,
     if method in READS:
         if b"graphql" in target.lower() and query is not None:
             raise ScopeError("GraphQL over GET (only POST is inspected)")
+        if _has_body(headers):
+            raise ScopeError(f"{method.decode()} with a body (GraphQL over GET is not inspected)")
         return PASS
     segments = clean_path(path)
     if segments == ["graphql"] and method == b"POST":
@@ -266,11 +276,37 @@ def _decide_api(repos: frozenset[str], method: bytes, target: bytes,
         return GRAPHQL
     if (len(segments) >= 3 and segments[0] == "repos"
             and _listed(repos, segments[1], segments[2], git=False)):
-        if len(segments) == 4 and segments[3].lower() in ELSEWHERE:
-            raise ScopeError(f"{segments[3]} makes or moves a repository outside the list")
+        resource = _resource(segments[3:])
+        if resource not in WRITABLE:
+            what = resource or "the repository itself"
+            raise ScopeError(f"{method.decode('ascii', 'replace')} on {what}: not a write "
+                             "--repos allows (contents, git, issues, pulls, comments, labels, "
+                             "releases)")
         return PASS
     raise ScopeError(f"{method.decode('ascii', 'replace')} outside /repos/OWNER/NAME "
                      "of the listed repositories")
+
+
+def _resource(rest: list[str]) -> str:
+    """The endpoint a write under ``/repos/OWNER/NAME`` names ("" for the repository itself).
+
+    A commit comment (``commits/SHA/comments``) is a comment; a format
+    suffix is dropped, as GitHub's router drops it.
+    """
+    if not rest:
+        return ""
+    first = _FORMAT.sub("", rest[0]).lower()
+    if first == "commits" and len(rest) == 3 and _FORMAT.sub("", rest[2]).lower() == "comments":
+        return "comments"
+    return first
+
+
+def _has_body(headers: list[tuple[bytes, bytes]]) -> bool:
+    for name, value in headers:
+        low = name.lower()
+        if low == b"transfer-encoding" or (low == b"content-length" and value.strip() != b"0"):
+            return True
+    return False
 
 
 def _graphql_headers(headers: list[tuple[bytes, bytes]]) -> None:

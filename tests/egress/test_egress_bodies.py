@@ -259,7 +259,10 @@ def check(sinks: Sinks, route: str, got: dict[str, object], size: int, chunked: 
     assert got["chunked"] is chunked
     if chunked:
         trailers = {k.lower(): v for k, v in got["trailers"]}  # type: ignore[attr-defined]
-        assert trailers.get("x-sum") == sha256_of(size)
+        # An inject host gets no trailer of the client's (fields after the
+        # rewritten head would go unjudged); a plain forward passes them.
+        assert trailers.get("x-sum") == (None if route.startswith("inject")
+                                         else sha256_of(size))
     if route.startswith("inject"):
         record = sinks.tls.seen[-1]
         auth = [v for k, v in record["headers"] if k.lower() == "authorization"]
@@ -315,7 +318,8 @@ def test_pipelined_requests_after_bodies(sinks: Sinks, route: str, pieces: bool)
     assert [(a["path"], a["sha256"], a["length"]) for a in answers] == [
         ("/p1", want, len(body)), ("/p2", want, len(body)),
         ("/p3", hashlib.sha256(b"").hexdigest(), 0)]
-    assert ["X-Sum", "two"] in [[k.title(), v] for k, v in answers[1]["trailers"]]
+    sent = ["X-Sum", "two"] in [[k.title(), v] for k, v in answers[1]["trailers"]]
+    assert sent is not route.startswith("inject")
     seen = sinks.tls.seen + sinks.plain.seen
     assert not [r for r in seen if "smuggled" in r["path"]]
 

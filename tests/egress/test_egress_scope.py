@@ -82,9 +82,9 @@ def test_git(method: str, target: str, expected: str) -> None:
 @pytest.mark.parametrize("method, target, expected", [
     ("POST", "/repos/acme/widgets/issues", "pass"),
     ("PATCH", "/repos/ACME/WIDGETS/pulls/1", "pass"),
-    ("DELETE", "/repos/acme/widgets", "pass"),
+    ("DELETE", "/repos/acme/widgets", "refuse"),
     ("PUT", "/repos/acme/widgets/contents/README.md", "pass"),
-    ("POST", "/repos/acme/widgets/", "pass"),
+    ("POST", "/repos/acme/widgets/", "refuse"),
     ("POST", "/repos/acme/evil/issues", "refuse"),
     ("POST", "/gists", "refuse"),
     ("PATCH", "/user", "refuse"),
@@ -97,6 +97,9 @@ def test_git(method: str, target: str, expected: str) -> None:
     ("POST", "/repos/acme/widgets/Generate", "refuse"),
     ("POST", "/repos/acme/widgets/transfer/", "refuse"),
     ("GET", "/repos/acme/widgets/forks", "pass"),
+    ("POST", "/repos/acme/widgets/forks.json", "refuse"),
+    ("POST", "/repos/acme/widgets/issues.json", "pass"),
+    ("GET", "/graphql", "pass"),
     # tricks
     ("POST", "/repos/acme%2Fwidgets/issues", "refuse"),
     ("POST", "/repos/acme%2fwidgets/issues", "refuse"),
@@ -128,6 +131,95 @@ def test_git(method: str, target: str, expected: str) -> None:
 ])
 def test_rest(method: str, target: str, expected: str) -> None:
     assert action(API, method, target, JSON_TYPE) == expected
+
+
+# Under a listed repository, writes that give access outliving the session
+# (people, keys, hooks, settings, secrets, protection, Actions) are refused:
+# the allowed resources are a list, everything else is not on it.
+ADMIN = [
+    ("PATCH", "/repos/acme/widgets"),  # settings, visibility, default branch
+    ("DELETE", "/repos/acme/widgets"),
+    ("PUT", "/repos/acme/widgets/collaborators/mallory"),
+    ("DELETE", "/repos/acme/widgets/collaborators/alice"),
+    ("PATCH", "/repos/acme/widgets/invitations/1"),
+    ("POST", "/repos/acme/widgets/keys"),  # deploy keys
+    ("POST", "/repos/acme/widgets/hooks"),
+    ("PATCH", "/repos/acme/widgets/hooks/1/config"),
+    ("PUT", "/repos/acme/widgets/actions/secrets/TOKEN"),
+    ("POST", "/repos/acme/widgets/actions/variables"),
+    ("PUT", "/repos/acme/widgets/actions/permissions"),
+    ("PUT", "/repos/acme/widgets/actions/permissions/workflow"),
+    ("POST", "/repos/acme/widgets/actions/runners/registration-token"),
+    ("PUT", "/repos/acme/widgets/branches/main/protection"),
+    ("DELETE", "/repos/acme/widgets/branches/main/protection"),
+    ("POST", "/repos/acme/widgets/rulesets"),
+    ("PUT", "/repos/acme/widgets/environments/prod"),
+    ("PUT", "/repos/acme/widgets/dependabot/secrets/X"),
+    ("PUT", "/repos/acme/widgets/codespaces/secrets/X"),
+    ("PUT", "/repos/acme/widgets/topics"),
+    ("PUT", "/repos/acme/widgets/vulnerability-alerts"),
+    ("POST", "/repos/acme/widgets/dispatches"),
+    ("POST", "/repos/acme/widgets/pages"),
+    ("POST", "/repos/acme/widgets/forks"),
+    ("POST", "/repos/acme/widgets/generate"),
+    ("POST", "/repos/acme/widgets/transfer"),
+    ("POST", "/repos/acme/widgets/autolinks"),
+    ("PUT", "/repos/acme/widgets/interaction-limits"),
+    ("POST", "/repos/acme/widgets/commits/abc/statuses"),
+]
+TRICKS = {
+    "as-is": lambda p: p,
+    "case": lambda p: p.replace("/widgets", "/WIDGETS").upper().replace("/REPOS/", "/repos/"),
+    "format suffix": lambda p: p + ".json",
+    "trailing slash": lambda p: p + "/",
+    "encoded name": lambda p: p.replace("acme/widgets", "acme/%77idgets"),
+}
+
+
+@pytest.mark.parametrize("method, target", ADMIN)
+@pytest.mark.parametrize("trick", sorted(TRICKS))
+def test_rest_admin_writes_refused(method: str, target: str, trick: str) -> None:
+    tricked = TRICKS[trick](target)
+    assert action(API, method, tricked, JSON_TYPE) == "refuse", tricked
+
+
+@pytest.mark.parametrize("method, target", [
+    ("PUT", "/repos/acme/widgets/contents/src/a.py"),
+    ("DELETE", "/repos/acme/widgets/contents/src/a.py"),
+    ("POST", "/repos/acme/widgets/git/blobs"),
+    ("POST", "/repos/acme/widgets/git/trees"),
+    ("POST", "/repos/acme/widgets/git/commits"),
+    ("PATCH", "/repos/acme/widgets/git/refs/heads/topic"),
+    ("POST", "/repos/acme/widgets/issues"),
+    ("POST", "/repos/acme/widgets/issues/3/comments"),
+    ("PATCH", "/repos/acme/widgets/issues/comments/9"),
+    ("POST", "/repos/acme/widgets/issues/3/labels"),
+    ("POST", "/repos/acme/widgets/pulls"),
+    ("PUT", "/repos/acme/widgets/pulls/3/merge"),
+    ("POST", "/repos/acme/widgets/pulls/3/reviews"),
+    ("POST", "/repos/acme/widgets/pulls/3/requested_reviewers"),
+    ("DELETE", "/repos/acme/widgets/comments/4"),
+    ("POST", "/repos/acme/widgets/commits/abc/comments"),
+    ("POST", "/repos/acme/widgets/labels"),
+    ("POST", "/repos/acme/widgets/releases"),
+    ("POST", "/repos/acme/widgets/releases/7/assets?name=a.tgz"),
+    ("PATCH", "/repos/Acme/Widgets/Issues/3"),
+])
+def test_rest_content_writes_pass(method: str, target: str) -> None:
+    host = "uploads.github.com" if "assets" in target else API
+    assert action(host, method, target, JSON_TYPE) == "pass"
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+@pytest.mark.parametrize("headers, expected", [
+    ([(b"Content-Length", b"12")], "refuse"),
+    ([(b"Transfer-Encoding", b"chunked")], "refuse"),
+    ([(b"Content-Length", b"0")], "pass"),
+    ([], "pass"),
+])
+def test_reads_with_a_body_refused(method: str, headers: Any, expected: str) -> None:
+    for target in ("/graphql", "/repos/acme/widgets"):
+        assert action(API, method, target, headers) == expected
 
 
 @pytest.mark.parametrize("headers, expected", [
