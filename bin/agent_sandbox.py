@@ -71,7 +71,6 @@ import sys
 from typing import TYPE_CHECKING
 
 from libbroker.cli import Args, parse, run
-from libbroker.errors import ConfigError, UsageError
 
 if TYPE_CHECKING:
     from libbroker.launcher.config import Config
@@ -79,29 +78,16 @@ if TYPE_CHECKING:
 
 
 def _config(args: Args) -> Config:
-    from libbroker.launcher import config
+    from libbroker.launcher import config_file
 
-    facts = config.host_facts()
-    path = args["--config"]
-    overrides: dict[str, object] = {
-        "workdir": args.get("--workdir"),
-        "sandbox": args.get("--sandbox"),
-        "agent": args.get("--agent"),
-    }
-    try:
-        if args.get("--limit"):
-            from libbroker.sandbox.limits import parse_flags
-
-            overrides["limits"] = parse_flags(list(args["--limit"]))
-        return config.load(os.path.expanduser(path) if path else None, facts, overrides=overrides)
-    except (ConfigError, ValueError) as exc:  # LimitsError is a ValueError
-        raise UsageError(str(exc)) from None
+    return config_file.from_args(args, check_host=not args["doctor"])
 
 
 def _main(args: Args, servers: Servers | None) -> int:
     if args["run"]:
-        from libbroker.launcher import session
+        from libbroker.launcher import cli_checks, session
 
+        cli_checks.check_command(list(args["CMD"]))
         cfg = _config(args)
         if args.get("--learn"):
             cfg = cfg._replace(learn=True)
@@ -130,6 +116,9 @@ def _parse(servers: Servers | None) -> Args:
         quick = prestart.run_args(sys.argv[1:])
         if quick is not None:
             return quick
+    from libbroker.launcher import cli_checks
+
+    cli_checks.before_docopt(sys.argv[1:])  # what docopt would only call "usage"
     return parse(__doc__ or "", options_first=False)
 
 

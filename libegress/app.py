@@ -19,10 +19,10 @@ from libegress.ca import LeafCache, make_authority
 from libegress.context import Services
 from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
-from libegress.hosts import BadHost, canonical_host, parse_authority, parse_port
+from libegress.hosts import BadHost, canonical_host, parse_port
 from libegress.limits import Limits
 from libegress.record import Recorder
-from libegress.route import EgressPolicy, Pin
+from libegress.route import EgressPolicy, Pin, parse_pin
 from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
@@ -80,19 +80,10 @@ def _listen(text: str, scheme: str) -> Listen:
     raise UsageError(f"listen address must be IP:PORT (port 0 picks one): {text!r}")
 
 
-def parse_pin(text: str) -> tuple[str, Pin]:
-    """``HOST:IP``, ``HOST:IP:PORT`` or ``HOST:[IPv6]:PORT`` (the port redirects)."""
-    host_text, sep, rest = text.partition(":")
-    if not sep or not rest:
-        raise UsageError(f"--resolve must be HOST:IP: {text!r}")
+def _pin(text: str) -> tuple[str, Pin]:
     try:
-        host = canonical_host(host_text)
-        try:
-            return host, Pin(ipaddress.ip_address(rest.strip("[]")))
-        except ValueError:
-            address, port = parse_authority(rest)
-            return host, Pin(ipaddress.ip_address(address), port)
-    except (BadHost, ValueError) as exc:
+        return parse_pin(text)
+    except ValueError as exc:  # BadHost is one
         raise UsageError(f"--resolve {text!r}: {exc}") from None
 
 
@@ -123,7 +114,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
         cidrs = tuple(parse_cidr(c) for c in args.get("--allow-cidr") or [])
     except ValueError as exc:
         raise UsageError(f"--allow-cidr: {exc}") from None
-    pins = dict(parse_pin(p) for p in args.get("--resolve") or [])
+    pins = dict(_pin(p) for p in args.get("--resolve") or [])
     command = args.get("--token-command")
     idle = _seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0)
     max_conns = str(args.get("--max-conns") or 1024)

@@ -9,11 +9,12 @@ address, connect to a checked one).
 from __future__ import annotations
 
 import enum
+import ipaddress
 from dataclasses import dataclass, field
 
 from libegress.addresses import IPAddress, Network
 from libegress.allowlist import Pattern, allowed
-from libegress.hosts import format_authority
+from libegress.hosts import BadHost, canonical_host, format_authority, parse_authority
 
 BLOCKED_ALLOWLIST = "blocked-by-allowlist"
 BLOCKED_ADDRESS = "blocked-address"
@@ -41,6 +42,23 @@ class Pin:
 
     address: IPAddress
     port: int | None = None
+
+
+def parse_pin(text: str) -> tuple[str, Pin]:
+    """``HOST:IP``, ``HOST:IP:PORT`` or ``HOST:[IPv6]:PORT`` (the port redirects).
+
+    ValueError (BadHost is one) when ``text`` is none of these; egress-proxy's
+    ``--resolve`` and agent-sandbox's ``resolve`` key both come through here.
+    """
+    host_text, sep, rest = text.partition(":")
+    if not sep or not rest:
+        raise BadHost("must be HOST:IP or HOST:IP:PORT")
+    host = canonical_host(host_text)
+    try:
+        return host, Pin(ipaddress.ip_address(rest.strip("[]")))
+    except ValueError:
+        address, port = parse_authority(rest)
+        return host, Pin(ipaddress.ip_address(address), port)
 
 
 @dataclass(frozen=True)

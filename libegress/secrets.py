@@ -84,7 +84,7 @@ def parse_secrets(text: str, source: str, inject: tuple[str, ...] = ()) -> tuple
     seen = set(inject)
     out: list[Secret] = []
     for index, entry in enumerate(data):
-        secret = _entry(entry, f"--secrets {source}: entry {index}")
+        secret = parse_entry(entry, f"--secrets {source}: entry {index}")
         if secret.host in seen:
             also = " (an --inject host)" if secret.host in inject else ""
             raise UsageError(f"--secrets {source}: entry {index}: duplicate host "
@@ -94,7 +94,12 @@ def parse_secrets(text: str, source: str, inject: tuple[str, ...] = ()) -> tuple
     return tuple(out)
 
 
-def _entry(entry: Any, where: str) -> Secret:
+def parse_entry(entry: Any, where: str) -> Secret:
+    """One entry of the list, checked; UsageError starting with ``where``.
+
+    agent-sandbox's config check calls this on each ``[[secret]]`` too, so a
+    session never hands egress-proxy an entry it would refuse at start.
+    """
     if not isinstance(entry, dict):
         raise UsageError(f"{where}: must be a JSON object")
     unknown = sorted(str(k) for k in entry if k not in KEYS)

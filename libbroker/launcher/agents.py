@@ -335,12 +335,12 @@ def check_write_back(items: Sequence[str], extra: Mapping[str, Profile], source:
         name, sep, key = item.partition(":")
         if not sep or not key or name not in known:
             raise ConfigError(
-                f"{source}: agent_write_back entry {item!r} must be AGENT:KEY "
+                f"{source}: entry {item!r} must be AGENT:KEY "
                 f"(agents: {', '.join(sorted(known))})"
             )
         if not any(r.mode == JSON for r in known[name].rules):
             raise ConfigError(
-                f"{source}: agent_write_back {item!r}: {name} keeps its settings in a file "
+                f"{source}: entry {item!r}: {name} keeps its settings in a file "
                 "that is never written back"
             )
 
@@ -366,25 +366,25 @@ def from_config(name: str, table: Mapping[str, Any], source: str) -> Profile:
     allowed = {"commands", "config", "home_env", "domains", "write_back", "key_env"}
     for key in table:
         if key not in allowed:
-            raise ConfigError(f"{source}: agents.{name}: unknown key {key!r}")
+            raise ConfigError(f"{source}: unknown key {key!r}")
 
     def strings(key: str) -> tuple[str, ...]:
         value = table.get(key, [])
         if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-            raise ConfigError(f"{source}: agents.{name}.{key} must be a list of strings")
+            raise ConfigError(f"{source}: {key} must be a list of strings")
         return tuple(value)
 
     if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*", name) or name in (*PROFILES, NONE):
-        raise ConfigError(f"{source}: agents.{name}: not a usable agent name")
+        raise ConfigError(f"{source}: {name!r} is not a usable agent name")
     entries = []
     for path in strings("config"):
         if not path.startswith("~/") or ".." in path.split("/"):
-            raise ConfigError(f"{source}: agents.{name}.config path {path!r} must start with ~/")
+            raise ConfigError(f"{source}: config path {path!r} must start with ~/")
         rel = path[2:].rstrip("/")
         entries.append(Entry("~/" + rel, rel, not path.endswith((".json", ".toml", ".yaml"))))
     home_env = table.get("home_env", "")
     if not isinstance(home_env, str) or (home_env and not entries):
-        raise ConfigError(f"{source}: agents.{name}.home_env needs a config dir to point at")
+        raise ConfigError(f"{source}: home_env needs a config dir to point at")
     rules = tuple(Rule(p.removeprefix("~/"), WHOLE) for p in strings("write_back"))
     return Profile(
         name=name,

@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError, LaunchError
+from libbroker.launcher import egress_values
+from libbroker.launcher.egress_values import Secret
+from libbroker.launcher.origins import Origins
 from libbroker.paths import under
 from libbroker.sandbox.limits import Limits, LimitsError
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
@@ -52,29 +55,6 @@ FORBIDDEN_ENV = frozenset({"GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN", "L
 # non-secret word, so SDKs that require the variable start; the proxy sets the
 # real value on the way out.
 SECRET_PLACEHOLDER = "agent-sandbox-placeholder"  # noqa: S105 - a fixed word, no secret
-SECRET_KEYS = frozenset({"host", "header", "format", "command", "every", "env"})
-
-
-class Secret(NamedTuple):
-    """A ``[[secret]]`` table: egress-proxy's --secrets entry plus the sandbox's variable.
-
-    The deep checks of the header and format are egress-proxy's (it refuses a
-    bad entry at start with a line naming it); these are the launcher's own.
-    """
-
-    host: str
-    header: str
-    command: str
-    format: str = "Bearer {}"
-    every: int = 300
-    env: str = ""
-
-    def proxy_entry(self) -> dict[str, object]:
-        """The entry as egress-proxy's --secrets file holds it."""
-        return {"host": self.host, "header": self.header, "format": self.format,
-                "command": self.command, "every": self.every}
-
-
 class HostFacts(NamedTuple):
     """What the defaults depend on, gathered once (see :func:`host_facts`)."""
 
@@ -200,76 +180,64 @@ def take_sign_key(cfg: Config, git: Proc | None) -> Config:
 
 
 def load(
-    path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None
+    path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None,
 ) -> Config:
-    """Read the TOML file at ``path`` (or the default, which may be absent)."""
-    import tomllib  # only when a file is read: it costs a few ms to import
+    """Read the TOML file at ``path`` (or the default, which may be absent), then check it.
 
-    explicit = path is not None
-    file = path if path is not None else default_path(facts.home)
-    data: dict[str, Any] = {}
-    try:
-        with open(file, "rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError:
-        if explicit:
-            raise ConfigError(f"config file {file} does not exist") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {file} is not valid TOML: {exc}") from None
-    except OSError as exc:
-        raise ConfigError(f"config file {file} cannot be read: {exc.strerror}") from None
-    merged = dict(data)
-    for key, value in (overrides or {}).items():
-        if key == "limits" and isinstance(value, dict) and isinstance(merged.get(key), dict):
-            value = {**merged[key], **value}  # --limit flags over the file's table
-        if value is not None:
-            merged[key] = value
-    return from_mapping(merged, facts, source=file)
+    ``overrides``: values from the command line over the file's, by key;
+    ``flags``: the flag each came from, for messages (see :mod:`.config_file`).
+    """
+    from libbroker.launcher import config_file
+
+    return config_file.load(path, facts, overrides=overrides, flags=flags)
 
 
-def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "config") -> Config:
-    """Check ``data`` (decoded TOML) and fill in the defaults."""
+def from_mapping(
+    data: Mapping[str, Any], facts: HostFacts, *, origins: Origins | None = None
+) -> Config:
+    """Check ``data`` (decoded TOML) and fill in the defaults.
+
+    Every refusal is a ConfigError ``{origin}: {problem}``, the origin from
+    ``origins`` (by default, the key's name).
+    """
+    where = origins or Origins(frozenset(data))
     for key in data:
         if key not in _KEYS:
-            raise ConfigError(f"{source}: unknown key {key!r} (known: {', '.join(sorted(_KEYS))})")
-    get = _Getter(data, source)
+            raise ConfigError(f"{where.place(key)}unknown key {key!r} "
+                              f"(known: {', '.join(sorted(_KEYS))})")
+    get = _Getter(data, where)
 
     def path(p: str, key: str) -> str:
-        return _abs_path(p, facts, source=source, key=key)
+        return _abs_path(p, facts, where=where(key), key=key)
 
     workdir = path(get.string("workdir", facts.cwd), "workdir")
     if under(facts.home, workdir):
         # A writable home (or /) would hand the sandbox every credential file.
-        raise ConfigError(f"{source}: workdir {workdir} contains the home directory")
+        raise ConfigError(f"{where('workdir')}: {workdir} contains the home directory "
+                          f"{facts.home}; name a project directory")
     sandbox = get.string("sandbox", "auto")
     if sandbox not in SANDBOX_KINDS:
         raise ConfigError(
-            f"{source}: sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {sandbox!r}"
+            f"{where('sandbox')}: must be one of {', '.join(SANDBOX_KINDS)}, not {sandbox!r}"
         )
-    domains = tuple(
-        _host_pattern(d, source, "domains") for d in get.strings("domains", DEFAULT_DOMAINS)
-    )
-    secrets = _secrets(data.get("secret", []), source)
+    domains = egress_values.domains(get.strings("domains", DEFAULT_DOMAINS), where("domains"))
+    inject = egress_values.hosts(get.strings("inject", DEFAULT_INJECT), where("inject"))
+    secrets = egress_values.secrets(data.get("secret", []), where.secret, inject,
+                                    _check_env_name, where("secret"))
     # A secret's host is allowed (egress-proxy intercepts it) and named in the policy.
     domains += tuple(s.host for s in secrets if s.host not in domains)
-    inject = tuple(
-        _host_pattern(d, source, "inject") for d in get.strings("inject", DEFAULT_INJECT)
-    )
-    for secret in secrets:
-        if secret.host in inject:
-            raise ConfigError(f"{source}: [[secret]] host {secret.host} is an inject host "
-                              "(the GitHub token's)")
     token_default = "gh auth token" if facts.gh_present else ""
     token_every = get.integer("token_every", 300)
-    if token_every < 1:
-        raise ConfigError(f"{source}: token_every must be at least 1 second")
+    if not 0 < token_every < 10**7:
+        raise ConfigError(f"{where('token_every')}: must be at least 1 second (and under 10**7)")
     env = get.strings("env", ())
     for name in env:
-        _check_env_name(name, source)
+        _check_env_name(name, f"{where('env')}: entry")
     timeout = get.number("start_timeout", 10.0)
     if not 0 < timeout <= 300:
-        raise ConfigError(f"{source}: start_timeout must be in (0, 300] seconds")
-    extra, write_back = _agents(data, get, source)
+        raise ConfigError(f"{where('start_timeout')}: must be in (0, 300] seconds")
+    extra, write_back = _agents(data, get, where)
     kube = get.string("kubeconfig", "")
     log = get.string("log_file", "")
     ca = get.string("upstream_ca", "")
@@ -278,7 +246,8 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         sandbox=sandbox,
         domains=domains,
         inject=inject,
-        token_command=get.string("token_command", token_default).strip(),
+        token_command=egress_values.command(
+            get.string("token_command", token_default).strip(), where("token_command")),
         token_every=token_every,
         read=tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ)),
         write=tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE)),
@@ -286,20 +255,20 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
         sign_key=get.string("sign_key", "").strip() if "sign_key" in data else None,
         kubeconfig=path(kube, "kubeconfig") if kube else "",
         env=env,
-        resolve=tuple(_resolve_pin(r, source) for r in get.strings("resolve", ())),
+        resolve=egress_values.resolve(get.strings("resolve", ()), where("resolve")),
         upstream_ca=path(ca, "upstream_ca") if ca else "",
-        allow_cidr=tuple(_cidr(c, source) for c in get.strings("allow_cidr", ())),
+        allow_cidr=egress_values.cidrs(get.strings("allow_cidr", ()), where("allow_cidr")),
         start_timeout=timeout,
         log_file=path(log, "log_file") if log else "",
         protect_git=get.boolean("protect_git", True),
         agent=get.string("agent", ""),
         agent_write_back=write_back,
         agents=extra,
-        hostrun_add=_hostrun(get.strings("hostrun_add", ()), source, "hostrun_add"),
-        hostrun_allow=_hostrun(get.strings("hostrun_allow", ()), source, "hostrun_allow"),
-        limits=_limits(data.get("limits", {}), source),
+        hostrun_add=_hostrun(get.strings("hostrun_add", ()), where("hostrun_add"), "hostrun_add"),
+        hostrun_allow=_hostrun_allow(get.strings("hostrun_allow", ()), where("hostrun_allow")),
+        limits=_limits(data.get("limits", {}), where),
         secrets=secrets,
-        repos=_repos(get.strings("repos", ()), source),
+        repos=egress_values.repos(get.strings("repos", ()), where("repos")),
         record=get.boolean("record", True),
         home=facts.home,
         harness=path(HARNESS, "harness"),
@@ -307,14 +276,14 @@ def from_mapping(data: Mapping[str, Any], facts: HostFacts, *, source: str = "co
 
 
 class _Getter:
-    """Typed reads of a TOML mapping with messages naming the key."""
+    """Typed reads of a TOML mapping with messages naming where the value came from."""
 
-    def __init__(self, data: Mapping[str, Any], source: str) -> None:
+    def __init__(self, data: Mapping[str, Any], where: Origins) -> None:
         self._data = data
-        self._source = source
+        self._where = where
 
     def _bad(self, key: str, want: str) -> ConfigError:
-        return ConfigError(f"{self._source}: {key} must be {want}")
+        return ConfigError(f"{self._where(key)}: must be {want}")
 
     def string(self, key: str, default: str) -> str:
         value = self._data.get(key, default)
@@ -351,81 +320,47 @@ class _Getter:
         return float(value)
 
 
-def _abs_path(p: str, facts: HostFacts, *, source: str, key: str) -> str:
+def _abs_path(p: str, facts: HostFacts, *, where: str, key: str) -> str:
     if p == "~" or p.startswith("~/"):
         p = facts.home + p[1:]
     elif not os.path.isabs(p):
         if key != "workdir":
-            raise ConfigError(f"{source}: {key} path {p!r} must be absolute or start with ~/")
+            raise ConfigError(f"{where}: path {p!r} must be absolute or start with ~/")
         p = os.path.join(facts.cwd, p)
     return os.path.normpath(p)
 
 
-def _host_pattern(value: str, source: str, key: str) -> str:
-    if any(c in value for c in ", \t\n/@"):
-        raise ConfigError(f"{source}: {key} entry {value!r} is not a host pattern")
-    return value.lower()
-
-
-_ALNUM = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789")
-
-
-def _repos(values: tuple[str, ...], source: str) -> tuple[str, ...]:
-    """``repos``: OWNER/NAME entries for egress-proxy's --repos (empty: the token unscoped).
-
-    GitHub's spelling (egress-proxy checks it again): an owner of letters,
-    digits and inner hyphens, a name of letters, digits, ``-``, ``_``, ``.``.
-    """
-    for value in values:
-        owner, sep, name = value.partition("/")
-        good = (
-            sep and 0 < len(owner) <= 39 and 0 < len(name) <= 100
-            and owner[0] in _ALNUM and set(owner) <= _ALNUM | {"-"}
-            and set(name) <= _ALNUM | {"-", "_", "."} and name not in (".", "..")
-        )
-        if not good:
-            raise ConfigError(f"{source}: repos entry {value!r} is not OWNER/NAME")
-    return values
-
-
-def _resolve_pin(value: str, source: str) -> str:
-    """``HOST:IP`` or ``HOST:IP:PORT`` (IPv6 in brackets), as egress-proxy takes it."""
-    host, sep, rest = value.partition(":")
-    ip, port = rest, ""
-    if rest.startswith("["):
-        ip, _, after = rest[1:].partition("]")
-        port = after[1:] if after.startswith(":") else after
-    elif rest.count(":") == 1:
-        ip, port = rest.split(":")
-    import ipaddress  # only when the config pins hosts
-
-    try:
-        ipaddress.ip_address(ip)
-        ok = bool(sep and host) and (port == "" or (port.isdigit() and 0 < int(port) < 65536))
-    except ValueError:
-        ok = False
-    if not ok:
-        raise ConfigError(f"{source}: resolve entry {value!r} must be HOST:IP or HOST:IP:PORT")
-    return value
-
-
-def _cidr(value: str, source: str) -> str:
-    import ipaddress
-
-    try:
-        ipaddress.ip_network(value, strict=False)
-    except ValueError:
-        raise ConfigError(f"{source}: allow_cidr entry {value!r} is not a CIDR range") from None
-    return value
-
-
-def _hostrun(values: tuple[str, ...], source: str, key: str) -> tuple[str, ...]:
+def _hostrun(values: tuple[str, ...], where: str, key: str) -> tuple[str, ...]:
     from libpolicy.hostrun import HostRunError, check_pattern
 
     try:
         return tuple(check_pattern(v, key) for v in values)
     except HostRunError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
+        raise ConfigError(f"{where}: {str(exc).removeprefix(key + ' ')}") from None
+
+
+def _hostrun_allow(values: tuple[str, ...], where: str) -> tuple[str, ...]:
+    """``hostrun_allow``: rule ids, built-in patterns, or workdir paths of host-run files.
+
+    A path that no entry matches turns nothing off: it is a typo (or a rule
+    id misspelled), and a silent one would leave the person believing a file
+    is let go.  A directory's own host-run files are let go by naming the
+    files (``sub/.envrc``) or the entry (``envrc``).
+    """
+    from libpolicy.hostrun import ENTRIES, RULES, Table
+
+    checked = _hostrun(values, where, "hostrun_allow")
+    patterns = {e.pattern for e in ENTRIES}
+    table = Table()
+    for value in checked:
+        if value in RULES or value in patterns or table.match(value) is not None:
+            continue
+        raise ConfigError(
+            f"{where}: entry {value!r} turns nothing off: give a rule id "
+            f"({', '.join(sorted(RULES))}), one of their patterns, or the workdir path "
+            "of a host-run file (sub/.envrc)"
+        )
+    return checked
 
 
 def hostrun_table(cfg: Config) -> Table:
@@ -435,70 +370,44 @@ def hostrun_table(cfg: Config) -> Table:
     return Table(cfg.hostrun_add, cfg.hostrun_allow, cfg.workdir)
 
 
-def _limits(table: Any, source: str) -> Limits:
+def _limits(table: Any, where: Origins) -> Limits:
     """``limits = {tasks = 4096, memory = "8G", tmp = "2G", cpu = 2, timeout = "10m"}``."""
+    if isinstance(table, Mapping):
+        for name, value in table.items():  # each value checked alone: its own line
+            try:
+                limits_from_mapping({name: value}, "limits")
+            except LimitsError as exc:
+                reason = _limit_reason(exc).removeprefix(f"{name} ")
+                raise ConfigError(f"{where('limits', str(name))}: {reason}") from None
     try:
-        return limits_from_mapping(dict(table) if isinstance(table, Mapping) else table,
-                                   f"{source}: limits")  # fmt: skip
+        return limits_from_mapping(dict(table) if isinstance(table, Mapping) else table, "limits")
     except LimitsError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{where('limits')}: {_limit_reason(exc)}") from None
+
+
+def _limit_reason(exc: LimitsError) -> str:
+    return str(exc).removeprefix("limits: ").removeprefix("limits ")
 
 
 def _agents(
-    data: Mapping[str, Any], get: _Getter, source: str
+    data: Mapping[str, Any], get: _Getter, where: Origins
 ) -> tuple[tuple[tuple[str, Any], ...], tuple[str, ...]]:
     """The config's own agent profiles and write-back opt-ins (libbroker.launcher.agents)."""
     tables = data.get("agents", {})
     if not isinstance(tables, Mapping) or not all(isinstance(t, Mapping) for t in tables.values()):
-        raise ConfigError(f"{source}: agents must be a table of [agents.NAME] tables")
+        raise ConfigError(f"{where('agents')}: must be a table of [agents.NAME] tables")
     write_back = get.strings("agent_write_back", ())
     if not tables and not write_back:
         return (), ()
     from libbroker.launcher import agents
 
-    extra = {name: agents.from_config(name, t, source) for name, t in tables.items()}
-    agents.check_write_back(write_back, extra, source)
+    extra = {name: agents.from_config(name, t, where("agents", name)) for name, t in tables.items()}
+    agents.check_write_back(write_back, extra, where("agent_write_back"))
     return tuple(extra.items()), write_back
 
 
-def _check_env_name(name: str, source: str) -> None:
+def _check_env_name(name: str, where: str) -> None:
     if not name.replace("_", "a").isalnum() or name[0].isdigit():
-        raise ConfigError(f"{source}: env entry {name!r} is not a variable name")
+        raise ConfigError(f"{where} {name!r} is not a variable name")
     if name in FORBIDDEN_ENV or name.startswith(FORBIDDEN_ENV_PREFIXES):
-        raise ConfigError(f"{source}: env entry {name!r} may not be passed into a session")
-
-
-def _secrets(tables: Any, source: str) -> tuple[Secret, ...]:
-    """The ``[[secret]]`` tables, checked for shape; egress-proxy checks the rest."""
-    if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
-        raise ConfigError(f"{source}: secret must be [[secret]] tables")
-    out: list[Secret] = []
-    for index, table in enumerate(tables):
-        where = f"{source}: [[secret]] {index + 1}"
-        unknown = sorted(k for k in table if k not in SECRET_KEYS)
-        if unknown:
-            raise ConfigError(f"{where}: unknown key {unknown[0]!r} "
-                              f"(known: {', '.join(sorted(SECRET_KEYS))})")
-        for key in ("host", "header", "command"):
-            if not isinstance(table.get(key), str) or not table[key].strip():
-                raise ConfigError(f"{where}: {key} must be a non-empty string")
-        fmt = table.get("format", "Bearer {}")
-        if not isinstance(fmt, str) or fmt.count("{}") != 1:
-            raise ConfigError(f"{where}: format must be a string holding {{}} once")
-        every = table.get("every", 300)
-        if isinstance(every, bool) or not isinstance(every, int) or not 0 < every < 10**7:
-            raise ConfigError(f"{where}: every must be a whole number of seconds, at least 1")
-        env = table.get("env", "")
-        if not isinstance(env, str):
-            raise ConfigError(f"{where}: env must be a variable name")
-        if env:
-            _check_env_name(env, source)
-        host = table["host"].strip().lower().rstrip(".")
-        if any(c in host for c in ", \t\n/@*:") or not host:
-            raise ConfigError(f"{where}: host {table['host']!r} must be one DNS name")
-        if any(s.host == host for s in out):
-            raise ConfigError(f"{where}: host {host} has a [[secret]] already")
-        if env and any(s.env == env for s in out):
-            raise ConfigError(f"{where}: env {env} is another secret's already")
-        out.append(Secret(host, table["header"], table["command"].strip(), fmt, every, env))
-    return tuple(out)
+        raise ConfigError(f"{where} {name!r} may not be passed into a session")

@@ -28,7 +28,7 @@ def test_without_repos_no_flag() -> None:
 @pytest.mark.parametrize("value", ["acme", "acme/", "/x", "a/b/c", "ac me/x", "acme/..",
                                    "-acme/x", "acme/x,evil/y", "acme/x%2f"])
 def test_a_bad_entry_is_refused(value: str) -> None:
-    with pytest.raises(ConfigError, match="repos entry"):
+    with pytest.raises(ConfigError, match="repos: entry"):
         from_mapping({"repos": [value]}, FACTS)
 
 

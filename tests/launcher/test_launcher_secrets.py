@@ -47,15 +47,20 @@ def test_a_secret_table_is_parsed_and_its_host_allowed() -> None:
 
 @pytest.mark.parametrize(("entry", "message"), [
     ({**ENTRY, "colour": "red"}, "unknown key 'colour'"),
-    ({k: v for k, v in ENTRY.items() if k != "host"}, "host must be"),
-    ({k: v for k, v in ENTRY.items() if k != "header"}, "header must be"),
-    ({k: v for k, v in ENTRY.items() if k != "command"}, "command must be"),
-    ({**ENTRY, "format": "Bearer"}, "format must be"),
-    ({**ENTRY, "every": 0}, "every must be"),
-    ({**ENTRY, "every": "5"}, "every must be"),
+    ({k: v for k, v in ENTRY.items() if k != "host"}, "missing key 'host'"),
+    ({k: v for k, v in ENTRY.items() if k != "header"}, "missing key 'header'"),
+    ({k: v for k, v in ENTRY.items() if k != "command"}, "missing key 'command'"),
+    ({**ENTRY, "format": "Bearer"}, "'format' must contain {} exactly once"),
+    ({**ENTRY, "every": 0}, "'every' must be a positive number"),
+    ({**ENTRY, "every": "5"}, "'every' must be a positive number"),
+    ({**ENTRY, "every": 1.5}, "'every' must be a whole number"),
+    ({**ENTRY, "header": "Host"}, "'header' 'Host' is a field the proxy may not set"),
+    ({**ENTRY, "header": "x key"}, "'header' is not a valid header name"),
+    ({**ENTRY, "command": "cat 'unclosed"}, "'command' cannot be split"),
+    ({**ENTRY, "host": "127.0.0.1"}, "must be a DNS name, not an address"),
     ({**ENTRY, "env": "1BAD"}, "not a variable name"),
     ({**ENTRY, "env": "GH_TOKEN"}, "may not be passed"),
-    ({**ENTRY, "host": "*.anthropic.com"}, "one DNS name"),
+    ({**ENTRY, "host": "*.anthropic.com"}, "'host' is not a valid host name"),
     ({**ENTRY, "host": "github.com"}, "is an inject host"),
 ])
 def test_a_bad_secret_table_is_refused(entry: dict[str, Any], message: str) -> None:
@@ -69,7 +74,7 @@ def test_duplicate_hosts_and_envs_are_refused() -> None:
                      FACTS)
     with pytest.raises(ConfigError, match="another secret's"):
         from_mapping({"secret": [ENTRY, {**ENTRY, "host": "api.openai.com"}]}, FACTS)
-    with pytest.raises(ConfigError, match="secret must be"):
+    with pytest.raises(ConfigError, match="secret: must be \\[\\[secret\\]\\] tables"):
         from_mapping({"secret": {"host": "x"}}, FACTS)
 
 

@@ -79,7 +79,7 @@ def test_config_and_profile_keys() -> None:
     assert (cfg.limits.tasks, cfg.limits.memory, cfg.limits.cpu) == (100, GiB, 2.0)
     with pytest.raises(ConfigError, match="unknown limit 'procs'"):
         config_from_mapping({"limits": {"procs": 1}}, facts)
-    with pytest.raises(ConfigError, match="memory must be a size"):
+    with pytest.raises(ConfigError, match=r"limits\.memory: must be a size"):
         config_from_mapping({"limits": {"memory": "lots"}}, facts)
     profile = parse_profile({"limits": {"memory": "256M", "timeout": 30}})
     assert profile.limits.memory == 256 * MiB and profile.limits.timeout == 30

@@ -1,0 +1,141 @@
+"""The one place a session's settings are checked: flags, the file, the defaults, the host.
+
+``agent-sandbox run``, ``doctor`` and ``render-settings`` all come through
+:func:`from_args`, before any server gets its arguments.  Every refusal is a
+UsageError (exit 2) of one line, ``{origin}: {problem}``, where the origin is
+what to edit: the flag (``--limit``), the file's line (``/home/u/.config/
+agent-sandbox/config.toml line 7: domains``), the ``[[secret]]`` table
+(``[[secret]] #2 (api.anthropic.com)``) or the default (``workdir (default:
+the current directory)``); see :mod:`.origins`.  What egress-proxy would
+refuse at start is refused here first, by its own rules (:mod:`.egress_values`).
+
+The pure part is :func:`.config.from_mapping`; this module reads the file
+and then looks at the host for what only the host can say (is the workdir a
+directory, is ``upstream_ca`` a file of certificates).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+from libbroker.errors import ConfigError, UsageError
+from libbroker.launcher.config import Config, HostFacts, default_path, from_mapping, host_facts
+from libbroker.launcher.origins import Origins, key_lines, toml_error, utf8_error
+from libbroker.sandbox.limits import LimitsError, parse_flags
+from libbroker.sandbox.limits import from_mapping as limits_from_mapping
+
+# The command line's options, by the config key each one sets.
+FLAGS = {"workdir": "--workdir", "sandbox": "--sandbox", "agent": "--agent", "limits": "--limit"}
+_MAX_FILE = 1 << 20
+
+
+def from_args(args: Mapping[str, Any], *, check_host: bool = True) -> Config:
+    """The session's config from docopt's ``args``; UsageError (exit 2) naming the origin.
+
+    ``check_host=False`` (doctor): the host's side is what doctor reports on,
+    one check at a time, instead of stopping at the first.
+    """
+    overrides: dict[str, Any] = {key: args.get(flag) for key, flag in FLAGS.items()
+                                 if key != "limits"}
+    path = args.get("--config")
+    try:
+        if args.get("--limit"):
+            overrides["limits"] = _limit_flags(list(args["--limit"]))
+        return load(os.path.expanduser(path) if path else None, host_facts(),
+                    overrides=overrides, check_host=check_host)
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _limit_flags(flags: list[str]) -> dict[str, str]:
+    """``--limit NAME=VALUE`` flags, each value checked alone (its origin is the flag)."""
+    try:
+        values = parse_flags(flags)
+        for name, value in values.items():
+            limits_from_mapping({name: value}, "--limit")
+    except LimitsError as exc:
+        text = str(exc).removeprefix("--limit: ").removeprefix("--limit ")
+        raise ConfigError(f"--limit: {text}") from None
+    return values
+
+
+def load(
+    path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
+    flags: Mapping[str, str] | None = None, check_host: bool = True,
+) -> Config:
+    """The file at ``path`` (else the default, which may be absent) under ``overrides``."""
+    file = os.path.abspath(path) if path is not None else default_path(facts.home)
+    text = _read(file, explicit=path is not None)
+    data = _parse(file, text)
+    merged = dict(data)
+    named: dict[str, str] = {}
+    for key, value in (overrides or {}).items():
+        if value is None:
+            continue
+        if key == "limits" and isinstance(merged.get(key), dict):
+            value = {**merged[key], **value}  # --limit flags over the file's table
+        else:  # the flag's value is checked under the flag's name
+            named[key] = (flags or FLAGS).get(key, key)
+        merged[key] = value
+    origins = Origins(frozenset(data), file=file, lines=key_lines(text), flags=named)
+    cfg = from_mapping(merged, facts, origins=origins)
+    if check_host:
+        _check_host(cfg, origins)
+    return cfg
+
+
+def _read(file: str, *, explicit: bool) -> str:
+    """The file's text; "" for an absent default file.  Messages name the file."""
+    label = "--config" if explicit else f"{file} (the default config file)"
+    try:
+        with open(file, "rb") as fh:
+            raw = fh.read(_MAX_FILE + 1)
+    except FileNotFoundError:
+        if explicit:
+            raise ConfigError(f"--config: {file} does not exist") from None
+        return ""
+    except OSError as exc:
+        shown = f"{file} cannot be read" if explicit else "cannot be read"
+        raise ConfigError(f"{label}: {shown}: {exc.strerror or exc}") from None
+    if len(raw) > _MAX_FILE:
+        raise ConfigError(f"{file}: larger than 1 MiB; not a config file")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(utf8_error(file, raw, exc)) from None
+
+
+def _parse(file: str, text: str) -> dict[str, Any]:
+    import tomllib  # only when a file is read: it costs a few ms to import
+
+    if not text:
+        return {}
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(toml_error(file, str(exc))) from None
+
+
+def _check_host(cfg: Config, where: Origins) -> None:
+    """What only the host can say: the workdir exists, ``upstream_ca`` holds certificates."""
+    if not os.path.isdir(cfg.workdir):
+        raise ConfigError(f"{where('workdir')}: {cfg.workdir} is not a directory")
+    if cfg.upstream_ca:
+        _check_ca(cfg.upstream_ca, where("upstream_ca"))
+    if cfg.kubeconfig and not os.path.isfile(cfg.kubeconfig):
+        raise ConfigError(f"{where('kubeconfig')}: {cfg.kubeconfig} is not a file")
+
+
+def _check_ca(path: str, where: str) -> None:
+    """egress-proxy loads the file as its upstream roots at start: load it the same way now."""
+    if not os.path.isfile(path):
+        raise ConfigError(f"{where}: no such file {path}")
+    import ssl  # only when the config names a CA file
+
+    try:
+        ssl.create_default_context(cafile=path)
+    except (ssl.SSLError, OSError, ValueError):
+        raise ConfigError(f"{where}: {path} holds no PEM certificate egress-proxy can load") \
+            from None
