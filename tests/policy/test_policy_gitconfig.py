@@ -200,13 +200,15 @@ def test_parser_reads_what_git_reads(data: bytes) -> None:
 _PIECES = st.sampled_from([
     "[", "]", "[a]", "[A \"B\"]", "[a.b]", "\"", "\\", "\\\n", "\n", "\r\n", "\r", " ", "\t", "=",
     ";", "#", "x", "Y", "-", "1", "b = c", "é", "\x1b", "\xff", "\\n", "\\t", "\\q", ".",
+    "\nk", "\n\tk = ", "\nk=", "[s \"", "\"]", "\nk = \"",
 ])  # fmt: skip
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(st.lists(_PIECES, max_size=14))
-def test_parser_never_reads_other_than_git(pieces: list[str]) -> None:
-    data = "".join(pieces).encode("utf-8", "surrogateescape").replace("\xff".encode(), b"\xff")
+@given(st.booleans(), st.lists(_PIECES, max_size=14))
+def test_parser_never_reads_other_than_git(header: bool, pieces: list[str]) -> None:
+    text = ("[s]\n" if header else "") + "".join(pieces)
+    data = text.encode().replace("\xff".encode(), b"\xff")
     mine = ours(data)
     if mine is not None:
         assert mine == git_list(data)
@@ -330,6 +332,10 @@ REAL = [
     (["push", "-q", "-u", "origin", "old:old2"], ["branch.old.merge"]),
     (["push", "-q", "-u", "up2", "main"], ["branch.main.remote"]),
     (["branch", "-D", "old"], ["branch.old.remote", "branch.old.merge"]),
+    (["branch", "-m", "old", "renamed"], ["branch.old.remote", "branch.old.merge",
+                                          "branch.renamed.remote", "branch.renamed.merge"]),
+    (["remote", "rename", "up2", "up3"], ["remote.up2.url", "remote.up2.fetch",
+                                          "remote.up3.url", "remote.up3.fetch"]),
     (["checkout", "-q", "--track", "-b", "t2", "origin/old"], ["branch.t2.remote",
                                                                 "branch.t2.merge"]),
 ]
@@ -396,3 +402,58 @@ def test_relative_targets_resolve_where_git_looks(tmp_path: Path) -> None:
     out = subprocess.run(["git", "config", "--file", str(cfg), "--includes", "user.name"],
                          capture_output=True, text=True, env=GIT_ENV, check=True).stdout
     assert out.strip() == "from-include"
+
+
+# --- any config, any change: the merge against the real git's reading ---------------
+
+_KEYS = st.sampled_from([
+    "user.name", "user.email", "core.bare", "core.fsmonitor", "core.hooksPath", "alias.st",
+    "remote.origin.url", "remote.origin.fetch", "remote.Up stream.url", 'remote.q"\\.url',
+    "branch.main.merge", "branch.main.remote", "branch.x/y.remote", "include.path",
+    "filter.lfs.smudge", "x.y", "color.ui", "submodule.m.update",
+])  # fmt: skip
+_VALUES = st.sampled_from(["v", "a b", "!evil", "status", "-c x=y status", "x\ny", "q\"\\;#",
+                           "\xe9", " lead", "trail "])
+_OPS = st.one_of(
+    st.tuples(st.just("set"), _KEYS, _VALUES),
+    st.tuples(st.just("--add"), _KEYS, _VALUES),
+    st.tuples(st.just("--unset-all"), _KEYS),
+    st.tuples(st.just("--remove-section"), st.sampled_from(
+        ["core", "user", "remote.origin", "branch.main", "alias", "include", "x"])),
+    st.tuples(st.just("--rename-section"), st.just("branch.main"), st.just("branch.next")),
+)
+
+
+def _apply(path: Path, ops: list[tuple[str, ...]]) -> None:
+    for op in ops:
+        args = list(op[1:]) if op[0] == "set" else list(op)
+        subprocess.run(["git", "config", "--file", str(path), *args], env=GIT_ENV,
+                       capture_output=True, check=False)  # an unset of nothing fails: fine
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                   HealthCheck.function_scoped_fixture])
+@given(st.lists(_OPS, max_size=6), st.lists(_OPS, max_size=6))
+def test_any_merge_keeps_the_user_keys_and_only_allowed_changes(
+        tmp_path: Path, before_ops: list[tuple[str, ...]], session_ops: list[tuple[str, ...]]
+) -> None:
+    path = tmp_path / "config"
+    path.write_bytes(b"# mine\n[core]\n\trepositoryformatversion = 0\n")
+    _apply(path, before_ops)
+    original = path.read_bytes()
+    _apply(path, session_ops)
+    session = path.read_bytes()
+    merged, dropped = merge_config(original, session)
+    before, after, now = git_list(original), git_list(session), git_list(merged)
+    assert before is not None and after is not None and now is not None
+    for key in {k for k, _ in before} | {k for k, _ in after}:
+        was = [v for k, v in before if k == key]
+        then = [v for k, v in after if k == key]
+        got = [v for k, v in now if k == key]
+        if was == then:
+            assert got == was and key not in dropped
+        elif key in dropped:
+            assert got == was and any(key_runs(key, v) for v in then or was)
+        else:
+            assert got == then and all(not key_runs(key, v) for v in then)
+    assert merged.startswith(b"# mine\n")
