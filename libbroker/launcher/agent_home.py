@@ -35,7 +35,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from libbroker.launcher import agents
+from libbroker.launcher import agent_copy, agents
 from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
 
 MANIFEST = "agent-home.json"
@@ -54,47 +54,12 @@ class AgentHome(NamedTuple):
 
     root: str
     env: dict[str, str]
+    report: agent_copy.Report  # what the copy took and left out (its one line)
 
 
 def state_dir(home: str, env: Mapping[str, str]) -> str:
     base = env.get("XDG_STATE_HOME") or os.path.join(home, ".local", "state")
     return os.path.join(base, "agent-sandbox", "agents")
-
-
-def _copy_tree(
-    src: str, dst: str, rel: str, profile: Profile, only: dict[str, str], seen: dict[str, list[int]]
-) -> None:
-    """Copy ``src`` (the user's own: symlinks there are followed) into ``dst``."""
-    try:
-        names = os.listdir(src)
-    except OSError:
-        return
-    os.makedirs(dst, mode=0o700, exist_ok=True)
-    for name in names:
-        sub = f"{rel}/{name}"
-        if any(agents.match(p, sub) for p in profile.skip):
-            continue
-        if rel in only and name != only[rel]:
-            continue  # a per-project dir: only the workdir's entry
-        s, d = os.path.join(src, name), os.path.join(dst, name)
-        try:
-            st = os.stat(s)
-        except OSError:
-            continue  # a dangling link
-        if stat.S_ISDIR(st.st_mode):
-            _copy_tree(s, d, sub, profile, only, seen)
-        elif stat.S_ISREG(st.st_mode):
-            _copy_file(s, d, sub, st.st_mode, seen)
-
-
-def _copy_file(src: str, dst: str, rel: str, mode: int, seen: dict[str, list[int]]) -> None:
-    try:
-        shutil.copyfile(src, dst)
-        os.chmod(dst, stat.S_IMODE(mode) & 0o700 | 0o600)
-        st = os.stat(dst)
-    except OSError:
-        return  # unreadable: the agent will do without it
-    seen[rel] = [st.st_size, st.st_mtime_ns]
 
 
 def _read_json(path: str) -> Any:
@@ -109,6 +74,23 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2)
+
+
+def _workdir_only(profile: Profile, home: str, workdir: str) -> dict[str, str]:
+    """The per-project dirs' one entry each that is copied: the workdir's ("\\0": none)."""
+    only: dict[str, str] = {}
+    for entry in profile.entries:
+        if entry.copy in profile.per_workdir or any(
+            d.startswith(entry.copy + "/") for d in profile.per_workdir
+        ):
+            host = agents.host_path(profile, home, entry.copy)
+            assert host is not None
+            projects = _read_json(os.path.join(host, "projects.json")) or {}
+            inner = projects.get("projects") if isinstance(projects, dict) else None
+            key = agents.workdir_key(profile, workdir, inner if isinstance(inner, dict) else {})
+            for d in profile.per_workdir:
+                only[d] = key or "\0"  # no entry yet: copy none
+    return only
 
 
 def prepare(
@@ -127,26 +109,26 @@ def prepare(
     os.makedirs(parent, mode=0o700, exist_ok=True)
     root = os.path.join(parent, session)
     os.mkdir(root, 0o700)
-    seen: dict[str, list[int]] = {}
-    only: dict[str, str] = {}
+    only = _workdir_only(profile, home, workdir)
+
+    def skip(rel: str, parent: str) -> bool:
+        if parent in only and rel != f"{parent}/{only[parent]}":
+            return True  # a per-project dir: only the workdir's entry
+        return any(agents.match(p, rel) for p in profile.skip)
+
+    copier = agent_copy.Copier(skip, frozenset(profile.per_workdir))
     for entry in profile.entries:
         host = agents.host_path(profile, home, entry.copy)
         assert host is not None
-        if entry.copy in profile.per_workdir or any(
-            d.startswith(entry.copy + "/") for d in profile.per_workdir
-        ):
-            projects = _read_json(os.path.join(host, "projects.json")) or {}
-            inner = projects.get("projects") if isinstance(projects, dict) else None
-            key = agents.workdir_key(profile, workdir, inner if isinstance(inner, dict) else {})
-            for d in profile.per_workdir:
-                only[d] = key or "\0"  # no entry yet: copy none
         dst = os.path.join(root, entry.copy)
         if entry.is_dir:
             os.makedirs(dst, mode=0o700, exist_ok=True)
-            _copy_tree(host, dst, entry.copy, profile, only, seen)
-        elif os.path.isfile(host):
+            copier.tree(host, dst, entry.copy)
+        else:
             os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
-            _copy_file(host, dst, entry.copy, os.stat(host).st_mode, seen)
+            copier.file(host, dst, entry.copy)
+    report = copier.finish()
+    seen = copier.copied
     _session_settings(profile, root, claude_session, seen)
     manifest = {
         "agent": profile._asdict(),
@@ -154,13 +136,14 @@ def prepare(
         "home": home,
         "opted": list(opted),
         "copied": seen,
+        "copy": report.line(profile.name),
         "claude_session": claude_session or {},
     }
     with open(os.path.join(runtime, MANIFEST), "w") as fh:
         json.dump(manifest, fh)
     env_out = {var: os.path.join(root, rel) for var, rel in profile.home_env}
     env_out.update(profile.env)
-    return AgentHome(root, env_out)
+    return AgentHome(root, env_out, report)
 
 
 def _session_settings(
@@ -180,6 +163,16 @@ def _session_settings(
         path = os.path.join(root, "home", ".gemini", "settings.json")
         user = _read_json(path)
         _write_json(path, agents.gemini_settings(user if isinstance(user, dict) else {}))
+    elif profile.name == "codex":  # config.toml never comes back: no writer of TOML needed
+        path = os.path.join(root, "codex", "config.toml")
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as fh:
+                toml = fh.read()
+        except FileNotFoundError:
+            toml = ""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
+            fh.write(agents.codex_config(toml))
     else:
         return
     # What we wrote is the baseline: only the agent's own later changes count.

@@ -170,9 +170,12 @@ def session_shape(
     tty) only without a tty: an interactive shell needs its terminal for job
     control, and the seccomp filter refuses TIOCSTI either way.
     """
+    ro = cfg.workdir_read_only  # codex -s read-only: nothing of the workdir is written
     read = (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt.root)
-    guard = not landlock and cfg.protect_git
-    write = (*cfg.write, cfg.workdir, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
+    read += (cfg.workdir,) if ro else ()
+    guard = not landlock and cfg.protect_git and not ro
+    work = () if ro else (cfg.workdir,)
+    write = (*cfg.write, *work, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
     held = tuple(protected_paths(cfg)) if hold is None else hold
     return Shape(
         read=tuple(dict.fromkeys(read)),

@@ -1,8 +1,8 @@
 """The agent profile in a session: what :mod:`.session` asks of it, in order.
 
 1. :func:`pick` (before the proxy gets its arguments): the profile from the
-   command's name or ``--agent``; its hosts join the allow list; a command
-   line that forces the agent's own sandbox is refused; an exported API key
+   command's name or ``--agent``; its hosts join the allow list; the agent's
+   own sandbox flags are translated (:mod:`.agent_argv`); an exported API key
    that stays outside is said in one line;
 2. :meth:`Agent.prepare` (while the servers start): the private copy of the
    agent's config (:mod:`.agent_home`), added to the session's ``write``;
@@ -22,7 +22,7 @@ import os
 from collections.abc import Mapping
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agents, plan
+from libbroker.launcher import agent_argv, agents, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -45,6 +45,7 @@ class Agent:
         self.cmd = cmd
         self.env: dict[str, str] = {}
         self.root = ""  # the private copy, once prepared
+        self.copy_line = ""  # what the copy took and left out, in one line
 
     def prepare(self, rt: Runtime) -> Config:
         """Copy the agent's config into its private home; the config that grants it."""
@@ -71,6 +72,9 @@ class Agent:
             ) from None
         self.env = home.env
         self.root = home.root
+        self.copy_line = home.report.line(self.profile.name)
+        if home.report.notable():  # the user's own files the agent will not see: said
+            os.write(2, f"agent-sandbox: {self.copy_line}\n".encode())
         self.cfg = cfg._replace(write=(*cfg.write, home.root))
         return self.cfg
 
@@ -108,12 +112,15 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
     profile = agents.pick(cmd, cfg.agent, dict(cfg.agents))
     if profile is None:
         return None
-    agents.check_argv(profile, cmd)
-    warning = agents.key_warning(profile, host_env, cfg.env)
-    if warning:
-        os.write(2, (warning + "\n").encode())
+    argv = agent_argv.session_argv(profile, cmd)
+    for line in (argv.note, agents.key_warning(profile, host_env, cfg.env)):
+        if line:
+            os.write(2, f"{'agent-sandbox: ' if line is argv.note else ''}{line}\n".encode())
     domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))
-    return Agent(profile, cfg._replace(domains=domains), agents.session_argv(profile, cmd))
+    cfg = cfg._replace(domains=domains)
+    if argv.read_only:  # codex -s read-only: as asked, the workdir is read-only
+        cfg = cfg._replace(workdir_read_only=True)
+    return Agent(profile, cfg, argv.argv)
 
 
 def _managed(rt: Runtime) -> str:

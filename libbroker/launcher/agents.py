@@ -173,7 +173,8 @@ CODEX = Profile(
     domains=("api.openai.com", "auth.openai.com", "chatgpt.com"),
     key_env=("OPENAI_API_KEY", "CODEX_API_KEY"),
     key_header="Authorization: Bearer",
-    skip=("codex/log", "codex/logs_*.sqlite*", "codex/shell_snapshots", "codex/.tmp"),
+    # tmp/ (arg0 links to its own binary), log/: left out by rule (agent_copy).
+    skip=("codex/logs_*.sqlite*", "codex/shell_snapshots"),
     sandbox_note="runs with sandbox_mode=danger-full-access (no nested bwrap/Landlock)",
 )
 
@@ -236,42 +237,6 @@ def pick(cmd: Sequence[str], name: str, extra: Mapping[str, Profile]) -> Profile
         return known[name]
     base = os.path.basename(cmd[0]) if cmd else ""
     return next((p for p in known.values() if base in p.commands), None)
-
-
-def check_argv(profile: Profile, cmd: list[str]) -> None:
-    """Refuse a command line that forces the agent's own sandbox inside ours."""
-    args = cmd[1:]
-    if profile.name == "codex":
-        for i, arg in enumerate(args):
-            value = ""
-            if arg in ("--sandbox", "-s") and i + 1 < len(args):
-                value = args[i + 1]
-            elif arg.startswith("--sandbox="):
-                value = arg.split("=", 1)[1]
-            elif arg == "--full-auto":
-                value = "workspace-write"
-            if value and value != "danger-full-access":
-                raise UsageError(
-                    f"codex {arg} {value if arg != '--full-auto' else ''}".rstrip()
-                    + ": Codex's own sandbox cannot nest inside agent-sandbox's "
-                    "(we are the sandbox); drop it"
-                )
-    if profile.name == "gemini":
-        for arg in args:
-            if arg in ("-s", "--sandbox") or arg.startswith("--sandbox="):
-                raise UsageError(
-                    f"gemini {arg}: Gemini CLI's own sandbox cannot run inside "
-                    "agent-sandbox's (we are the sandbox); drop it"
-                )
-
-
-def session_argv(profile: Profile | None, cmd: list[str]) -> list[str]:
-    """The command as the session runs it."""
-    if profile is not None and profile.name == "codex":
-        # A -c override beats config.toml, so a sandbox_mode there cannot
-        # make Codex nest bwrap or Landlock inside ours.
-        return [cmd[0], "-c", 'sandbox_mode="danger-full-access"', *cmd[1:]]
-    return cmd
 
 
 def workdir_key(profile: Profile, workdir: str, host_projects: Mapping[str, Any]) -> str:
@@ -445,6 +410,20 @@ def gemini_settings(user: Mapping[str, Any]) -> dict[str, Any]:
         tools["sandbox"] = False
     out["tools"] = tools
     return out
+
+
+def codex_config(toml: str) -> str:
+    """The session's Codex config.toml: the user's, with ``sandbox_mode`` pinned at the top.
+
+    Codex started by another command (``--agent=codex -- bash -c 'codex exec
+    ...'``) gets no ``-c`` of ours on its command line; this holds for it too.
+    A top-level ``sandbox_mode`` of the user's is dropped (a key twice is an
+    error in TOML); tables below keep theirs (a profile's; ``-p`` picks it).
+    """
+    lines = toml.splitlines(keepends=True)
+    top = next((i for i, ln in enumerate(lines) if ln.lstrip().startswith("[")), len(lines))
+    kept = [ln for ln in lines[:top] if not re.match(r"\s*sandbox_mode\s*=", ln)]
+    return 'sandbox_mode = "danger-full-access"\n' + "".join(kept + lines[top:])
 
 
 def claude_unsettle(settings: Mapping[str, Any], session: Mapping[str, Any]) -> dict[str, Any]:

@@ -96,6 +96,7 @@ class Config(NamedTuple):
     repos: tuple[str, ...] = ()  # egress-proxy --repos: the token's writes held to these
     record: bool = True  # the session record (libbroker.launcher.record)
     learn: bool = False  # run --learn: every public host passed and marked (not a file key)
+    workdir_read_only: bool = False  # codex -s read-only (launcher.agent_argv; not a file key)
 
 
 _KEYS = frozenset(

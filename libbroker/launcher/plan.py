@@ -155,8 +155,13 @@ def command_profile(cfg: Config, host: Host) -> dict[str, object]:
     exists, and a brokered command has no business bypassing the agent's proxy.
     """
     read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if os.path.exists(p))]
+    work = [cfg.workdir]
     return {
-        "filesystem": {"read": read, "write": [cfg.workdir], "deny": list(cfg.deny)},
+        "filesystem": {
+            "read": read + work if cfg.workdir_read_only else read,
+            "write": [] if cfg.workdir_read_only else work,
+            "deny": list(cfg.deny),
+        },
         "network": {"mode": "none"},
         "environment": {"allow_vars": [*BROKER_ENV_ALLOW, "AGENT_SANDBOX"]},
         "limits": cfg.limits.to_mapping(),  # each brokered command's own, as the session's
@@ -181,8 +186,8 @@ def session_policy(
     return Policy(
         cfg.home,
         runtime=runtime,
-        read=cfg.read,
-        write=(cfg.workdir, *cfg.write),
+        read=(*cfg.read, cfg.workdir) if cfg.workdir_read_only else cfg.read,
+        write=cfg.write if cfg.workdir_read_only else (cfg.workdir, *cfg.write),
         deny=cfg.deny,
         harness=cfg.harness,
         tool_write=(),

@@ -199,7 +199,7 @@ class Session:
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)
-            _trace(f"{agent.profile.name}'s private config copied")
+            _trace(agent.copy_line)
         if agent is not None and self.backend == "bwrap":
             self._overlays = agent.overlays(rt)
         host = plan.host_facts(os.getcwd())

@@ -1,0 +1,278 @@
+"""The walk that makes an agent's private config copy: by rule, bounded, never through a link.
+
+An agent's config directory is also where it keeps what is no config at
+all: Codex links its own 315 MB binary under ``~/.codex/tmp/arg0*``, Gemini
+CLI downloads ripgrep to ``~/.gemini/tmp/bin``, every agent keeps caches,
+logs and a year of transcripts there.  A list of names to skip always misses
+the next one, so what is copied is decided by rule:
+
+- a link is never followed.  One whose target stays inside the copied
+  directory is made again as a link (so the copy means what the original
+  does); one leading out of it is left out and counted;
+- a directory named like a cache, a temp or a log directory (``tmp``,
+  ``temp``, ``cache``, ``.cache``, ``caches``, ``log``, ``logs``, ``*-cache``,
+  ``*_cache``, ``node_modules``, ``__pycache__``) is not entered, unless the
+  profile names it (Gemini's ``tmp`` holds its chats: :attr:`Profile.per_workdir`);
+- a program (an ELF file), a file over :data:`MAX_FILE`, a socket, a fifo or
+  a device is left out;
+- the copy is bounded by :data:`MAX_TOTAL` bytes and :data:`MAX_SECONDS`:
+  the files are copied shallowest first, then newest first (the config files
+  at the top, then the latest transcripts), and what does not fit is left out.
+
+Entries the profile names as files (``~/.claude.json``) may be as large as
+:data:`MAX_NAMED`: the agent cannot start as the user's without them.
+What was left out is counted in a :class:`Report`, whose :meth:`Report.line`
+says it in one line.  The entry itself (``~/.codex``) may be the user's link
+(a dotfiles checkout): that one is followed, nothing below it.
+
+Standard library only (the janitor imports :mod:`.agent_home`).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+MAX_FILE = 8 << 20  # a file larger than this is not config: a log, a dump, a model
+MAX_NAMED = 64 << 20  # an entry the profile names as a file (Claude Code's state)
+MAX_TOTAL = 16 << 20  # the whole copy of one agent
+MAX_SECONDS = 2.0  # a slow or huge tree: what is copied by then is the copy
+_SKIP_DIRS = frozenset(
+    {"tmp", "temp", ".tmp", "cache", ".cache", "caches", "log", "logs", "node_modules",
+     "__pycache__"}
+)
+_SKIP_SUFFIXES = ("-cache", "_cache", ".cache")
+_ELF = b"\x7fELF"
+_CHUNK = 1 << 20
+
+
+def skipped_dir(name: str) -> bool:
+    """A directory kept for speed or scratch, never for config: not copied."""
+    low = name.lower()
+    return low in _SKIP_DIRS or low.endswith(_SKIP_SUFFIXES)
+
+
+@dataclass
+class Report:
+    """What one copy did: copied files and bytes, and what it left out, by reason."""
+
+    files: int = 0
+    bytes: int = 0
+    seconds: float = 0.0
+    dirs: Counter[str] = field(default_factory=Counter)  # by rule, by name
+    links_out: int = 0
+    links_in: int = 0
+    special: int = 0  # sockets, fifos, devices
+    programs: int = 0
+    programs_bytes: int = 0
+    large: int = 0
+    large_bytes: int = 0
+    over: int = 0  # past MAX_TOTAL
+    over_bytes: int = 0
+    cut_short: bool = False  # MAX_SECONDS reached
+
+    def notable(self) -> bool:
+        """Something of the user's own the agent may miss (not a cache or a program)."""
+        return bool(self.links_out or self.large or self.over or self.cut_short)
+
+    def line(self, agent: str) -> str:
+        """One line: what was copied, what was left out and why."""
+        out = []
+        if self.dirs:
+            names = ", ".join(f"{n}/" + (f" x{c}" if c > 1 else "") for n, c in
+                              sorted(self.dirs.items()))
+            out.append(f"{sum(self.dirs.values())} cache/temp/log dirs ({names})")
+        if self.programs:
+            out.append(f"{self.programs} programs ({_size(self.programs_bytes)})")
+        if self.large:
+            out.append(f"{self.large} files over {_size(MAX_FILE)} ({_size(self.large_bytes)})")
+        if self.over:
+            out.append(f"{self.over} older files past the {_size(MAX_TOTAL)} bound "
+                       f"({_size(self.over_bytes)})")
+        if self.links_out:
+            out.append(f"{self.links_out} links leading out of it")
+        if self.special:
+            out.append(f"{self.special} sockets/fifos/devices")
+        if self.cut_short:
+            out.append(f"the rest after {MAX_SECONDS:g} s")
+        left = "; left out: " + ", ".join(out) if out else ""
+        return (f"{agent}'s private config: {self.files} files ({_size(self.bytes)}) "
+                f"in {self.seconds * 1000:.0f} ms{left}")
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(order=True)
+class _File:
+    depth: int
+    age: int  # -mtime: newest first
+    size: int
+    src: str = field(compare=False)
+    dst: str = field(compare=False)
+    rel: str = field(compare=False)
+    named: bool = field(compare=False, default=False)
+
+
+class Copier:
+    """One agent's copy: :meth:`tree` and :meth:`file` gather, :meth:`finish` copies."""
+
+    def __init__(self, skip: Callable[[str, str], bool], keep_dirs: frozenset[str]) -> None:
+        """``skip(rel, name)``: the profile leaves ``rel`` out; ``keep_dirs``: rels never
+        left out by the directory rule."""
+        self.skip = skip
+        self.keep_dirs = keep_dirs
+        self.report = Report()
+        self.copied: dict[str, list[int]] = {}
+        self._files: list[_File] = []
+        self._t0 = time.monotonic()
+        self._deadline = self._t0 + MAX_SECONDS
+
+    def file(self, src: str, dst: str, rel: str) -> None:
+        """An entry the profile names as a file (the user's own link there is followed)."""
+        try:
+            st = os.stat(src)
+        except OSError:
+            return
+        if stat.S_ISREG(st.st_mode):
+            self._files.append(_File(0, -st.st_mtime_ns, st.st_size, src, dst, rel, True))
+
+    def tree(self, src: str, dst: str, rel: str) -> None:
+        """Gather what of the directory ``src`` (its own link followed) goes to ``dst``."""
+        try:
+            real = os.path.realpath(src)
+            if not os.path.isdir(real):
+                return
+        except OSError:
+            return
+        os.makedirs(dst, mode=0o700, exist_ok=True)
+        self._walk(real, dst, rel, real, dst, rel.count("/") + 1)
+
+    def _walk(self, src: str, dst: str, rel: str, top: str, top_dst: str, depth: int) -> None:
+        try:
+            with os.scandir(src) as it:
+                entries = list(it)
+        except OSError:
+            return
+        for entry in entries:
+            if time.monotonic() > self._deadline:
+                self.report.cut_short = True
+                return
+            sub = f"{rel}/{entry.name}"
+            if self.skip(sub, rel):
+                continue
+            d = os.path.join(dst, entry.name)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode):
+                self._link(entry.path, d, top, top_dst)
+            elif stat.S_ISDIR(st.st_mode):
+                if skipped_dir(entry.name) and sub not in self.keep_dirs:
+                    self.report.dirs[entry.name] += 1
+                    continue
+                try:
+                    os.mkdir(d, 0o700)
+                except FileExistsError:
+                    pass
+                except OSError:
+                    continue
+                self._walk(entry.path, d, sub, top, top_dst, depth + 1)
+            elif stat.S_ISREG(st.st_mode):
+                self._files.append(_File(depth, -st.st_mtime_ns, st.st_size, entry.path, d, sub))
+            else:
+                self.report.special += 1
+
+    def _link(self, src: str, dst: str, top: str, top_dst: str) -> None:
+        """A link made again when what it names is inside ``top``; else left out."""
+        try:
+            target = os.readlink(src)
+        except OSError:
+            return
+        here = os.path.dirname(src)
+        resolved = os.path.normpath(os.path.join(here, target))
+        if resolved != top and not resolved.startswith(top.rstrip("/") + "/"):
+            self.report.links_out += 1
+            return
+        if os.path.isabs(target):  # the same file, in the copy
+            target = os.path.relpath(os.path.join(top_dst, os.path.relpath(resolved, top)),
+                                     os.path.dirname(dst))
+        try:
+            os.symlink(target, dst)
+            self.report.links_in += 1
+        except OSError:
+            pass
+
+    def finish(self) -> Report:
+        """Copy what was gathered: shallowest, then newest first, within the bounds."""
+        total = 0
+        for f in sorted(self._files):
+            if time.monotonic() > self._deadline:
+                self.report.cut_short = True
+                break
+            cap = MAX_NAMED if f.named else MAX_FILE
+            if f.size > cap:
+                self.report.large += 1
+                self.report.large_bytes += f.size
+                continue
+            if total + f.size > MAX_TOTAL and not f.named:
+                self.report.over += 1
+                self.report.over_bytes += f.size
+                continue
+            done = _copy_file(f.src, f.dst, cap)
+            if done is None:
+                continue
+            if done == -1:
+                self.report.programs += 1
+                self.report.programs_bytes += f.size
+                continue
+            total += done
+            st = os.stat(f.dst)
+            self.copied[f.rel] = [st.st_size, st.st_mtime_ns]
+            self.report.files += 1
+        self.report.bytes = total
+        self.report.seconds = time.monotonic() - self._t0
+        return self.report
+
+
+def _copy_file(src: str, dst: str, cap: int) -> int | None:
+    """Copy one regular file, never through a link: its size, -1 for a program, None."""
+    try:
+        fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None  # unreadable, or gone: the agent does without it
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        if os.pread(fd, 4, 0) == _ELF:
+            return -1
+        mode = stat.S_IMODE(st.st_mode) & 0o700 | 0o600
+        try:
+            out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                          | os.O_CLOEXEC, mode)
+        except OSError:
+            return None
+        try:
+            done = 0
+            while done < cap:  # a file still growing is copied up to the cap
+                n = os.sendfile(out, fd, done, min(_CHUNK, cap - done))
+                if n == 0:
+                    break
+                done += n
+            return done
+        finally:
+            os.close(out)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

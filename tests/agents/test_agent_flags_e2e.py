@@ -1,0 +1,97 @@
+"""The real CLIs in sessions on both backends: ``--agent`` with other commands, and the
+agents' own sandbox flags, translated (libbroker.launcher.agent_argv).
+
+- ``--agent=NAME`` applies the profile (the private config copy and its
+  variable) to ``bash -c`` and ``env`` without changing their argv; the agent
+  itself starts (``--version``);
+- ``codex -s workspace-write`` / ``--full-auto`` / ``-s read-only`` and
+  ``gemini -s`` run a turn whose shell tool writes the workdir: it is written,
+  except under ``-s read-only``, where the session's workdir is read-only.
+  Each says what it translated in one line.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+from agents_world import Home, need
+
+BACKENDS = ("bwrap", "nono")
+AGENTS = ("claude", "codex", "gemini")
+HOME_VAR = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME", "gemini": "GEMINI_CLI_HOME"}
+WRITE = "RUN<<touch made.txt && echo WROTE-OK>>"
+
+
+def session(w: Home, backend: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={backend}", *args],
+        env=w.env(), cwd=w.workdir, capture_output=True, text=True, timeout=90,
+        stdin=subprocess.DEVNULL, check=False,
+    )
+
+
+def ours(stderr: str) -> list[str]:
+    return [ln for ln in stderr.splitlines() if ln.startswith("agent-sandbox:")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("agent", AGENTS)
+def test_agent_profile_leaves_other_commands_as_typed(
+    world: Home, agent: str, backend: str
+) -> None:
+    need(agent)
+    done = session(world, backend, f"--agent={agent}", "--", "bash", "-c", "echo hi")
+    assert (done.returncode, done.stdout) == (0, "hi\n"), done.stderr
+    done = session(world, backend, f"--agent={agent}", "--", "env")
+    assert done.returncode == 0, done.stderr
+    env = dict(ln.split("=", 1) for ln in done.stdout.splitlines() if "=" in ln)
+    # The profile applied: the agent's variable names the private copy, not the real config.
+    assert "/agent-sandbox/agents/" in env[HOME_VAR[agent]], env
+    done = session(world, backend, "--", agent, "--version")
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr
+    assert ours(done.stderr) == [], done.stderr
+
+
+def turn(agent: str, flags: list[str]) -> list[str]:
+    if agent == "codex":
+        return ["codex", *flags, "exec", "--skip-git-repo-check", WRITE]
+    return ["gemini", *flags, "--skip-trust", "--yolo", "-p", WRITE]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("agent", "flags", "writes"),
+    [
+        ("codex", ["-s", "workspace-write"], True),
+        ("codex", ["--full-auto"], True),
+        ("codex", ["-s", "read-only"], False),
+        ("gemini", ["-s"], True),  # --sandbox, -ys: the same (tests/launcher/test_agent_argv.py)
+    ],
+)
+def test_the_agents_own_sandbox_flags_are_translated(
+    world: Home, backend: str, agent: str, flags: list[str], writes: bool
+) -> None:
+    need(agent)
+    done = session(world, backend, "--", *turn(agent, flags))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "RESULT<<" in done.stdout, done.stdout + done.stderr[-2000:]
+    lines = ours(done.stderr)
+    assert len(lines) == 1 and f"{agent} {flags[0]}" in lines[0], done.stderr
+    assert "cannot nest" in lines[0]
+    assert (world.workdir / "made.txt").exists() is writes, done.stdout
+    assert ("WROTE-OK" in done.stdout) is writes
+    if not writes:
+        assert "workdir is read-only" in lines[0]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_codex_started_by_a_shell_runs_without_its_own_sandbox(world: Home, backend: str) -> None:
+    """No -c of ours on its command line: the copy's config.toml pins sandbox_mode."""
+    need("codex")
+    (world.home / ".codex" / "config.toml").write_text(
+        'sandbox_mode = "read-only"\n' + (world.home / ".codex" / "config.toml").read_text())
+    inner = f"codex exec --skip-git-repo-check '{WRITE}'"
+    done = session(world, backend, "--agent=codex", "--", "bash", "-c", inner)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "WROTE-OK" in done.stdout and (world.workdir / "made.txt").exists(), done.stdout
