@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError, LaunchError
-from libbroker.launcher import egress_values
+from libbroker.launcher import egress_values, grants
 from libbroker.launcher.egress_values import Secret
 from libbroker.launcher.origins import Origins
 from libbroker.paths import under
@@ -128,6 +128,7 @@ _KEYS = frozenset(
         "secret",
         "repos",
         "record",
+        "unsafe_grants",
     }
 )
 
@@ -238,6 +239,10 @@ def from_mapping(
     timeout = get.number("start_timeout", 10.0)
     if not 0 < timeout <= 300:
         raise ConfigError(f"{where('start_timeout')}: must be in (0, 300] seconds")
+    read = tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ))
+    write = tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE))
+    unsafe = tuple(path(p, "unsafe_grants") for p in get.strings("unsafe_grants", ()))
+    grants.check(read, write, unsafe, facts.home, where)
     extra, write_back = _agents(data, get, where)
     kube = get.string("kubeconfig", "")
     log = get.string("log_file", "")
@@ -250,8 +255,8 @@ def from_mapping(
         token_command=egress_values.command(
             get.string("token_command", token_default).strip(), where("token_command")),
         token_every=token_every,
-        read=tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ)),
-        write=tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE)),
+        read=read,
+        write=write,
         deny=tuple(path(p, "deny") for p in get.strings("deny", ())),
         sign_key=get.string("sign_key", "").strip() if "sign_key" in data else None,
         kubeconfig=path(kube, "kubeconfig") if kube else "",

@@ -33,8 +33,15 @@ def test_defaults_need_no_file() -> None:
 
 
 def test_explicit_write_paths_still_work() -> None:
-    cfg = from_mapping({"write": ["~/.claude", "/data"]}, FACTS)
-    assert cfg.write == ("/home/u/.claude", "/data")
+    cfg = from_mapping({"write": ["~/project/out", "/data"]}, FACTS)
+    assert cfg.write == ("/home/u/project/out", "/data")
+
+
+def test_a_grant_that_reopens_an_agent_config_needs_unsafe_grants() -> None:
+    with pytest.raises(ConfigError, match=r"^write: ~/\.claude covers Claude Code's config "):
+        from_mapping({"write": ["~/.claude"]}, FACTS)
+    cfg = from_mapping({"write": ["~/.claude"], "unsafe_grants": ["~/.claude"]}, FACTS)
+    assert cfg.write == ("/home/u/.claude",)
 
 
 def test_agent_keys_are_checked() -> None:
