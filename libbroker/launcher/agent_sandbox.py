@@ -154,6 +154,7 @@ def session_shape(
     pin: tuple[str, ...] = (),
     hold: tuple[str, ...] | None = None,
     overlays: tuple[tuple[str, str], ...] = (),
+    binds: tuple[tuple[str, str], ...] = (),
 ) -> Shape:
     """The agent session's :class:`Shape`, for either backend.
 
@@ -164,7 +165,8 @@ def session_shape(
     every repository's ``.git`` is bound onto itself (``pin``: a mount point
     cannot be renamed or replaced), the agent's session-only files are
     mounted over its own paths (``overlays``: Claude Code's managed
-    settings), and the hostname is the sandbox's.
+    settings), each repository's config is the session's private copy
+    (``binds``: :mod:`.hostrun_gitconfig`), and the hostname is the sandbox's.
     Landlock: a private TMPDIR, the terminal's devices, TCP connect to the
     proxy's ``ports`` only.  ``--new-session`` (which drops the controlling
     tty) only without a tty: an interactive shell needs its terminal for job
@@ -192,6 +194,7 @@ def session_shape(
         new_session=not tty,
         hostname="" if landlock else "agent-sandbox",
         overlays=() if landlock else overlays,
+        binds=binds if guard else (),
     )
 
 

@@ -93,6 +93,15 @@ def main(argv: list[str] | None = None) -> int:
         cgroups.reclaim()
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: removing the session's cgroup failed: {exc}\n")
+    # The repositories' configs first: links back to files, the session's
+    # allowed keys merged (libbroker.launcher.hostrun_gitconfig), so the sweep keeps them.
+    try:
+        from libbroker.launcher.hostrun_gitconfig import janitor_finish
+
+        for line in janitor_finish(runtime_dir):
+            sys.stderr.write(line + "\n")
+    except Exception as exc:  # the sweep runs whatever happened; a later start repairs
+        sys.stderr.write(f"agent-sandbox-janitor: the git config merge failed: {exc}\n")
     # Then the host-run files, from the snapshot the launcher's scan left in
     # the runtime dir (lines go to the quarantine's sweep.log: no terminal here).
     try:

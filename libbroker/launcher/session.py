@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     import subprocess
 
     from libbroker.launcher.door import Door
+    from libbroker.launcher.hostrun_live import Watcher
     from libbroker.launcher.record import SessionRecord
     from libbroker.launcher.relay import Relay
     from libbroker.sandbox.cgroups import Group
@@ -112,6 +113,7 @@ class Session:
         self._log = 2
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
+        self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
         self.limits: Group | None = None  # the sandbox's resource limits
@@ -168,6 +170,7 @@ class Session:
         # (it leaves its snapshot in rt for the janitor); joined before go.
         # An empty .git/hooks first, so that the scan finds it to hold.
         plan.prepare_workdir(cfg)
+        self._repair_configs()
         self.hostrun = hostrun_guard.Guard(
             cfg.workdir, config.hostrun_table(cfg), rt.root, hostrun_guard.state_dir(cfg.home)
         )
@@ -237,7 +240,11 @@ class Session:
         self._log = _open_log(self.cfg)
         if self._early:
             os.write(self._log, "".join(line + "\n" for line in self._early).encode())
-        self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
+        snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
+        if self.live is None and self.cfg.protect_git:  # Landlock: configs merged, not linked
+            self.live = self._begin_live(snap, rt.root, swap=False)
+        if self.live is not None:
+            self.live.start()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
         _trace("host-run files fingerprinted")
         if self.backend == "bwrap":
@@ -262,6 +269,28 @@ class Session:
                 raise LaunchError(f"cannot create the session record in {self._record_dir}: "
                                   f"{exc.strerror or exc} (or record = false)") from None
             _trace("record started")
+
+    def _repair_configs(self) -> None:
+        """Configs a dead session left as links become files again (hostrun_gitconfig)."""
+        from libbroker.launcher import hostrun_gitconfig
+
+        self._say(hostrun_gitconfig.repair(hostrun_guard.state_dir(self.cfg.home)))
+
+    def _begin_live(self, snap: hostrun_guard.Snapshot, root: str, *, swap: bool) -> Watcher:
+        from libbroker.launcher import hostrun_live
+
+        try:
+            return hostrun_live.begin(snap, hostrun_guard.state_dir(self.cfg.home), root,
+                                      swap=swap)
+        except OSError as exc:
+            raise LaunchError(f"cannot set up the live guard of the workdir's git configs: "
+                              f"{exc.strerror or exc}") from None
+
+    @staticmethod
+    def _say(lines: list[str]) -> None:
+        if lines:
+            with contextlib.suppress(OSError):
+                os.write(2, "".join(line + "\n" for line in lines).encode(errors="replace"))
 
     def _make_limits(self, rt: Runtime) -> None:
         """The sandbox's group (or rlimits), named in ``rt`` for the janitor.
@@ -341,11 +370,16 @@ class Session:
         snap = self.hostrun.wait()
         pin = tuple(hostrun_guard.bwrap_pin(snap))
         hold = tuple(hostrun_guard.bwrap_protect(snap))
+        binds: tuple[tuple[str, str], ...] = ()
+        if self.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
+            self.live = live = self._begin_live(snap, rt.root, swap=True)
+            hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
+            binds = tuple(live.configs.binds())
         sec_fd = bwrap.seccomp_pipe(prog)
         env = self._env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.session_shape(
             self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold,
-            overlays=self._overlays,
+            overlays=self._overlays, binds=binds,
         )
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
         argv = agent_sandbox.bwrap_argv(
@@ -678,6 +712,11 @@ class Session:
             # A broker killed at once (nothing in flight) may leave the group of
             # its last command, still emptying then: groups of the gone go too.
             cgroups.reclaim()
+        if self.live is not None:  # configs merged and files again, before the sweep
+            from libbroker.launcher import hostrun_live
+
+            self._say(hostrun_live.end(self.live, self.hostrun.snap if self.hostrun else None))
+            self.live = None
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish()
             self.hostrun = None

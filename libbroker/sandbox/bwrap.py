@@ -155,6 +155,8 @@ def argv(
     for path in shape.write:
         if path in exists and not under_any(path, shape.deny):
             out += ["--bind", path, path]
+    for src, inside in shape.binds:  # bwrap makes the directories in its own tmpfs
+        out += ["--bind", src, inside]
     for path in shape.protect:
         if path in exists:
             out += ["--ro-bind", path, path]

@@ -51,7 +51,9 @@ class Shape:
     host's).  ``overlays`` are ``(host file, path inside)`` pairs: the file is
     mounted read-only at that path, over whatever the host has there, even
     where the path's directory does not exist (bwrap; Landlock mounts nothing
-    and ignores them).
+    and ignores them).  ``binds`` are ``(host directory, path inside)`` pairs
+    bound read-write (bwrap only): the session's private copy of a repository's
+    config lives there (:mod:`libbroker.launcher.hostrun_gitconfig`).
     """
 
     read: tuple[str, ...] = SYSTEM_READ
@@ -69,6 +71,7 @@ class Shape:
     new_session: bool = True
     hostname: str = ""
     overlays: tuple[tuple[str, str], ...] = ()
+    binds: tuple[tuple[str, str], ...] = ()
 
     def to_json(self) -> str:
         body = asdict(self)

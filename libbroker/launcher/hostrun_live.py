@@ -1,0 +1,357 @@
+"""The host-run guard while the session runs: no window for a concurrent host ``git``.
+
+The sweep (:mod:`.hostrun_guard`) puts everything back at the end, and bwrap
+holds what existed at the start read-only; but a person watching the agent
+runs ``git status`` in another terminal *during* the session.  Then a
+``.git/commondir`` or a ``sub/.git`` file that appeared (bwrap), or any
+planted hook or config key (Landlock, which holds nothing), would run.
+
+:class:`Watcher` is a thread owned by the session: inotify watches on every
+directory of the workdir (inside git directories only the directory itself,
+``hooks/``, ``modules/`` and ``worktrees/``; never objects or refs), and on
+each event that names a host-run entry it applies the sweep's own judgement
+to that one entry at once (restore it, move it aside, clean a new
+repository), and the repositories' configs are merged by key
+(:mod:`.hostrun_gitconfig`).  New directories are watched as they appear,
+and what they already hold is judged.  A lost event (queue overflow) or a
+directory that cannot be watched (the watch limit) is said in one line; the
+end sweep still judges everything.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import threading
+from typing import Any
+
+from libbroker.launcher import hostrun_gitconfig as gitconfig
+from libbroker.launcher import inotify
+from libbroker.launcher.hostrun_fingerprint import Snapshot, parent_of
+from libbroker.launcher.hostrun_newrepo import check_new_gitlink, check_new_repo
+from libbroker.launcher.hostrun_sweep import Sweeper
+from libbroker.launcher.hostrun_walk import _GIT_SKIP as GIT_SKIP
+from libbroker.launcher.hostrun_walk import _is_git_dir as is_git_dir
+from libbroker.shellquote import shown
+from libpolicy.hostrun import NESTED_GIT
+
+_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_MASK = (inotify.CREATE | inotify.MOVED_TO | inotify.MOVED_FROM | inotify.DELETE
+         | inotify.MODIFY | inotify.CLOSE_WRITE | inotify.ATTRIB | inotify.DELETE_SELF
+         | inotify.MOVE_SELF | inotify.EXCL_UNLINK)
+_GIT_MARKS = frozenset({"HEAD", "objects", "refs", "commondir"})  # a directory may turn git dir
+
+
+class Watcher:
+    """One session's live guard; :meth:`start` before go, :meth:`stop` on every path."""
+
+    def __init__(self, snap: Snapshot, state: str, configs: gitconfig.LiveConfigs) -> None:
+        self.snap = snap
+        self.configs = configs
+        self.by_rel = {repo.rel: repo for repo in configs.repos}
+        self.sweeper = Sweeper(snap, state)
+        self.table = snap.table
+        self.names = self.table.first_names | {".git"} | _GIT_MARKS
+        self.git_names = frozenset(e.parts[0] for e in self.table.git) | set(NESTED_GIT)
+        self.dirs: dict[int, tuple[str, str]] = {}  # wd -> (relpath, "tree" | "git" | "inside")
+        self.git_dirs: set[str] = set(snap.repos)
+        self.unwatched = 0
+        self.overflows = 0
+        self.handled = 0  # entries judged (for the bench)
+        self.errors: list[str] = []
+        self._logged = 0  # sweeper.lines already in sweep.log
+        self._ino = inotify.Inotify()
+        self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
+        self._root = os.open(snap.workdir, _O_DIR)
+        self._thread: threading.Thread | None = None
+        self.ready = False
+
+    # --- watches ------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Watch the whole workdir (synchronously: nothing of the session runs yet), then
+        handle events in a thread."""
+        self._watch_tree(self._root, "", judge=False)
+        for repo in self.configs.repos:
+            if repo.swapped:  # bwrap: the session's copy, merged as it is written
+                self._watch_path(self.configs.inside_dir(repo), "inside:" + repo.rel)
+        self.ready = True
+        self._thread = threading.Thread(target=self._loop, name="hostrun-live", daemon=True)
+        self._thread.start()
+
+    def _watch_path(self, path: str, rel: str) -> None:
+        fd = os.open(path, _O_DIR)
+        try:
+            self.dirs[self._ino.add(fd, _MASK)] = (rel, "inside")
+        finally:
+            os.close(fd)
+
+    def _watch_tree(self, top: int, top_rel: str, *, judge: bool) -> None:
+        """Watch ``top`` and every directory below (iteratively); ``judge``: a tree that
+        appeared in the session, whose host-run entries are judged as found."""
+        stack: list[tuple[int, str]] = [(os.dup(top), top_rel)]
+        while stack:
+            fd, rel = stack.pop()
+            try:
+                kind = self._kind(rel)
+                try:
+                    self.dirs[self._ino.add(fd, _MASK)] = (rel, kind)
+                except OSError:
+                    self.unwatched += 1
+                names = os.listdir(fd)
+                if judge:
+                    for name in names:
+                        if self._relevant(rel, kind, name):
+                            self._judge(_join(rel, name))
+                for name in self._descend(rel, kind, names):
+                    with contextlib.suppress(OSError):
+                        stack.append((os.open(name, _O_DIR, dir_fd=fd), _join(rel, name)))
+            except OSError:
+                self.unwatched += 1
+            finally:
+                os.close(fd)
+
+    def _kind(self, rel: str) -> str:
+        if rel in self.git_dirs or rel.endswith("/.git") or rel == ".git":
+            return "git"
+        return "tree"
+
+    def _descend(self, rel: str, kind: str, names: list[str]) -> list[str]:
+        """The subdirectories worth watching: in a git dir only hooks, modules, worktrees."""
+        if kind == "git":
+            return [n for n in names if n in ("hooks", *NESTED_GIT)]
+        if _GIT_MARKS & set(names) >= {"HEAD"} and is_git_dir(set(names)):
+            self.git_dirs.add(rel)  # a bare repository: as a git dir
+            return [n for n in names if n in ("hooks", *NESTED_GIT)]
+        skip = GIT_SKIP if "/.git/" in f"/{rel}/" else ()
+        return [n for n in names if n not in skip]
+
+    def _relevant(self, dir_rel: str, kind: str, name: str) -> bool:
+        if kind == "git":
+            return name in self.git_names
+        if name in self.names or "/.git/" in f"/{dir_rel}/" or dir_rel in self.git_dirs:
+            return True  # a hook, or something inside modules/ worktrees/
+        return self.table.match(_join(dir_rel, name)) is not None or self._in_git(dir_rel)
+
+    def _in_git(self, dir_rel: str) -> bool:
+        """Whether ``dir_rel`` lies in a git dir (a bare one's hooks/, say)."""
+        return self._git_dir_of(dir_rel) is not None
+
+    # --- the loop -----------------------------------------------------------------
+
+    def _loop(self) -> None:
+        poller = select.poll()
+        poller.register(self._ino.fd, select.POLLIN)
+        poller.register(self._stop_r, select.POLLIN)
+        while True:
+            ready = {fd for fd, _ in poller.poll()}
+            if self._stop_r in ready:
+                return
+            try:
+                self.handle(self._ino.read())
+            except Exception as exc:  # the end sweep still runs; the person is told
+                self.errors.append(f"{type(exc).__name__}: {exc}")
+            self._log()
+
+    def _log(self) -> None:
+        """New lines into the quarantine's sweep.log at once: a launcher killed later still
+        leaves them (the end sweep appends its own)."""
+        new = self.sweeper.lines[self._logged:]
+        if not new:
+            return
+        self._logged += len(new)
+        with contextlib.suppress(OSError):
+            os.makedirs(self.sweeper.quarantine, mode=0o700, exist_ok=True)
+            with open(os.path.join(self.sweeper.quarantine, "sweep.log"), "a") as log:
+                log.write("".join(line + "\n" for line in new))
+
+    def handle(self, events: list[inotify.Event]) -> None:
+        """Judge each entry the events name, once per batch."""
+        todo: dict[str, None] = {}
+        for ev in events:
+            if ev.mask & inotify.Q_OVERFLOW:
+                self.overflows += 1
+                self._recheck_all()
+                continue
+            where = self.dirs.get(ev.wd)
+            if where is None or ev.mask & inotify.IGNORED:
+                self.dirs.pop(ev.wd, None)
+                continue
+            rel, kind = where
+            if kind == "inside":
+                if ev.name == "config":
+                    todo[rel] = None
+                continue
+            if not ev.name:
+                continue
+            path = _join(rel, ev.name)
+            if ev.mask & inotify.ISDIR and ev.mask & (inotify.CREATE | inotify.MOVED_TO):
+                self._new_dir(rel, kind, ev.name)
+            if self._relevant(rel, kind, ev.name):
+                todo[path] = None
+        for path in todo:
+            self._judge(path)
+
+    def _new_dir(self, rel: str, kind: str, name: str) -> None:
+        if kind == "git" and name not in ("hooks", *NESTED_GIT):
+            return
+        if "/.git/" in f"/{rel}/" and name in GIT_SKIP:
+            return
+        with parent_of(self._root, _join(rel, name)) as (pfd, last):
+            if pfd < 0:
+                return
+            try:
+                fd = os.open(last, _O_DIR, dir_fd=pfd)
+            except OSError:
+                return
+            try:
+                self._watch_tree(fd, _join(rel, name), judge=True)
+            finally:
+                os.close(fd)
+
+    def _recheck_all(self) -> None:
+        """After lost events: every recorded entry and every git dir, judged again."""
+        for rel in list(self.snap.entries):
+            self._judge(rel)
+        for rel in list(self.git_dirs):
+            self._judge(rel + "/config")
+
+    # --- judging ------------------------------------------------------------------
+
+    def _judge(self, path: str) -> None:
+        """The sweep's judgement of the one entry ``path`` is (or lies in), applied now."""
+        self.handled += 1
+        if path.startswith("inside:"):
+            gitconfig.sync(self.configs, self.by_rel[path[len("inside:"):]])
+            return
+        repo = self.by_rel.get(path)
+        if repo is not None:
+            self._config(repo)
+            return
+        git = self._git_dir_of(path)
+        if git is not None and git not in self.snap.repos:
+            self._guard(git, check_new_repo, self.sweeper, self._root, git)
+            return
+        held = self._recorded_above(path)
+        if held is not None:
+            rule, node = self.snap.entries[held]
+            self._guard(held, self.sweeper.check, self._root, held, rule, node)
+            return
+        entry = self.table.match(path)
+        if entry is None:
+            if path.rsplit("/", 1)[-1] in _GIT_MARKS:
+                self._maybe_new_git_dir(path.rpartition("/")[0])
+            return
+        if path.endswith(".git") and entry.rule == "git-dir":
+            self._guard(path, check_new_gitlink, self.sweeper, self._root, path, self.snap)
+            self._maybe_new_git_dir(path)
+        else:
+            self._guard(path, self.sweeper.check, self._root, path, entry.rule, None)
+
+    def _config(self, repo: gitconfig.Repo) -> None:
+        if not repo.swapped:
+            self._guard(repo.rel, gitconfig.neutralize, self.configs, repo)
+            return
+        # bwrap: the link must stay; anything else in its place goes aside, the link back.
+        ours = os.path.join(self.configs.host_dir(repo), "config")
+        with parent_of(self._root, repo.rel) as (gfd, name):
+            if gfd < 0:
+                return
+            try:
+                if os.readlink(name, dir_fd=gfd) == ours:
+                    return
+            except OSError:
+                pass
+            with contextlib.suppress(FileNotFoundError):
+                self.sweeper.move_aside(gfd, name, repo.rel)
+            tmp = ".config.agent-sandbox-link"
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp, dir_fd=gfd)
+            os.symlink(ours, tmp, dir_fd=gfd)
+            os.rename(tmp, name, src_dir_fd=gfd, dst_dir_fd=gfd)
+            self.sweeper.say(repo.rel, "git-config", "replaced in the session; moved aside, "
+                             "the session's config is its private copy", "")
+
+    def _git_dir_of(self, path: str) -> str | None:
+        """The git dir ``path`` lies in (or is), by the names on its way; None outside one."""
+        parts = path.split("/")
+        for i in range(len(parts), 0, -1):
+            head = "/".join(parts[:i])
+            if head in self.git_dirs:
+                return head
+        return None
+
+    def _recorded_above(self, path: str) -> str | None:
+        parts = path.split("/")
+        for i in range(len(parts), 0, -1):
+            head = "/".join(parts[:i])
+            if head in self.snap.entries and head not in self.snap.repos:
+                return head
+        return None
+
+    def _maybe_new_git_dir(self, rel: str) -> None:
+        with parent_of(self._root, rel + "/x") as (gfd, _):
+            if gfd < 0:
+                return
+            with contextlib.suppress(OSError):
+                if rel not in self.git_dirs and is_git_dir(set(os.listdir(gfd))):
+                    self.git_dirs.add(rel)
+                    self._watch_tree(gfd, rel, judge=False)
+                    if rel not in self.snap.repos:
+                        self._guard(rel, check_new_repo, self.sweeper, self._root, rel)
+
+    def _guard(self, rel: str, step: Any, *args: Any) -> None:
+        try:
+            step(*args)
+        except OSError as exc:
+            self.sweeper.lines.append(f"agent-sandbox: {shown(rel)}: could not be "
+                                      f"checked during the session: {exc.strerror or exc}")
+
+    # --- the end ------------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """End the thread and close everything; the lines of what was neutralized."""
+        with contextlib.suppress(OSError):
+            os.write(self._stop_w, b"x")
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        for fd in (self._stop_r, self._stop_w, self._root):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._ino.close()
+        lines = list(self.sweeper.lines)
+        if self.sweeper.qfd >= 0:
+            os.close(self.sweeper.qfd)
+            self.sweeper.qfd = -1
+        if self.unwatched:
+            lines.append(f"agent-sandbox: {self.unwatched} directories of the workdir could not "
+                         "be watched during the session (the inotify limit?); the end sweep "
+                         "judged them")
+        if self.overflows:
+            lines.append("agent-sandbox: the live guard lost events (queue overflow) and "
+                         "judged every entry again")
+        lines += [f"agent-sandbox: the live guard failed once: {e}" for e in self.errors]
+        return lines
+
+
+def _join(rel: str, name: str) -> str:
+    return f"{rel}/{name}" if rel else name
+
+
+def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watcher:
+    """The session's live guard, configs copied (``swap``: bwrap's links in place); not
+    watching until :meth:`Watcher.start`."""
+    configs = gitconfig.start(snap, state, runtime_dir, swap=swap)
+    try:
+        return Watcher(snap, state, configs)
+    except BaseException:
+        gitconfig.finish(configs, snap)
+        raise
+
+
+def end(watcher: Watcher, snap: Snapshot | None) -> list[str]:
+    """Stop watching, merge the configs a last time and put them back; every line to say."""
+    lines = watcher.stop()
+    return lines + gitconfig.finish(watcher.configs, snap)
