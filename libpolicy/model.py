@@ -23,7 +23,8 @@ CONTRACT_KEYS = ("home", "runtime", "read", "write", "deny", "harness", "tool_wr
 OPTIONAL_KEYS = ("socks_port", "egress", "env", "hook", "hostrun")
 KNOWN_KEYS = frozenset(CONTRACT_KEYS + OPTIONAL_KEYS)
 
-_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_*:")
+# egress-proxy's allow patterns: names, *.suffixes, host:port, [IPv6]:port.
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789.-_*:[]")
 _ENV_FIRST = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
 _ENV_REST = _ENV_FIRST | frozenset("0123456789")
 

@@ -49,9 +49,11 @@ def domains(values: tuple[str, ...], where: str) -> tuple[str, ...]:
         if "," in value:  # --allow is comma-separated: one entry would become two
             raise ConfigError(f"{where}: entry {value!r} holds a comma: one host per entry")
         try:
-            parse_pattern(value)
-        except BadHost as exc:
-            raise ConfigError(f"{where}: entry {value!r}: {_reason(exc, value)}") from None
+            pattern = parse_pattern(value)
+        except BadHost as exc:  # egress-proxy's reason names the value
+            raise ConfigError(f"{where}: {exc}") from None
+        if not value.isascii():  # the policy and the agents' settings carry ASCII names
+            raise ConfigError(f"{where}: entry {value!r}: write the name as {pattern.host}")
     return tuple(v.lower() for v in values)
 
 
@@ -73,9 +75,9 @@ def resolve(values: tuple[str, ...], where: str) -> tuple[str, ...]:
     for value in values:
         try:
             parse_pin(value)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: entry {value!r}: {_reason(exc, value)} "
-                              "(HOST:IP or HOST:IP:PORT)") from None
+        except ValueError:
+            raise ConfigError(f"{where}: entry {value!r} must be HOST:IP or HOST:IP:PORT "
+                              "(an IPv6 address in brackets)") from None
     return values
 
 
@@ -156,12 +158,3 @@ def secrets(
         out.append(Secret(host, checked.header, table["command"].strip(), checked.format,
                           every, env))
     return tuple(out)
-
-
-def _reason(exc: Exception, value: str) -> str:
-    """egress-proxy's reason without its own quoting of the value (ours is shown already)."""
-    text = str(exc)
-    for tail in (f": {value!r}", f" {value!r}"):
-        if text.endswith(tail):
-            return text[: -len(tail)]
-    return text
