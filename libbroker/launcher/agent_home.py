@@ -198,6 +198,8 @@ def private_home(root: str, home: str, grants: Sequence[str]) -> str:
         return a == b or a.startswith(b + "/") or b.startswith(a + "/")
 
     prefix = home.rstrip("/") + "/"
+    if prefix == "/":  # no home of the user's: nothing of it to link
+        return out
     inside = sorted(g for g in grants if g.startswith(prefix) and not nests(g, root))
     done: list[str] = []
     for grant in inside:

@@ -8,9 +8,9 @@
    agent's config (:mod:`.agent_home`), added to the session's ``write``;
    :meth:`Agent.overlays` (bwrap): its session-only files mounted over its
    own paths (Claude Code's managed settings);
-3. :meth:`Agent.environment`: the agent's variables, and the CA variables
+3. :func:`environment`: the agent's variables, and the CA variables
    bundling the user's own CA files with ours (Landlock: a HOME of its own,
-   :meth:`Agent.landlock_home`);
+   :func:`landlock_home`, which every command gets);
 4. :func:`write_cas` (once the proxy has written its CA, before the command
    runs); 5. the teardown and the janitor call :func:`.agent_home.write_back`.
 """
@@ -92,19 +92,22 @@ class Agent:
 
         return ((_managed(rt), target_path()),)
 
-    def landlock_home(self) -> dict[str, str]:
-        """Under Landlock: HOME, a home of the session's own in the private copy.
 
-        The real home is not granted there, so the agent's shells failed on
-        ``~/.bashrc`` before every command (:func:`.agent_home.private_home`).
-        """
-        if not self.root:
-            return {}
-        from libbroker.launcher import agent_home
 
-        cfg = self.cfg
-        grants = (*cfg.read, *cfg.write)
-        return {"HOME": agent_home.private_home(self.root, cfg.home, grants)}
+def landlock_home(agent: Agent | None, cfg: Config, rt: Runtime) -> str:
+    """Under Landlock: HOME, a writable home of the session's own, for every command.
+
+    The real home is not granted there, so shells failed on ``~/.bashrc``
+    before every command, and npm, pip or cargo could not write their caches
+    (npm then advised ``sudo chown``).  This home is what bwrap's home tmpfs
+    is (:func:`.agent_home.private_home`): an agent's lies in its private
+    copy, any other command's in the runtime directory (granted read-write
+    there, removed with it).  The caller adds it to the session's ``write``.
+    """
+    from libbroker.launcher import agent_home
+
+    root = agent.root if agent is not None and agent.root else rt.root
+    return agent_home.private_home(root, cfg.home, (*cfg.read, *cfg.write))
 
 
 def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | None:

@@ -440,10 +440,10 @@ class Session:
         os.mkdir(tmpdir, 0o700)
         env = self._env(host, found.http_port, found.socks_port, tmpdir)
         env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
-        if self.agent is not None:  # the real home is not granted: a home of its own
-            env.update(self.agent.landlock_home())
+        # The real home is not granted: every command gets a writable one of its own.
+        env["HOME"] = home = agent_session.landlock_home(self.agent, self.cfg, self.rt)
         shape = agent_sandbox.session_shape(
-            self.cfg,
+            self.cfg._replace(write=(*self.cfg.write, home)),
             self.rt,
             host,
             env,
