@@ -25,6 +25,8 @@ import posixpath
 from libpolicy.gitconfig_parse import Item, Parsed, parse, render_header, render_item
 
 UNPARSEABLE = "(not parseable by git)"  # the "key" reported for a file that does not parse
+TOO_BIG = "(bigger than 1 MiB)"  # ... and for one too big to read in bounded time (~1 s)
+MAX_CONFIG = 1 << 20
 
 # Every key in these sections is data: names, colours, advice switches.
 _SAFE_SECTIONS = frozenset({"user", "color", "advice"})
@@ -177,20 +179,24 @@ def merge_config(original: bytes, session: bytes) -> tuple[bytes, list[str]]:
     other one keeps the original's and is named in ``dropped``.  The
     original's bytes are edited in place: what no change touches stays byte
     for byte, comments included.  A session config that does not parse is
-    dropped whole; an original that does not parse is kept whole.
+    dropped whole; an original that does not parse is kept whole; so is
+    either over :data:`MAX_CONFIG` (:data:`TOO_BIG` is then the one key named).
     """
     if session == original:
         return original, []
+    if len(session) > MAX_CONFIG or len(original) > MAX_CONFIG:
+        return original, [TOO_BIG]
     old, new = parse(original), parse(session)
     if old is None or new is None:
         return original, [UNPARSEABLE]
     was, now = values(old), values(new)
     changed = [k for k in dict.fromkeys([*was, *now]) if was.get(k, []) != now.get(k, [])]
     apply = [k for k in changed if _may_change(k, now.get(k, []))]
-    dropped = sorted(k for k in changed if k not in apply)
+    applied = set(apply)
+    dropped = sorted(k for k in changed if k not in applied)
     merged = _Editor(original, old).apply(apply, now)
-    want = {k: now[k] if k in apply else v for k, v in was.items() if k in now or k not in apply}
-    want.update({k: now[k] for k in apply if k not in was})
+    want = {k: v for k, v in was.items() if k not in applied}
+    want.update({k: now[k] for k in apply if k in now})
     check = parse(merged)
     if check is None or values(check) != want:  # a bug here must not cost the user a key
         return original, sorted(changed)
@@ -213,17 +219,23 @@ class _Editor:
         self.cuts: list[tuple[int, int]] = []
         self.inserts: dict[int, list[bytes]] = {}
         self.filled: set[int] = set()  # blocks that get a new entry
+        # Indexes, so that a file of many keys costs linear time, not quadratic.
+        self.by_key: dict[str, list[Item]] = {}
+        self.count = [0] * len(parsed.blocks)  # entries under each header
+        self.last_end: dict[int, int] = {}  # each header's last entry's end
+        for item in parsed.items:
+            self.by_key.setdefault(item.key, []).append(item)
+            self.count[item.block] += 1
+            self.last_end[item.block] = item.end
+        self.last_block = {b.prefix: n for n, b in enumerate(parsed.blocks)}
 
     def apply(self, keys: list[str], now: dict[str, list[bytes | None]]) -> bytes:
-        items = self.parsed.items
-        left = [0] * len(self.parsed.blocks)
-        for item in items:
-            left[item.block] += 1
+        left = list(self.count)
         appended: dict[str, list[bytes]] = {}
         for key in keys:
             prefix, _, name = key.rpartition(".")
             lines = [render_item(name, v) for v in now.get(key, [])]
-            mine = [i for i in items if i.key == key]
+            mine = self.by_key.get(key, [])
             for item in mine:
                 self.cuts.append(self._line_span(item))
                 left[item.block] -= 1
@@ -237,8 +249,7 @@ class _Editor:
                 else:
                     self._insert(found[0], lines)
                     self.filled.add(found[1])
-        for index in range(len(self.parsed.blocks)):
-            had = any(i.block == index for i in items)
+        for index, had in enumerate(self.count):
             if had and not left[index] and index not in self.filled:
                 self.cuts.append(self._header_span(index))
         tail = b"".join(render_header(p) + b"".join(lines) for p, lines in appended.items())
@@ -251,13 +262,11 @@ class _Editor:
     def _after_block(self, prefix: str) -> tuple[int, int] | None:
         """Where a new key goes under the last ``[prefix]`` header (after its last entry),
         and that header's index; None when there is no such header."""
-        blocks = [n for n, b in enumerate(self.parsed.blocks) if b.prefix == prefix]
-        if not blocks:
+        last = self.last_block.get(prefix)
+        if last is None:
             return None
-        last = blocks[-1]
-        mine = [i.end for i in self.parsed.items if i.block == last]
-        if mine:
-            return max(mine), last
+        if last in self.last_end:
+            return self.last_end[last], last
         end = self.data.find(b"\n", self.parsed.blocks[last].end)
         return (len(self.data) if end < 0 else end + 1), last
 
@@ -310,8 +319,9 @@ def config_targets(config: bytes, config_dir: str, worktree: str | None = None
     runs hooks, the ``worktree``'s top, or ``config_dir`` for a bare
     repository (``worktree`` None).  ``~/`` and ``%(prefix)/`` paths are
     returned as written; the caller resolves them (and follows links).
+    A file over :data:`MAX_CONFIG` counts as not parseable.
     """
-    parsed = parse(config)
+    parsed = parse(config) if len(config) <= MAX_CONFIG else None
     if parsed is None:
         return None
     out: dict[str, None] = {}

@@ -17,6 +17,7 @@ file it cannot parse as one that runs commands, so refusing fails closed.
 
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 _SPACE = frozenset(b" \t\n\r")  # git's isspace(): sane_ctype's GIT_SPACE
@@ -94,34 +95,46 @@ def parse(data: bytes) -> Parsed | None:
         return None
 
 
+# Fast paths for the common lines, each matching only where the byte-by-byte
+# reading below gives the same result (anything else falls through to it).
+_SKIP = re.compile(rb"(?:[ \t\r\n]+|[#;][^\n]*)*")
+_SIMPLE_HEADER = re.compile(rb'\[([A-Za-z0-9-]+)(?:[ \t]+"([^"\\\r\n]*)")?\]')
+_SIMPLE_ENTRY = re.compile(
+    rb"([A-Za-z][A-Za-z0-9-]*)[ \t]*(?:(=)[ \t]*"
+    rb'([^"\\;#\s](?:[^"\\;#\t\r\n]*[^"\\;#\s])?)?[ \t]*)?(?:\n|\Z)'
+)
+
+
 def _parse(data: bytes) -> Parsed:
     reader = _Reader(data)
     if data.startswith(_BOM):
         reader.pos = len(_BOM)  # a partial one fails below: 0xef is not a letter
     items: list[Item] = []
     blocks: list[Block] = []
-    comment = False
     while True:
-        c = reader.next()
-        if c == _NL:
-            if reader.eof:
-                return Parsed(items, blocks)
-            comment = False
-            continue
-        if comment or c in _SPACE:
-            continue
-        if c in b"#;":
-            comment = True
-            continue
-        if c == ord("["):
-            start = reader.pos - 1
-            prefix = _base_var(reader)
+        start = reader.pos = _SKIP.match(data, reader.pos).end()  # type: ignore[union-attr]
+        if start >= len(data):
+            return Parsed(items, blocks)
+        if data[start] == ord("["):
+            if found := _SIMPLE_HEADER.match(data, start):
+                prefix = found.group(1).lower().decode()
+                if found.group(2) is not None:
+                    prefix += "." + found.group(2).decode("utf-8", "surrogateescape")
+                reader.pos = found.end()
+            else:
+                reader.pos += 1
+                prefix = _base_var(reader)
             blocks.append(Block(prefix, start, reader.pos))
             continue
-        if not _isalpha(c) or not blocks:
+        if not _isalpha(data[start]) or not blocks:
             raise _Syntax("a key must start with a letter, under a section")
-        start = reader.pos - 1
-        name, value = _get_value(reader, c)
+        if found := _SIMPLE_ENTRY.match(data, start):
+            name = found.group(1).lower().decode()
+            value = (found.group(3) or b"") if found.group(2) else None
+            reader.pos = found.end()
+        else:
+            reader.pos += 1
+            name, value = _get_value(reader, data[start])
         items.append(Item(f"{blocks[-1].prefix}.{name}", value, start, reader.pos,
                           len(blocks) - 1))
 

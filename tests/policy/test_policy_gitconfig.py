@@ -184,7 +184,10 @@ TRICKY = [
     b"[a]\r\nb = c\r\n\r\n", b"[a]\nb = #x", b"[a]\nb = ;x", b"[a]\nb = \"#\"x", b"[a]\n\tB = 1",
     b"[a \"\"]\nb=1", b"[a \"\\\\\"]\nb=1", b"[a \"x\\y\"]\nb=1", b"[a]b=1\n[c]d=2", b"[]\nb=1",
     b"[a]\n1b=1", b"[a]\nb=\"\\b\\t\\n\"", b"[a]\nb = x\\\"y", b"[a.]\nb=1", b"[.a]\nb=1",
-    b"[a..b]\nc=1", b"[a]\nb = \xc3\xa9\x1b[31m", b"[a]\nb = \"\\\n\"", b"[a]\n  # c\n  b",
+    b"[a..b]\nc=1", b"[a]\nb = x\ty", b"[a]\nb = x\x0c", b"[a]\nb = x\x0by", b"[A-B]\nC-d=E",
+    b"[a \"b\"] c = d\n", b"[a]\nb\r\n", b"[a]\nb = c  \t \r\n", b"[a]\nb = c d  e",
+    b"[a]\nb = c\x00", b"[a \"\xff\"]\nb = \xfe", b"[a]\nb=c;d", b"[a]\nb=c #d",
+    b"[a]\n b=c\n\tb=d", b"[a]\nb = \xc3\xa9\x1b[31m", b"[a]\nb = \"\\\n\"", b"[a]\n  # c\n  b",
 ]
 
 
@@ -457,3 +460,13 @@ def test_any_merge_keeps_the_user_keys_and_only_allowed_changes(
         else:
             assert got == then and all(not key_runs(key, v) for v in then)
     assert merged.startswith(b"# mine\n")
+
+
+def test_a_config_too_big_is_refused_whole() -> None:
+    big = b"[user]\n\tname = n\n" + b"# pad\n" * ((gc.MAX_CONFIG - 17) // 6)
+    assert len(big) <= gc.MAX_CONFIG
+    merged, dropped = merge_config(b"", big + b"[user]\n\temail = e\n")
+    assert (merged, dropped) == (b"", [gc.TOO_BIG])
+    merged, dropped = merge_config(b"", big)
+    assert dropped == [] and git_list(merged) == [("user.name", b"n")]
+    assert config_targets(big + b"[include]\n\tpath = x\n", "/w") is None
