@@ -3,7 +3,8 @@
 1. :func:`pick` (before the proxy gets its arguments): the profile from the
    command's name or ``--agent``; its hosts join the allow list; the agent's
    own sandbox flags are translated (:mod:`.agent_argv`); an exported API key
-   that stays outside is said in one line;
+   that stays outside is said, with the ``[[secret]]`` table that would
+   use it (:mod:`.key_notice`);
 2. :meth:`Agent.prepare` (while the servers start): the private copy of the
    agent's config (:mod:`.agent_home`), added to the session's ``write``;
    :meth:`Agent.overlays` (bwrap): its session-only files mounted over its
@@ -22,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agent_argv, agents, plan
+from libbroker.launcher import agent_argv, agents, key_notice, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -116,7 +117,7 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
     if profile is None:
         return None
     argv = agent_argv.session_argv(profile, cmd)
-    for line in (argv.note, agents.key_warning(profile, host_env, cfg.env)):
+    for line in (argv.note, key_notice.notice(profile, host_env, cfg)):
         if line:
             os.write(2, f"{'agent-sandbox: ' if line is argv.note else ''}{line}\n".encode())
     domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))

@@ -63,7 +63,6 @@ class Profile(NamedTuple):
     command_keys: tuple[str, ...]  # "file:key" that run commands on the host
     domains: tuple[str, ...]
     key_env: tuple[str, ...]  # variables that carry an API key
-    key_header: str
     skip: tuple[str, ...] = ()  # patterns not copied in (bulky, or regenerated)
     per_workdir: tuple[str, ...] = ()  # dirs copied in only for the workdir's entry
     env: tuple[tuple[str, str], ...] = ()  # fixed variables for a session
@@ -130,7 +129,6 @@ CLAUDE = Profile(
     ),
     domains=("api.anthropic.com", "platform.claude.com", "console.anthropic.com"),
     key_env=("ANTHROPIC_API_KEY", "ANTHROPIC_AUTH_TOKEN", "CLAUDE_CODE_OAUTH_TOKEN"),
-    key_header="x-api-key (API key) or Authorization: Bearer (OAuth)",
     skip=(
         "claude/shell-snapshots",
         "claude/debug",
@@ -172,7 +170,6 @@ CODEX = Profile(
     ),
     domains=("api.openai.com", "auth.openai.com", "chatgpt.com"),
     key_env=("OPENAI_API_KEY", "CODEX_API_KEY"),
-    key_header="Authorization: Bearer",
     # tmp/ (arg0 links to its own binary), log/: left out by rule (agent_copy).
     skip=("codex/logs_*.sqlite*", "codex/shell_snapshots"),
     sandbox_note="runs with sandbox_mode=danger-full-access (no nested bwrap/Landlock)",
@@ -213,7 +210,6 @@ GEMINI = Profile(
         "www.googleapis.com",
     ),
     key_env=("GEMINI_API_KEY", "GOOGLE_API_KEY"),
-    key_header="x-goog-api-key (API key) or Authorization: Bearer (OAuth)",
     skip=("home/.gemini/history",),
     per_workdir=("home/.gemini/tmp",),
     # Its whole-process sandbox (docker/podman/sandbox-exec) is off whatever
@@ -360,20 +356,6 @@ def from_config(name: str, table: Mapping[str, Any], source: str) -> Profile:
         command_keys=(),
         domains=strings("domains"),
         key_env=strings("key_env"),
-        key_header="",
-    )
-
-
-def key_warning(profile: Profile, host_env: Mapping[str, str], passed: Sequence[str]) -> str:
-    """The one line that says an exported key stays outside, or ""."""
-    dropped = [k for k in profile.key_env if host_env.get(k) and k not in passed]
-    if not dropped:
-        return ""
-    names = ", ".join(dropped)
-    return (
-        f"agent-sandbox: {names} is set here but not passed into the session; "
-        f"add it to `env` in the config to pass it ({profile.name} sends it as "
-        f"{profile.key_header or 'its key'})"
     )
 
 

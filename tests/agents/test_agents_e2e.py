@@ -178,11 +178,26 @@ def test_control_planted_on_the_host_does_run(world: Home, agent: str) -> None:
     assert list(canary.iterdir()), f"the planted {agent} config did not run on the host"
 
 
-def test_an_exported_key_left_outside_is_said(world: Home) -> None:
+def test_an_exported_key_left_outside_is_said_with_the_secret_table_that_uses_it(
+    world: Home,
+) -> None:
+    """The notice never advises `env` (the key inside); its [[secret]] table, pasted as
+    printed, keeps the key outside: the API host gets it, the session a placeholder."""
     cfg = world.config(env=[])
     done = subprocess_run(world, cfg, ["--agent=claude", "--", "true"])
     assert done.returncode == 0
-    assert "ANTHROPIC_API_KEY is set here but not passed" in done.stderr
+    head, _, table = done.stderr.partition("add to the config:\n")
+    assert "ANTHROPIC_API_KEY is set here but not passed" in head
+    assert "`env`" not in done.stderr and "test-key-claude" not in done.stderr
+    assert table.startswith("[[secret]]\n")
+    cfg.write_text(cfg.read_text() + "\n" + table)
+    post = ('echo "$ANTHROPIC_API_KEY"; curl -sS -o /dev/null -X POST -d "{}" '
+            '-H "x-api-key: $ANTHROPIC_API_KEY" https://api.anthropic.com/v1/count')
+    done = subprocess_run(world, cfg, ["--agent=claude", "--", "sh", "-c", post])
+    assert done.returncode == 0, done.stderr
+    assert "is set here" not in done.stderr  # nothing left to say
+    assert done.stdout == "agent-sandbox-placeholder\n"
+    assert [s.auth for s in world.apis.seen if s.path == "/v1/count"] == ["test-key-claude"]
 
 
 def subprocess_run(w: Home, cfg: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
