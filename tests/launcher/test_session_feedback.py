@@ -50,8 +50,9 @@ def _cli(world: World, *args: str, timeout: float = 30) -> subprocess.CompletedP
                           text=True, check=False, timeout=timeout)
 
 
-def test_a_session_says_what_was_refused(world: World, tmp_path: Path) -> None:
-    done = world.run("sh", "-c", SCRIPT)
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_a_session_says_what_was_refused(world: World, tmp_path: Path, backend: str) -> None:
+    done = world.run("sh", "-c", SCRIPT, sandbox=backend)
     assert done.returncode == 0, done.stderr + done.stdout
     seen = dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
     assert (seen["get"], seen["head"], seen["connect"], seen["loopback"]) == \
@@ -171,3 +172,12 @@ def _settle(world: World) -> list[str]:
     while world.leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
     return world.leftovers()
+
+
+def test_without_a_record_there_is_no_line_to_point_at_it(world: World) -> None:
+    """record = false: the log has the refusal; no line names a report that does not exist."""
+    done = world.run("sh", "-c", "curl -s --max-time 20 -o /dev/null http://refused-one.test/",
+                     config=world.config(record=False))
+    assert done.returncode == 0, done.stderr
+    assert "egress-proxy refused host=refused-one.test port=80" in done.stderr
+    assert "agent-sandbox report" not in done.stderr
