@@ -3,7 +3,7 @@
 Usage:
   agent-sandbox run [--config=FILE] [--workdir=DIR] [--sandbox=KIND] [--agent=NAME]
                     [--limit=NAME=VALUE]... [--learn] [--] CMD...
-  agent-sandbox doctor [--config=FILE] [--sandbox=KIND]
+  agent-sandbox doctor [--config=FILE] [--sandbox=KIND] [--verbose]
   agent-sandbox render-settings [--config=FILE]
   agent-sandbox report [--json] [--last | SESSION]
   agent-sandbox report --list [--json]
@@ -19,7 +19,9 @@ network only through the proxy (which sets the GitHub token itself: the
 sandbox never holds it), git signing through the broker.  It exits with CMD's
 status and leaves no process or socket behind.
 
-doctor checks whether a session can run here, one line per check with a fix.
+doctor checks whether a session can run here: what is wrong, each with its fix,
+and one line per kind of what is fine (--verbose: every check, and the
+host-run files a session holds).
 render-settings prints Claude Code's managed-settings drop-in for the config.
 
 Every session is recorded (events only, never a secret) in
@@ -44,6 +46,7 @@ Options:
   --learn          Allow every public host (address and token rules still hold)
                    and record each one the allow list would have refused; then
                    `agent-sandbox report --propose` prints the domains line.
+  -v --verbose     doctor: every check on its own line, and the host-run list.
   --json           report: print JSON for scripts.
   --last           report: the most recent session (the default).
   --list           report: the recent sessions, newest first.
@@ -103,7 +106,7 @@ def _main(args: Args, servers: Servers | None) -> int:
     if args["doctor"]:
         from libbroker.launcher import doctor
 
-        return doctor.main(_config(args))
+        return doctor.main(_config(args), verbose=bool(args.get("--verbose")))
     from libbroker.launcher import settings
 
     return settings.main(_config(args))

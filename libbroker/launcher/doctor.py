@@ -1,13 +1,20 @@
 """``agent-sandbox doctor``: can a session run here, and if not, what to do.
 
-One line per check: ``ok``, ``warn`` (a session runs, a feature is missing)
-or ``FAIL`` (no session can run), each not-ok line with its fix.  Exit 0 only
+One line per finding: ``ok``, ``warn`` (a session runs, a feature is missing)
+or ``FAIL`` (no session can run), each not-ok line with its fix.  By default
+the ok findings of a kind (the executables, the native helpers, the agents,
+...) share one line and the host-run list is counted, not listed, so the
+whole answer fits a screen (about 15 lines); ``--verbose`` gives every
+finding its line and lists the host-run files.  A fix is what to do; a
+command in it is between backticks and is run as shown, in the user's own
+shell (tests/launcher/test_doctor_fixes.py runs them).  Exit 0 only
 when no check failed.  The token command is run to see that it prints
 something; what it prints is never shown or kept.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import shlex
@@ -15,20 +22,30 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.launcher.config import Config, resolve_sign_key
 
+if TYPE_CHECKING:
+    from libbroker.launcher.agents import Profile
+
 OK, WARN, FAIL = "ok", "warn", "FAIL"
+TABLE = "table"  # a Check.group: listed with --verbose only
 _MIN_GIT = (2, 31)  # GIT_CONFIG_COUNT/KEY/VALUE
 
 
 class Check(NamedTuple):
-    """One finding: a level, what was found, and the fix when not ok."""
+    """One finding: a level, what was found, and the fix when not ok.
+
+    ``group``: the kind, whose ok findings share a line by default as
+    ``{group}: {short}, {short}, ...``; ``TABLE`` findings show only with --verbose.
+    """
 
     level: str
     what: str
     fix: str = ""
+    group: str = ""
+    short: str = ""
 
     def line(self) -> str:
         text = f"{self.level:<4} {self.what}"
@@ -54,11 +71,13 @@ def _read(path: str) -> str:
 def check_bwrap() -> Check:
     if not shutil.which("bwrap"):
         return Check(
-            FAIL, "bwrap: not installed", "apt-get install bubblewrap (or use --sandbox=nono)"
+            FAIL, "bwrap: not installed", "`apt-get install bubblewrap`, or use --sandbox=nono",
+            "sandbox", "bwrap",
         )
     code, err = _run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"])
     if code == 0:
-        return Check(OK, "bwrap: user, network and pid namespaces work")
+        return Check(OK, "bwrap: user, network and pid namespaces work", group="sandbox",
+                     short="bwrap")
     if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
         return Check(
             FAIL,
@@ -69,16 +88,19 @@ def check_bwrap() -> Check:
         )
     if _read("/proc/sys/user/max_user_namespaces") == "0":
         return Check(
-            FAIL, "bwrap: user namespaces are disabled", "sysctl -w user.max_user_namespaces=15000"
+            FAIL, "bwrap: user namespaces are disabled",
+            "`sysctl -w user.max_user_namespaces=15000` (as root), or use --sandbox=nono",
         )
     if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
         return Check(
             FAIL,
             "bwrap: unprivileged user namespaces are off",
-            "sysctl -w kernel.unprivileged_userns_clone=1",
+            "`sysctl -w kernel.unprivileged_userns_clone=1` (as root), or use --sandbox=nono",
         )
     return Check(
-        FAIL, f"bwrap: does not run ({err})", "run it by hand to see why, or use --sandbox=nono"
+        FAIL, f"bwrap: does not run ({err})",
+        "run `bwrap --unshare-all --die-with-parent --ro-bind / / true` to see why, "
+        "or use --sandbox=nono",
     )
 
 
@@ -89,17 +111,20 @@ def check_landlock() -> Check:
     try:
         version = landlock.require()
     except SandboxUnavailable as exc:
-        return Check(FAIL, f"Landlock: {exc}", "a kernel >= 6.12 with lsm=landlock; or use bwrap")
+        return Check(FAIL, f"Landlock: {exc}",
+                     "a kernel >= 6.12 with landlock in its lsm= list, or use --sandbox=bwrap")
     from libbroker.sandbox import pidns
 
     what = f"Landlock: ABI {version} (network rules, signal and socket scoping)"
     if pidns.supported():
-        return Check(OK, what + "; a PID namespace and /proc of its own")
+        return Check(OK, what + "; a PID namespace and /proc of its own", group="sandbox",
+                     short=f"Landlock ABI {version}")
     return Check(
         WARN,
         what + "; no user namespaces for this user, so other processes' command lines "
         "stay visible in /proc under Landlock",
-        "sysctl kernel.unprivileged_userns_clone=1 (or the AppArmor userns rule), or use bwrap",
+        "`sysctl -w kernel.unprivileged_userns_clone=1` (as root; where the kernel has it, "
+        "else the AppArmor userns rule), or use --sandbox=bwrap",
     )
 
 
@@ -114,8 +139,8 @@ def check_backend(kind: str) -> list[Check]:
         # auto picks bwrap whenever it is installed; only its absence falls back.
         if shutil.which("bwrap") or found[1].level != OK:
             return found
-        return [Check(WARN, found[0].what, found[0].fix), found[1]]
-    return [found[0], Check(OK if found[1].level == OK else WARN, found[1].what, found[1].fix)]
+        return [found[0]._replace(level=WARN), found[1]]
+    return [found[0], found[1]._replace(level=OK if found[1].level == OK else WARN)]
 
 
 def check_terminal() -> Check:
@@ -146,16 +171,23 @@ def check_executables() -> list[Check]:
     ):
         path = os.path.join(scripts_dir(), name)
         if os.access(path, os.X_OK) or shutil.which(name):
-            out.append(Check(OK, f"{name}: installed"))
+            out.append(Check(OK, f"{name}: installed", group="executables installed", short=name))
         else:
-            out.append(
-                Check(
-                    FAIL if needed else WARN,
-                    f"{name}: not found",
-                    "pip install -e . (agent-sandbox)",
-                )
-            )
+            out.append(Check(FAIL if needed else WARN, f"{name}: not found", _reinstall()))
     return out
+
+
+def _reinstall() -> str:
+    """The command that installs the project's executables again, into this Python."""
+    from libbroker.launcher.boot import project_dir
+    from libbroker.shellquote import command
+
+    project = project_dir()
+    if os.path.isfile(os.path.join(project, "pyproject.toml")):  # a source checkout
+        argv = [sys.executable, "-m", "pip", "install", "-e", project]
+    else:
+        argv = [sys.executable, "-m", "pip", "install", "--force-reinstall", "agent-sandbox"]
+    return f"`{command(*argv)}`"
 
 
 def check_native() -> list[Check]:
@@ -170,13 +202,17 @@ def check_native() -> list[Check]:
     for name in SOURCES:
         what, loss = purpose[name]
         if built(name) is not None:
-            out.append(Check(OK, f"native {name}: built, {what}"))
+            out.append(Check(OK, f"native {name}: built, {what}", group="native helpers built",
+                             short=name))
         else:
+            from libbroker.shellquote import command
+
             out.append(
                 Check(
                     WARN,
                     f"native {name}: not built or older than its source: {what} (without: {loss})",
-                    "python3 -m libbroker.native (needs a C compiler: apt-get install gcc)",
+                    f"`{command(sys.executable, '-m', 'libbroker.native')}` (it needs a C "
+                    "compiler: `apt-get install gcc`)",
                 )
             )
     return out
@@ -184,7 +220,7 @@ def check_native() -> list[Check]:
 
 def check_git() -> Check:
     if not shutil.which("git"):
-        return Check(WARN, "git: not installed", "apt-get install git")
+        return Check(WARN, "git: not installed", "`apt-get install git`")
     code, out = _run(["git", "--version"])
     m = re.search(r"(\d+)\.(\d+)", out)
     if code != 0 or not m:
@@ -244,25 +280,6 @@ def check_token(cfg: Config) -> Check:
     return Check(OK, "token: the token command prints a token")
 
 
-def check_settings(cfg: Config) -> Check:
-    from libbroker.launcher import settings
-
-    target = settings.target_path()
-    if not os.path.exists(target):
-        return Check(
-            WARN,
-            f"managed settings: {target} not installed",
-            "agent-sandbox render-settings (it prints the install steps)",
-        )
-    if _read(target) != settings.render(cfg).strip():
-        return Check(
-            WARN,
-            f"managed settings: {target} differs from this config",
-            "agent-sandbox render-settings, and install it again",
-        )
-    return Check(OK, f"managed settings: {target} installed and current")
-
-
 def check_workdir(cfg: Config) -> Check:
     if not os.path.isdir(cfg.workdir):
         return Check(
@@ -281,9 +298,10 @@ def check_hostrun(cfg: Config) -> list[Check]:
     head = Check(
         OK,
         f"host-run files: {len(table.entries)} kinds held in {cfg.workdir} at every depth "
-        "(swept back to their state at the start when every session ends)",
+        "(swept back to their state at the start when every session ends; "
+        "doctor --verbose lists them)",
     )
-    return [head, *(Check(OK, "  " + line) for line in table.lines())]
+    return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines())]
 
 
 def check_agents(cfg: Config) -> list[Check]:
@@ -306,15 +324,43 @@ def check_agents(cfg: Config) -> list[Check]:
                     WARN,
                     f"{what}; {', '.join(missing)} missing: a session's login and history "
                     f"start empty",
-                    f"run {exe} once on the host (or mkdir {missing[0]}) so there is one to copy",
+                    f"run {exe} once on the host and log in, or start empty: "
+                    f"`{_make_config(profile, missing)}`",
                 )
             )
             continue
         added = f"; its hosts are added per session ({', '.join(hosts)})" if hosts else ""
-        out.append(Check(OK, f"{what}; config present (a private copy per session){added}{note}"))
+        out.append(Check(OK, f"{what}; config present (a private copy per session){added}{note}",
+                         group="agents ready", short=profile.name))
         if profile.name == "claude":
             out.append(check_claude_managed(cfg))
     return out
+
+
+def _make_config(profile: Profile, missing: list[str]) -> str:
+    """The shell command that makes an agent's missing config: its dirs, and files as JSON.
+
+    A file entry (``~/.claude.json``) gets ``{}``, which the agent reads as a
+    config with nothing in it; ``mkdir`` there would make a directory where
+    the agent wants a file.
+    """
+    from libbroker.shellquote import quote
+
+    def home(path: str) -> str:  # ~ stays outside the quotes: the shell expands it
+        return "~/" + quote(path.removeprefix("~/"))
+
+    steps = []
+    for entry in profile.entries:
+        if entry.host not in missing:
+            continue
+        if entry.is_dir:
+            steps.append(f"mkdir -p {home(entry.host)}")
+            continue
+        parent = os.path.dirname(entry.host)
+        if parent != "~":
+            steps.append(f"mkdir -p {home(parent)}")
+        steps.append(f"printf '{{}}\\n' > {home(entry.host)}")
+    return " && ".join(steps)
 
 
 def check_claude_managed(cfg: Config) -> Check:
@@ -325,14 +371,18 @@ def check_claude_managed(cfg: Config) -> Check:
     from libpolicy.render import OUTSIDE
 
     target = settings.target_path()
-    fix = f"agent-sandbox render-settings, and install it again over {target} (or remove it)"
+    from libbroker.shellquote import quote
+
+    fix = (f"`agent-sandbox render-settings | sudo install -D -m 0644 /dev/stdin {quote(target)}`"
+           f" (or remove it: `sudo rm {quote(target)}`)")
     try:
         with open(target) as fh:
             text = fh.read()
         data = json.loads(text)
     except (OSError, ValueError):
         return Check(
-            OK, "agent claude: no managed-settings drop-in (optional: sessions carry the hook)"
+            OK, "agent claude: no managed-settings drop-in (optional: sessions carry the hook)",
+            group="agents ready", short="no drop-in (optional)",
         )
     sandbox = data.get("sandbox") if isinstance(data, dict) else None
     if isinstance(sandbox, dict) and sandbox.get("enabled"):
@@ -363,7 +413,8 @@ def check_claude_managed(cfg: Config) -> Check:
     if text.strip() != settings.render(cfg).strip():
         return Check(WARN, f"agent claude: {target} differs from this config", fix)
     return Check(
-        OK, f"agent claude: {target} installed and current (acts only inside sessions)"
+        OK, f"agent claude: {target} installed and current (acts only inside sessions)",
+        group="agents ready", short="claude's drop-in current",
     )
 
 
@@ -426,7 +477,8 @@ def check_secrets(cfg: Config) -> list[Check]:
                              "printable ASCII without spaces)", fix))
         else:
             out.append(Check(OK, f"{name}: the command prints a value; egress-proxy sets "
-                             f"{secret.header} for {secret.host}"))
+                             f"{secret.header} for {secret.host}", group="secrets print a value",
+                             short=f"#{index} {secret.host}"))
     return out
 
 
@@ -447,12 +499,30 @@ def checks(cfg: Config) -> list[Callable[[], list[Check]]]:
     ]
 
 
-def main(cfg: Config) -> int:
+def layout(found: list[Check], *, verbose: bool = False) -> list[str]:
+    """The lines doctor prints: every finding with ``verbose``; else each group's ok
+    findings on one line (a single one as itself), the rest each on its own, no TABLE."""
+    if verbose:
+        return [c.line() for c in found]
+    out: list[str] = []
+    for group, members in itertools.groupby(found, key=lambda c: c.group):
+        run = list(members)
+        if group == TABLE:
+            continue
+        oks = [c for c in run if c.level == OK]
+        if not group or len(oks) < 2:
+            out += [c.line() for c in run]
+            continue
+        out.append(Check(OK, f"{group}: {', '.join(c.short or c.what for c in oks)}").line())
+        out += [c.line() for c in run if c.level != OK]
+    return out
+
+
+def main(cfg: Config, *, verbose: bool = False) -> int:
     cfg = resolve_sign_key(cfg)
-    failed = False
-    for check in checks(cfg):
-        for found in check():
-            sys.stdout.write(found.line() + "\n")
-            failed = failed or found.level == FAIL
+    found = [finding for check in checks(cfg) for finding in check()]
+    failed = any(c.level == FAIL for c in found)
+    for line in layout(found, verbose=verbose):
+        sys.stdout.write(line + "\n")
     sys.stdout.write("a session can run here\n" if not failed else "no session can run here yet\n")
     return 1 if failed else 0

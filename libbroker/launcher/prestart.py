@@ -47,6 +47,7 @@ _SINGLE = _VALUED[:-1]  # --limit may repeat
 # What docopt says of report's and watch's words on a run command line.
 _REPORT_KEYS: dict[str, object] = {
     "report": False, "watch": False, "--json": False, "--last": False, "--list": False,
+    "--verbose": False,
     "--verify": False, "--propose": False, "SESSION": None,
 }
 
