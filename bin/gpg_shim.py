@@ -44,9 +44,14 @@ def _main(argv: list[str]) -> int:
     if isinstance(call, SignCall):
         # Imported here so that verification (once per commit in
         # `git log --show-signature`) never loads the broker's wire modules.
-        from libbroker.signing.shim import sign
+        from libbroker.errors import AgentSandboxError
+        from libbroker.signing.shim import sign, tell_git
 
-        return sign(call)
+        try:
+            return sign(call)
+        except AgentSandboxError as exc:  # its one line reaches git's stderr too
+            tell_git(f"gpg-shim: {exc}\n")
+            raise
     from libbroker.signing.local import exec_local_gpg
 
     exec_local_gpg(call.args)

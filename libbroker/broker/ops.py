@@ -56,6 +56,20 @@ def sign_key_problem(key: str) -> str | None:
     return None
 
 
+def not_enabled(key: str | None, sign_keys: frozenset[str]) -> str:
+    """The refusal of ``key``, on one line, naming the key enabled and how to change it.
+
+    gpg-shim prints it inside the sandbox, where the agent reads it: the fix
+    is the person's (the key is fixed when the session starts), never the
+    sandbox's to make.
+    """
+    enabled = ", ".join(repr(k) for k in sorted(sign_keys)) or "none"
+    return (f"signing key {key!r} is not enabled on this broker (enabled: {enabled}); "
+            "agent-sandbox enables the key git would use in the workdir when the session "
+            "starts (user.signingkey, else the committer's name and email) or the config's "
+            "sign_key: set it there and start a new session")
+
+
 def gpg_argv(gpg: str, key: str) -> list[str]:
     """git's signing call: detached, armored, status lines on fd 2, as ``key``."""
     return [gpg, "--status-fd=2", "-bsau", key]
@@ -66,7 +80,7 @@ def spawn_gpg(
 ) -> Child:
     """Start the host's gpg for ``key``; RequestRefused unless the key is exactly enabled."""
     if key is None or key not in sign_keys:
-        raise RequestRefused(f"signing key {key!r} is not enabled on this broker")
+        raise RequestRefused(not_enabled(key, sign_keys))
     if gpg is None:
         raise SpawnError("gpg is not installed on the host")
     try:

@@ -174,9 +174,9 @@ def session_shape(
     """
     ro = cfg.workdir_read_only  # codex -s read-only: nothing of the workdir is written
     read = (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt.root)
-    read += (cfg.workdir,) if ro else ()
+    read += (cfg.workdir, *cfg.git_dirs) if ro else ()
     guard = not landlock and cfg.protect_git and not ro
-    work = () if ro else (cfg.workdir,)
+    work = () if ro else (cfg.workdir, *cfg.git_dirs)
     write = (*cfg.write, *work, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
     held = tuple(protected_paths(cfg)) if hold is None else hold
     return Shape(

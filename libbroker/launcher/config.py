@@ -15,7 +15,7 @@ import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from libbroker.errors import ConfigError, LaunchError
+from libbroker.errors import ConfigError
 from libbroker.launcher import egress_values, grants
 from libbroker.launcher.egress_values import Secret
 from libbroker.launcher.origins import Origins
@@ -25,6 +25,7 @@ from libbroker.sandbox.limits import from_mapping as limits_from_mapping
 
 if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
+    from libbroker.launcher.gitfacts import Located
     from libpolicy.hostrun import Table
 
 SANDBOX_KINDS = ("auto", "bwrap", "nono")
@@ -61,12 +62,17 @@ class HostFacts(NamedTuple):
     home: str
     cwd: str
     gh_present: bool
+    # The repository git finds from where the session starts (the cwd, or the
+    # workdir named): filled in by config_file.load, which asks git; None outside any.
+    repo: Located | None = None
 
 
 class Config(NamedTuple):
     """One session's settings, every path absolute and every value checked."""
 
     workdir: str
+    workdir_why: str = ""  # how the workdir was chosen (doctor says it)
+    git_dirs: tuple[str, ...] = ()  # the workdir repository's git dirs outside it, granted too
     sandbox: str = "auto"
     domains: tuple[str, ...] = DEFAULT_DOMAINS
     inject: tuple[str, ...] = DEFAULT_INJECT
@@ -75,7 +81,9 @@ class Config(NamedTuple):
     read: tuple[str, ...] = ()
     write: tuple[str, ...] = ()
     deny: tuple[str, ...] = ()
-    sign_key: str | None = None  # None: git's user.signingkey (resolve_sign_key)
+    sign_key: str | None = None  # None: the key git would use in the workdir (resolve_sign_key)
+    sign_from: str = ""  # where the sign key was set (doctor says it)
+    sign_problem: str = ""  # why git would sign with a key no session can enable
     kubeconfig: str = ""
     env: tuple[str, ...] = ()
     resolve: tuple[str, ...] = ()
@@ -146,7 +154,7 @@ def host_facts() -> HostFacts:
 
 
 def resolve_sign_key(cfg: Config) -> Config:
-    """``cfg`` with its sign key decided: the config's, else git's user.signingkey.
+    """``cfg`` with its sign key decided: the config's, else the one git would use there.
 
     Separate from loading because it runs git: the launcher does it while the
     proxy starts, not before (:func:`ask_sign_key`, then :func:`take_sign_key`).
@@ -155,30 +163,27 @@ def resolve_sign_key(cfg: Config) -> Config:
 
 
 def ask_sign_key(cfg: Config) -> Proc | None:
-    """Start ``git config user.signingkey`` when the config names no key."""
-    if cfg.sign_key is not None or not shutil.which("git"):
+    """Ask git for its signing settings in the workdir, when the config names no key."""
+    if cfg.sign_key is not None:
         return None
-    from libbroker.launcher.child import start
+    from libbroker.launcher import gitfacts
 
-    # -C /: no repository's own config, whatever the launcher's cwd.
-    argv = ["git", "-C", "/", "config", "--global", "--get", "user.signingkey"]
-    try:
-        return start(argv, stdin="devnull", output="pipe", stderr="devnull")
-    except OSError as exc:
-        raise LaunchError(f"cannot run git to read user.signingkey: {exc.strerror}") from None
+    return gitfacts.start_signing(cfg.workdir, cfg.home)
 
 
 def take_sign_key(cfg: Config, git: Proc | None) -> Config:
-    """``cfg`` with the key ``git`` (from :func:`ask_sign_key`) printed, if any."""
+    """``cfg`` with the key git would use in the workdir (from :func:`ask_sign_key`), if any."""
     if cfg.sign_key is not None:
-        return cfg
-    key = ""
-    if git is not None:
-        assert git.stdout is not None
-        out = git.stdout.readall()
-        git.stdout.close()
-        key = out.decode(errors="replace").strip() if git.wait() == 0 else ""
-    return cfg._replace(sign_key=key)
+        if cfg.sign_from:
+            return cfg
+        return cfg._replace(sign_from="the config's sign_key" if cfg.sign_key else "")
+    if git is None:  # no git here: nothing to sign for
+        return cfg._replace(sign_key="")
+    from libbroker.launcher import gitfacts
+
+    status, out = gitfacts.collect(git)
+    found = gitfacts.parse_signing(status, out, cfg.workdir)
+    return cfg._replace(sign_key=found.key, sign_from=found.origin, sign_problem=found.problem)
 
 
 def load(
@@ -213,11 +218,21 @@ def from_mapping(
     def path(p: str, key: str) -> str:
         return _abs_path(p, facts, where=where(key), key=key)
 
-    workdir = path(get.string("workdir", facts.cwd), "workdir")
+    from libbroker.launcher import gitfacts
+
+    if "workdir" in data:
+        workdir = path(get.string("workdir", ""), "workdir")
+        why = f"named by {where('workdir')}"
+    else:  # the repository holding the cwd, where there is one
+        workdir, why = gitfacts.default_workdir(facts.cwd, facts.home, facts.repo)
     if under(facts.home, workdir):
         # A writable home (or /) would hand the sandbox every credential file.
         raise ConfigError(f"{where('workdir')}: {workdir} contains the home directory "
                           f"{facts.home}; name a project directory")
+    try:
+        git_dirs = gitfacts.outside_git_dirs(facts.repo, workdir, facts.home)
+    except ValueError as exc:
+        raise ConfigError(f"{where('workdir')}: {exc}") from None
     sandbox = get.string("sandbox", "auto")
     if sandbox not in SANDBOX_KINDS:
         raise ConfigError(
@@ -249,6 +264,8 @@ def from_mapping(
     ca = get.string("upstream_ca", "")
     return Config(
         workdir=workdir,
+        workdir_why=why,
+        git_dirs=git_dirs,
         sandbox=sandbox,
         domains=domains,
         inject=inject,

@@ -65,10 +65,24 @@ def load(
     path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None, check_host: bool = True,
 ) -> Config:
-    """The file at ``path`` (else the default, which may be absent) under ``overrides``."""
+    """The file at ``path`` (else the default, which may be absent) under ``overrides``.
+
+    git is asked where the repository is (:mod:`.gitfacts`) while the file is
+    read: from ``--workdir``, else from the cwd, which a workdir in the file
+    then overrides (and is asked about instead).
+    """
+    from libbroker.launcher import gitfacts
+
     file = os.path.abspath(path) if path is not None else default_path(facts.home)
-    text = _read(file, explicit=path is not None)
-    data = _parse(file, text)
+    flag = (overrides or {}).get("workdir")
+    guess = _start_dir(facts.cwd if flag is None else flag, facts)
+    asked = gitfacts.start_locate(guess, facts.home) if guess else None
+    try:
+        text = _read(file, explicit=path is not None)
+        data = _parse(file, text)
+    except ConfigError:
+        gitfacts.discard(asked)
+        raise
     merged = dict(data)
     named: dict[str, str] = {}
     for key, value in (overrides or {}).items():
@@ -79,11 +93,25 @@ def load(
         else:  # the flag's value is checked under the flag's name
             named[key] = (flags or FLAGS).get(key, key)
         merged[key] = value
+    where = _start_dir(merged.get("workdir", facts.cwd), facts)
+    if where != guess:  # the file names the workdir: ask about that one
+        gitfacts.discard(asked)
+        asked = gitfacts.start_locate(where, facts.home) if where else None
+    facts = facts._replace(repo=gitfacts.located(asked))
     origins = Origins(frozenset(data), file=file, lines=key_lines(text), flags=named)
     cfg = from_mapping(merged, facts, origins=origins)
     if check_host:
         _check_host(cfg, origins)
     return cfg
+
+
+def _start_dir(value: object, facts: HostFacts) -> str:
+    """The directory git is asked about for ``value`` (a workdir), or "" when it is no path."""
+    if not isinstance(value, str) or "\0" in value or not value.strip():
+        return ""  # from_mapping says what is wrong with it
+    if value == "~" or value.startswith("~/"):
+        value = facts.home + value[1:]
+    return os.path.normpath(os.path.join(facts.cwd, value))
 
 
 def _read(file: str, *, explicit: bool) -> str:

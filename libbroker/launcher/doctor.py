@@ -236,22 +236,27 @@ def check_git() -> Check:
 
 
 def check_signing(cfg: Config) -> Check:
+    if cfg.sign_problem:
+        return Check(WARN, f"signing: {cfg.sign_problem}")  # the fix is in its text
     if not cfg.sign_key:
         return Check(
             WARN,
-            "signing: no sign key (git user.signingkey unset, config sign_key empty)",
-            "git config --global user.signingkey KEYID, or sign_key in the config",
+            f"signing: no sign key (no user.signingkey, user.name or user.email for git in "
+            f"{cfg.workdir}, config sign_key empty)",
+            "git config user.signingkey KEYID (in the repository or --global), "
+            "or sign_key in the config",
         )
+    key = f"{cfg.sign_key} from {cfg.sign_from}" if cfg.sign_from else cfg.sign_key
     if not shutil.which("gpg"):
-        return Check(WARN, "signing: gpg not installed", "apt-get install gnupg")
+        return Check(WARN, f"signing: key {key}, but gpg is not installed", "apt-get install gnupg")
     code, _ = _run(["gpg", "--batch", "--list-secret-keys", cfg.sign_key])
     if code != 0:
         return Check(
             WARN,
-            f"signing: gpg has no secret key {cfg.sign_key}",
-            "gpg --import your key, or fix sign_key",
+            f"signing: gpg has no secret key {key}",
+            "gpg --import your key, or fix user.signingkey / sign_key",
         )
-    return Check(OK, f"signing: gpg holds the secret key {cfg.sign_key}")
+    return Check(OK, f"signing: gpg holds the secret key {key}")
 
 
 def check_token(cfg: Config) -> Check:
@@ -287,7 +292,9 @@ def check_workdir(cfg: Config) -> Check:
             f"workdir {cfg.workdir}: not a directory",
             "--workdir=DIR or workdir in the config",
         )
-    return Check(OK, f"workdir {cfg.workdir}")
+    why = f": {cfg.workdir_why}" if cfg.workdir_why else ""
+    also = f"; also granted, its git dirs: {', '.join(cfg.git_dirs)}" if cfg.git_dirs else ""
+    return Check(OK, f"workdir {cfg.workdir}{why}{also}")
 
 
 def check_hostrun(cfg: Config) -> list[Check]:

@@ -50,7 +50,7 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
             with parent_of(root, rel) as (pfd, name):
                 if pfd < 0:
                     continue
-                gfd = os.open(name, O_DIR, dir_fd=pfd)
+                gfd = os.open(name or ".", O_DIR, dir_fd=pfd)  # "": the root is the git dir
                 try:
                     for entry in table.git:
                         key = join(rel, entry.parts[0])

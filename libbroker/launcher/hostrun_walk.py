@@ -81,8 +81,10 @@ class Walk:
                         subdirs.append((name, item.inode()))
                 elif item.is_dir(follow_symlinks=False):
                     subdirs.append((name, item.inode()))
-        if rel and marks & 1 and (marks & 6 == 6 or marks & 8):
-            # a bare repository (HEAD, objects, refs) or a worktree's git dir, under any name
+        if marks & 1 and (marks & 6 == 6 or marks & 8):
+            # a bare repository (HEAD, objects, refs) or a worktree's git dir, under any
+            # name; the root itself when the guard watches a git dir outside the workdir
+            # (libbroker.launcher.gitdir_guard)
             self.git_dirs.append((rel, 0))
             subdirs = [(n, i) for n, i in subdirs if n not in _GIT_SKIP and n != "hooks"]
         for name, ino in subdirs:

@@ -105,9 +105,11 @@ def main(argv: list[str] | None = None) -> int:
     # Then the host-run files, from the snapshot the launcher's scan left in
     # the runtime dir (lines go to the quarantine's sweep.log: no terminal here).
     try:
+        from libbroker.launcher import gitdir_guard
         from libbroker.launcher.hostrun_guard import janitor_sweep
 
         janitor_sweep(runtime_dir)
+        gitdir_guard.janitor_sweep(runtime_dir)  # git dirs outside the workdir
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: the host-run sweep failed: {exc}\n")
     # The agent's private config: what is safe goes back to the user's real

@@ -186,8 +186,8 @@ def session_policy(
     return Policy(
         cfg.home,
         runtime=runtime,
-        read=(*cfg.read, cfg.workdir) if cfg.workdir_read_only else cfg.read,
-        write=cfg.write if cfg.workdir_read_only else (cfg.workdir, *cfg.write),
+        read=(*cfg.read, cfg.workdir, *cfg.git_dirs) if cfg.workdir_read_only else cfg.read,
+        write=cfg.write if cfg.workdir_read_only else (cfg.workdir, *cfg.git_dirs, *cfg.write),
         deny=cfg.deny,
         harness=cfg.harness,
         tool_write=(),

@@ -114,6 +114,7 @@ class Session:
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
+        self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside the workdir
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
         self.limits: Group | None = None  # the sandbox's resource limits
@@ -174,6 +175,10 @@ class Session:
         self.hostrun = hostrun_guard.Guard(
             cfg.workdir, config.hostrun_table(cfg), rt.root, hostrun_guard.state_dir(cfg.home)
         )
+        if cfg.git_dirs:  # a linked worktree's common dir, a submodule's git dir
+            from libbroker.launcher import gitdir_guard
+
+            self.gitdirs = gitdir_guard.start(cfg, rt.root, hostrun_guard.state_dir(cfg.home))
         if servers is None:
             servers = prestart.start(self.backend)
             servers.taken = True
@@ -217,6 +222,8 @@ class Session:
 
         plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
         self.cfg = cfg = config.take_sign_key(cfg, git)
+        if cfg.sign_problem:  # git would sign with a key this session cannot enable
+            os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
         broker.send_args(plan.encode_args(plan.broker_args(cfg, rt, self.backend)))
         _trace("servers have their arguments")
         self._write_gpg_program(host)
@@ -241,6 +248,8 @@ class Session:
         if self._early:
             os.write(self._log, "".join(line + "\n" for line in self._early).encode())
         snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
+        for guard in self.gitdirs:
+            guard.wait()
         if self.live is None and self.cfg.protect_git:  # Landlock: configs merged, not linked
             self.live = self._begin_live(snap, rt.root, swap=False)
         if self.live is not None:
@@ -375,6 +384,11 @@ class Session:
             self.live = live = self._begin_live(snap, rt.root, swap=True)
             hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
             binds = tuple(live.configs.binds())
+        if self.gitdirs:  # their hooks and config held read-only, as the workdir's were
+            from libbroker.launcher import gitdir_guard
+
+            more_pin, more_hold = gitdir_guard.bwrap_holds(self.gitdirs)
+            pin, hold = pin + more_pin, hold + more_hold
         sec_fd = bwrap.seccomp_pipe(prog)
         env = self._env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.session_shape(
@@ -721,6 +735,8 @@ class Session:
             self.hostrun.finish()
             self.hostrun = None
             _trace("host-run files swept")
+        while self.gitdirs:  # a worktree's common dir, a submodule's git dir
+            self.gitdirs.pop().finish()
         if self._log != 2:
             os.close(self._log)
             self._log = 2

@@ -65,6 +65,36 @@ enum { CH_STDIN = 0, CH_STDOUT = 1, CH_STDERR = 2, CH_EXIT = 3, CH_ERROR = 4, CH
 static const char *const channel_names[CHANNEL_COUNT] = {
     "stdin", "stdout", "stderr", "exit", "error", "request", "signal"};
 
+/* Write ``line`` to git's own stderr too, when git started this program with its
+   stderr captured: git runs gpg.program with stderr in a pipe (the status fd
+   is 2) and before 2.40 drops what it said, so a refusal's reason would never
+   reach the agent.  As libbroker.signing.shim.tell_git: only when the parent
+   is git and its fd 2 is another file than ours; non-blocking; best effort. */
+static void tell_git(const char *line, size_t len)
+{
+    char path[64], comm[64];
+    struct stat theirs, ours;
+    pid_t parent = getppid();
+    snprintf(path, sizeof path, "/proc/%d/comm", (int)parent);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    ssize_t n = read(fd, comm, sizeof comm);
+    close(fd);
+    if (n < 3 || memcmp(comm, "git", 3) != 0)
+        return;
+    snprintf(path, sizeof path, "/proc/%d/fd/2", (int)parent);
+    if (stat(path, &theirs) < 0 || fstat(2, &ours) < 0)
+        return;
+    if (theirs.st_dev == ours.st_dev && theirs.st_ino == ours.st_ino)
+        return;
+    fd = open(path, O_WRONLY | O_APPEND | O_NOCTTY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return;
+    (void)!write(fd, line, len);
+    close(fd);
+}
+
 static void fail(int status, const char *fmt, ...) __attribute__((noreturn, format(printf, 2, 3)));
 
 static void fail(int status, const char *fmt, ...)
@@ -81,6 +111,10 @@ static void fail(int status, const char *fmt, ...)
     line[n++] = '\n';
     (void)!write(2, "gpg-shim: ", 10);
     (void)!write(2, line, (size_t)n);
+    char told[1040];
+    int m = snprintf(told, sizeof told, "gpg-shim: %.*s", n, line);
+    if (m > 0)
+        tell_git(told, (size_t)m < sizeof told ? (size_t)m : sizeof told - 1);
     _exit(status);
 }
 
@@ -303,6 +337,12 @@ static void dispatch(unsigned channel, const unsigned char *payload, size_t len)
         (void)!write(2, head, sizeof head - 1);
         (void)!write(2, payload, len);
         (void)!write(2, "\n", 1);
+        char told[2048];
+        size_t shown = len < sizeof told - sizeof head ? len : sizeof told - sizeof head;
+        memcpy(told, head, sizeof head - 1);
+        memcpy(told + sizeof head - 1, payload, shown);
+        told[sizeof head - 1 + shown] = '\n';
+        tell_git(told, sizeof head + shown);
         _exit(1);
     }
     default: { /* CH_EXIT, the only other channel the header check lets through */

@@ -165,6 +165,39 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[posix.write(fd, view) :]
 
 
+def tell_git(line: str) -> None:
+    """Write ``line`` to git's own stderr too, when git started us with ours captured.
+
+    git runs gpg.program with its stderr in a pipe (the status fd is 2) and
+    before 2.40 prints only "gpg failed to sign the data", dropping what gpg
+    said: the reason of a refusal would never reach the agent.  So when the
+    parent is git and its stderr is another file than ours, the line goes
+    there as well (non-blocking: a full pipe loses it rather than hang the
+    commit).  git 2.40 and later print it a second time, after their error.
+    Best effort: any failure leaves it at our own stderr.
+    """
+    parent = f"/proc/{posix.getppid()}"
+    try:
+        fd = posix.open(parent + "/comm", posix.O_RDONLY | posix.O_CLOEXEC)
+        try:
+            comm = posix.read(fd, 64)
+        finally:
+            posix.close(fd)
+        theirs, ours = posix.stat(parent + "/fd/2"), posix.fstat(2)
+        if not comm.startswith(b"git") or (theirs.st_dev, theirs.st_ino) == (
+            ours.st_dev, ours.st_ino
+        ):
+            return
+        flags = posix.O_WRONLY | posix.O_APPEND | posix.O_NOCTTY | posix.O_NONBLOCK
+        fd = posix.open(parent + "/fd/2", flags | posix.O_CLOEXEC)
+        try:
+            posix.write(fd, line.encode(errors="replace"))
+        finally:
+            posix.close(fd)
+    except OSError:
+        return
+
+
 def _environ(name: str) -> str:
     """``os.environ.get(name, "")`` as this process started (posix keeps bytes)."""
     value = posix.environ.get(name.encode())

@@ -89,7 +89,8 @@ class World:
         kw.setdefault("stdin", subprocess.DEVNULL)
         env = kw.pop("env", None) or self.env()
         kw.setdefault("text", True)
-        return subprocess.Popen(argv, env=env, cwd=str(self.workdir), **kw)
+        kw.setdefault("cwd", str(self.workdir))  # where the person stands
+        return subprocess.Popen(argv, env=env, **kw)
 
     def run(self, *cmd: str, timeout: float = 90, **kw: Any) -> subprocess.CompletedProcess[str]:
         proc = self.launch(*cmd, **kw)
