@@ -425,6 +425,8 @@ def _agents(
     from libbroker.launcher import agents
 
     extra = {name: agents.from_config(name, t, where("agents", name)) for name, t in tables.items()}
+    for name, profile in extra.items():  # a session adds them to egress-proxy's --allow
+        egress_values.domains(profile.domains, f"{where('agents', name)}.domains")
     agents.check_write_back(write_back, extra, where("agent_write_back"))
     return tuple(extra.items()), write_back
 

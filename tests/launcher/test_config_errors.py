@@ -173,6 +173,9 @@ ROWS: dict[str, Row] = {
                             f"{LIMITS})"),
     "agents-key": _file('sandbox = "auto"\n\n[agents.mine]\nbogus = 1\n',
                         "{cfg} line 3: agents.mine: unknown key 'bogus'"),
+    "agents-domains": _file('[agents.mine]\ncommands = ["aider"]\ndomains = ["*"]\n',
+                            "{cfg} line 1: agents.mine.domains: a wildcard may only lead a "
+                            "pattern: '*'"),
     "agent-write-back": _file('agent_write_back = ["nobody:key"]\n',
                               "{cfg} line 1: agent_write_back: entry 'nobody:key' must be "
                               "AGENT:KEY (agents: claude, codex, gemini)"),
