@@ -188,16 +188,19 @@ def take_sign_key(cfg: Config, git: Proc | None) -> Config:
 
 def load(
     path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
-    flags: Mapping[str, str] | None = None,
+    flags: Mapping[str, str] | None = None, check_host: bool = True,
 ) -> Config:
     """Read the TOML file at ``path`` (or the default, which may be absent), then check it.
 
     ``overrides``: values from the command line over the file's, by key;
-    ``flags``: the flag each came from, for messages (see :mod:`.config_file`).
+    ``flags``: the flag each came from, for messages (see :mod:`.config_file`);
+    ``check_host=False``: not whether the workdir, upstream_ca and kubeconfig exist
+    (an example config's paths need not).
     """
     from libbroker.launcher import config_file
 
-    return config_file.load(path, facts, overrides=overrides, flags=flags)
+    return config_file.load(path, facts, overrides=overrides, flags=flags,
+                            check_host=check_host)
 
 
 def from_mapping(
