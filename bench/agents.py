@@ -18,7 +18,8 @@ In one run, interleaved, BENCH_N times each (median):
 3. where a session's start goes: one bwrap and one Landlock session of
    ``claude -p`` with AGENT_SANDBOX_TRACE=1 (the launcher's phases, in ms).
 
-Needs the CLIs (``just setup``) and bwrap; an agent not installed is skipped.
+Needs the pinned CLIs in .agents (``just setup-dev``) and bwrap; an agent not
+installed there is skipped (never one found elsewhere on PATH).
 Run: ``python3 bench/agents.py`` (``BENCH_N=5 BENCH_READS=20`` by default).
 """
 
@@ -38,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "agents"))
 sys.path.insert(0, str(HERE.parent))
 
-from agents_world import Home, _logins  # noqa: E402
+from agents_world import Home, _logins, installed  # noqa: E402
 from standin_apis import HOSTS, start  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", "5"))
@@ -85,7 +86,7 @@ def timed(w: Home, argv: list[str], env: dict[str, str]) -> float:
 
 
 def turns(w: Home) -> None:
-    agents = [a for a in ("claude", "codex", "gemini") if shutil.which(a)]
+    agents = [a for a in ("claude", "codex", "gemini") if installed(a)]
     times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
     for agent in agents:  # warm: page cache, bytecode, each CLI's first-run files
         for mode in MODES:
@@ -108,7 +109,7 @@ def hook(w: Home) -> None:
     0.1`` calibrates: Claude Code does part of a call's own work while its
     hook runs, so a hook adds less than its own run time.
     """
-    if not shutil.which("claude"):
+    if not installed("claude"):
         return
     from libpolicy.model import Policy
     from libpolicy.render import session_settings
@@ -144,7 +145,7 @@ def hook(w: Home) -> None:
 
 
 def trace(w: Home) -> None:
-    if not shutil.which("claude"):
+    if not installed("claude"):
         return
     print("3. AGENT_SANDBOX_TRACE=1, claude -p (ms since the launcher's start)")
     for mode in ("bwrap", "nono"):

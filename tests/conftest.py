@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from collections.abc import Callable
 
 import pytest
+
+# The console scripts the tests run as subprocesses (agent-sandbox, egress-proxy,
+# ...) are those of the interpreter running the tests: the project's .venv under
+# `just test`, whatever PATH the caller had.
+_SCRIPTS = os.path.join(sys.prefix, "bin")
+if os.environ.get("PATH", "").split(":")[0] != _SCRIPTS:
+    os.environ["PATH"] = _SCRIPTS + ":" + os.environ.get("PATH", os.defpath)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -2,9 +2,10 @@
 
 Helpers and fixtures: a module-wide stand-in (standin_apis.py), and per test
 a fresh home holding a fake ssh key and each agent's API-key login, a workdir,
-a config that pins the APIs' hosts to the stand-in.  An agent whose CLI is not
-installed (``just setup`` installs pinned versions from npm) is skipped with
-the reason.
+a config that pins the APIs' hosts to the stand-in.  The CLIs are the pinned
+ones ``just setup-dev`` installs into the checkout's ``.agents`` (never the
+user's own, whatever version PATH finds); an agent not installed there is
+skipped with the reason.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from standin_apis import HOSTS, Apis, start
 
 SSH_KEY = "-----BEGIN OPENSSH PRIVATE KEY----- agents-test-secret"
+# Where `just setup-dev` puts the pinned agent CLIs (npm install --prefix .agents).
+AGENTS_BIN = Path(__file__).resolve().parents[2] / ".agents" / "node_modules" / ".bin"
 KEYS = {"claude": "ANTHROPIC_API_KEY", "codex": "OPENAI_API_KEY", "gemini": "GEMINI_API_KEY"}
 
 
@@ -38,10 +41,15 @@ def apis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Apis]:
     server.server_close()
 
 
+def installed(agent: str) -> str | None:
+    """The pinned CLI in .agents, or None: never one found elsewhere on PATH."""
+    return shutil.which(agent, path=str(AGENTS_BIN))
+
+
 def need(agent: str) -> str:
-    path = shutil.which(agent)
+    path = installed(agent)
     if path is None:
-        pytest.skip(f"{agent} CLI not installed (just setup installs it from npm)")
+        pytest.skip(f"{agent} CLI not installed in {AGENTS_BIN} (just setup-dev installs it)")
     return path
 
 
@@ -76,6 +84,8 @@ class Home:
         }
         ca = str(self.apis.ca_file)
         env.update(HOME=str(self.home), NODE_EXTRA_CA_CERTS=ca, SSL_CERT_FILE=ca)
+        # The pinned CLIs first, in the session and on the host alike.
+        env["PATH"] = f"{AGENTS_BIN}:{env.get('PATH', os.defpath)}"
         env.update({v: f"test-key-{k}" for k, v in KEYS.items()})
         env["AS_TEST_MARK"] = self.mark
         env.update(extra)
