@@ -1,7 +1,14 @@
 """Benchmark: the real agent CLIs on the host and in sessions, against the stand-in APIs.
 
-In one run, interleaved, BENCH_N times each (median):
+In one run, interleaved, BENCH_N times each (median), in a realistic home
+(bench/realistic_home.py: a year of transcripts, sessions, chats, Codex's
+arg0 links, 1 GiB of caches):
 
+0. the private config copy of that home per agent (agent_home.prepare, in
+   process: its time, files and bytes, and its one line of what it left
+   out; goal: <= 50 ms and <= 10 MiB), then ``--version`` per agent on the
+   host, in a bwrap and in a Landlock session, and the session's delta
+   (goal: +0.15 s);
 1. one text turn (``claude -p``, ``codex exec``, ``gemini -p``) on the host,
    in a bwrap session and in a Landlock session, per installed agent, and the
    session's overhead per turn (the issue's goal: at most 0.1 s).  The host
@@ -40,6 +47,7 @@ sys.path.insert(0, str(HERE.parent / "tests" / "agents"))
 sys.path.insert(0, str(HERE.parent))
 
 from agents_world import Home, _logins, installed  # noqa: E402
+from realistic_home import build, measure  # noqa: E402
 from standin_apis import HOSTS, start  # noqa: E402
 
 N = int(os.environ.get("BENCH_N", "5"))
@@ -48,6 +56,72 @@ MODES = ("host", "bwrap", "nono")
 
 
 HOSTS_FILE: Path | None = None  # /etc/hosts for host runs, when the stand-in has :443
+AGENTS = ("claude", "codex", "gemini")
+
+
+def copies(w: Home) -> None:
+    """The private copy of the realistic home, per agent, in process (warm page cache)."""
+    from libbroker.launcher import agent_home, agents
+
+    print(f"0a. the private config copy of a realistic home, median of {N} "
+          "(goal: <= 50 ms, <= 10 MiB)")
+    for name in AGENTS:
+        took: list[float] = []
+        for i in range(N):
+            rt = w.root / f"rt-{name}-{i}"
+            rt.mkdir()
+            t0 = time.perf_counter()
+            made = agent_home.prepare(
+                agents.PROFILES[name], home=str(w.home), workdir=str(w.workdir),
+                session=f"bench-{i}", runtime=str(rt), env={"XDG_STATE_HOME": str(w.root / "st")},
+                claude_session={} if name == "claude" else None)
+            took.append(time.perf_counter() - t0)
+            files, size = measure(Path(made.root))
+            shutil.rmtree(made.root)
+        src = sum(measure(w.home / e.host[2:])[1] if (w.home / e.host[2:]).is_dir()
+                  else (w.home / e.host[2:]).stat().st_size for e in agents.PROFILES[name].entries)
+        print(f"   {name:<7}{statistics.median(took) * 1000:6.1f} ms {size / (1 << 20):6.2f} MiB "
+              f"({files} files) of {src / (1 << 30):.2f} GiB in the home")
+        print(f"          {made.report.line(name)}")
+
+
+def starts(w: Home) -> None:
+    """``--version`` per agent: host, bwrap, Landlock (the session's start and end around it)."""
+    agents = [a for a in AGENTS if installed(a)]
+    times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
+
+    def run(agent: str, mode: str) -> float:
+        argv = [agent, "--version"]
+        if mode != "host":
+            argv = ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={mode}",
+                    "--", *argv]
+        t0 = time.perf_counter()
+        done = subprocess.run(argv, env=w.env(), cwd=w.workdir, capture_output=True, text=True,
+                              timeout=60, stdin=subprocess.DEVNULL, check=False)
+        if done.returncode != 0:
+            raise SystemExit(f"{argv} failed: {done.stderr[-1500:]}")
+        return time.perf_counter() - t0
+
+    for agent in agents:
+        for mode in MODES:
+            run(agent, mode)  # warm
+    for _ in range(N):
+        for agent in agents:
+            for mode in MODES:
+                times[agent, mode].append(run(agent, mode))
+    print(f"0b. --version, median of {N} (s): host / bwrap / Landlock; session delta "
+          "(goal: +0.15)")
+    for agent in agents:
+        med = [statistics.median(times[agent, m]) for m in MODES]
+        print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
+              f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
+    for agent in agents:  # where a session's time goes, in one line (AGENT_SANDBOX_TRACE)
+        argv = ["agent-sandbox", "run", f"--config={w.config()}", "--sandbox=nono", "--", agent,
+                "--version"]
+        done = subprocess.run(argv, env=w.env(AGENT_SANDBOX_TRACE="1"), cwd=w.workdir,
+                              capture_output=True, text=True, timeout=60, check=False)
+        line = [ln for ln in done.stderr.splitlines() if "where the time went" in ln]
+        print(f"   {agent:<7}Landlock: {line[-1].split(') ', 1)[-1] if line else '?'}")
 
 
 def turn_argv(agent: str, w: Home, mode: str) -> tuple[list[str], dict[str, str]]:
@@ -86,7 +160,7 @@ def timed(w: Home, argv: list[str], env: dict[str, str]) -> float:
 
 
 def turns(w: Home) -> None:
-    agents = [a for a in ("claude", "codex", "gemini") if installed(a)]
+    agents = [a for a in AGENTS if installed(a)]
     times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
     for agent in agents:  # warm: page cache, bytecode, each CLI's first-run files
         for mode in MODES:
@@ -174,8 +248,13 @@ def main() -> None:
     _logins(home)
     workdir = Path(tempfile.mkdtemp(prefix="as-b-", dir="/tmp"))
     w = Home(tmp, home, workdir, apis, mark="bench")
+    build(home, str(workdir), installed("codex"))
     try:
         print(f"load: {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
+        copies(w)
+        starts(w)
+        if os.environ.get("BENCH_STARTS_ONLY"):
+            return
         turns(w)
         hook(w)
         trace(w)

@@ -37,9 +37,9 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-MAX_FILE = 8 << 20  # a file larger than this is not config: a log, a dump, a model
+MAX_FILE = 4 << 20  # a file larger than this is not config: a log, a dump, a model
 MAX_NAMED = 64 << 20  # an entry the profile names as a file (Claude Code's state)
-MAX_TOTAL = 16 << 20  # the whole copy of one agent
+MAX_TOTAL = 8 << 20  # the whole copy of one agent (the newest transcripts fill it)
 MAX_SECONDS = 2.0  # a slow or huge tree: what is copied by then is the copy
 _SKIP_DIRS = frozenset(
     {"tmp", "temp", ".tmp", "cache", ".cache", "caches", "log", "logs", "node_modules",
@@ -76,8 +76,12 @@ class Report:
     cut_short: bool = False  # MAX_SECONDS reached
 
     def notable(self) -> bool:
-        """Something of the user's own the agent may miss (not a cache or a program)."""
-        return bool(self.links_out or self.large or self.over or self.cut_short)
+        """Something of the user's own the agent may miss, said on stderr.
+
+        Not caches or programs, nor the older transcripts past the bound: a
+        year of use always has those, and the line would be at every start.
+        """
+        return bool(self.links_out or self.large or self.cut_short)
 
     def line(self, agent: str) -> str:
         """One line: what was copied, what was left out and why."""
@@ -133,6 +137,7 @@ class Copier:
         self.report = Report()
         self.copied: dict[str, list[int]] = {}
         self._files: list[_File] = []
+        self._made: set[str] = set()  # directories of the copy made so far
         self._t0 = time.monotonic()
         self._deadline = self._t0 + MAX_SECONDS
 
@@ -154,6 +159,7 @@ class Copier:
         except OSError:
             return
         os.makedirs(dst, mode=0o700, exist_ok=True)
+        self._made.add(dst)
         self._walk(real, dst, rel, real, dst, rel.count("/") + 1)
 
     def _walk(self, src: str, dst: str, rel: str, top: str, top_dst: str, depth: int) -> None:
@@ -180,12 +186,8 @@ class Copier:
                 if skipped_dir(entry.name) and sub not in self.keep_dirs:
                     self.report.dirs[entry.name] += 1
                     continue
-                try:
-                    os.mkdir(d, 0o700)
-                except FileExistsError:
-                    pass
-                except OSError:
-                    continue
+                if dst == top_dst:  # the config dir's own layout; deeper ones as filled
+                    self._mkdir(d)
                 self._walk(entry.path, d, sub, top, top_dst, depth + 1)
             elif stat.S_ISREG(st.st_mode):
                 self._files.append(_File(depth, -st.st_mtime_ns, st.st_size, entry.path, d, sub))
@@ -207,10 +209,17 @@ class Copier:
             target = os.path.relpath(os.path.join(top_dst, os.path.relpath(resolved, top)),
                                      os.path.dirname(dst))
         try:
+            self._mkdir(os.path.dirname(dst))
             os.symlink(target, dst)
             self.report.links_in += 1
         except OSError:
             pass
+
+    def _mkdir(self, path: str) -> None:
+        """Make ``path`` (0700) and its parents once: a directory only where something goes."""
+        if path not in self._made:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            self._made.add(path)
 
     def finish(self) -> Report:
         """Copy what was gathered: shallowest, then newest first, within the bounds."""
@@ -227,6 +236,10 @@ class Copier:
             if total + f.size > MAX_TOTAL and not f.named:
                 self.report.over += 1
                 self.report.over_bytes += f.size
+                continue
+            try:
+                self._mkdir(os.path.dirname(f.dst))
+            except OSError:
                 continue
             done = _copy_file(f.src, f.dst, cap)
             if done is None:

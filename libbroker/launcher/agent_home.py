@@ -37,6 +37,7 @@ from typing import Any, NamedTuple
 
 from libbroker.launcher import agent_copy, agents
 from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
+from libbroker.launcher.trace import trace
 
 MANIFEST = "agent-home.json"
 _MAX_JSON = 64 << 20  # a settings or state file larger than this is not merged
@@ -111,10 +112,18 @@ def prepare(
     os.mkdir(root, 0o700)
     only = _workdir_only(profile, home, workdir)
 
+    # A pattern without ** matches paths of its own depth only: tried on those.
+    deep = [p for p in profile.skip if "**" in p]
+    by_depth: dict[int, list[str]] = {}
+    for p in profile.skip:
+        if "**" not in p:
+            by_depth.setdefault(p.count("/"), []).append(p)
+
     def skip(rel: str, parent: str) -> bool:
         if parent in only and rel != f"{parent}/{only[parent]}":
             return True  # a per-project dir: only the workdir's entry
-        return any(agents.match(p, rel) for p in profile.skip)
+        pats = by_depth.get(rel.count("/"), [])
+        return any(agents.match(p, rel) for p in (*pats, *deep))
 
     copier = agent_copy.Copier(skip, frozenset(profile.per_workdir))
     for entry in profile.entries:
@@ -128,8 +137,10 @@ def prepare(
             os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
             copier.file(host, dst, entry.copy)
     report = copier.finish()
+    trace(report.line(profile.name))
     seen = copier.copied
     _session_settings(profile, root, claude_session, seen)
+    trace(f"{profile.name}'s session settings written")
     manifest = {
         "agent": profile._asdict(),
         "root": root,

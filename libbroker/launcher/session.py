@@ -206,8 +206,7 @@ class Session:
             plan.write_private(rt.secrets, plan.secrets_json(cfg))
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
-            self.cfg = cfg = agent.prepare(rt)
-            _trace(agent.copy_line)
+            self.cfg = cfg = agent.prepare(rt)  # traces its steps (agent_home.prepare)
         if agent is not None and self.backend == "bwrap":
             self._overlays = agent.overlays(rt)
         host = plan.host_facts(os.getcwd())
@@ -268,6 +267,7 @@ class Session:
         else:
             self._send_landlock_spec(host, found)
         _trace("go")
+        trace.mark("go")
         if self._record_dir:  # after go: the record never delays the command
             from libbroker.launcher.record import SessionRecord
 
@@ -617,6 +617,7 @@ class Session:
                 elif fd == sandbox.pidfd:
                     status = self._status(sandbox.proc.wait())
                     _trace(f"command ended: {status}")
+                    trace.mark("ended")
                 elif fd in self._owners:
                     self._read_lines(fd)
                 else:
@@ -707,7 +708,7 @@ class Session:
 
                 for problem in agent_home.write_back(self.rt.root):
                     os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
-                _trace("agent config written back")
+                _trace(f"{self.agent.profile.name}'s config written back")
             runtime.remove(self.rt)
         if self.janitor is not None:
             self.janitor.dismiss()
@@ -741,6 +742,7 @@ class Session:
             os.close(self._log)
             self._log = 2
         _trace("clean")
+        trace.split(os.path.basename(self.cmd[0]) if self.cmd else "the command")
 
 
 def run(

@@ -50,3 +50,31 @@ def children(pids: dict[str, int]) -> None:
             except (OSError, ValueError, IndexError):
                 parts.append(f"{name} -")
         trace("children's cpu: " + ", ".join(parts))
+
+
+_MARKS: dict[str, float] = {}
+
+
+def mark(name: str) -> None:
+    """With AGENT_SANDBOX_TRACE set: remember when ``name`` (go, ended) happened."""
+    if ENABLED:
+        _MARKS[name] = time.monotonic()
+
+
+def split(command: str) -> None:
+    """With AGENT_SANDBOX_TRACE set: one line, where the session's time went and what dominated.
+
+    The start (before go), ``command``'s own run (its start included: Gemini
+    CLI's node start is most of its ``--version``), the end (write-back, sweep).
+    """
+    if not ENABLED or "go" not in _MARKS or "ended" not in _MARKS:
+        return
+    now = time.monotonic()
+    start = (_MARKS["go"] - _T0) * 1000
+    run = (_MARKS["ended"] - _MARKS["go"]) * 1000
+    end = (now - _MARKS["ended"]) * 1000
+    ours = start + end
+    what = (f"{command}'s own run dominates ({run / (run + ours):.0%})" if run > ours
+            else f"the session's own start and end dominate ({ours / (run + ours):.0%})")
+    trace(f"where the time went: start {start:.0f} ms, {command} {run:.0f} ms, "
+          f"end {end:.0f} ms: {what}")

@@ -95,3 +95,18 @@ def test_codex_started_by_a_shell_runs_without_its_own_sandbox(world: Home, back
     done = session(world, backend, "--agent=codex", "--", "bash", "-c", inner)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "WROTE-OK" in done.stdout and (world.workdir / "made.txt").exists(), done.stdout
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_trace_names_the_agents_steps(world: Home, backend: str) -> None:
+    argv = ["agent-sandbox", "run", f"--config={world.config()}", f"--sandbox={backend}",
+            "--agent=codex", "--", "true"]
+    done = subprocess.run(argv, env=world.env(AGENT_SANDBOX_TRACE="1"), cwd=world.workdir,
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    trace = [ln for ln in done.stderr.splitlines() if " trace " in ln]
+    for step in ("codex's private config: 1 files", "codex's session settings written",
+                 "codex's config written back", "where the time went: start"):
+        assert any(step in ln for ln in trace), (step, done.stderr)
+    assert not [ln for ln in done.stderr.splitlines() if " trace " not in ln
+                and ln.startswith("agent-sandbox:")]  # nothing notable left out: no line
