@@ -75,8 +75,10 @@ def load(
 
     file = os.path.abspath(path) if path is not None else default_path(facts.home)
     flag = (overrides or {}).get("workdir")
-    guess = _start_dir(facts.cwd if flag is None else flag, facts)
-    asked = gitfacts.start_locate(guess, facts.home) if guess else None
+    guess = gitfacts.start_dir(facts.cwd if flag is None else flag, facts.cwd, facts.home)
+    asked = gitfacts.take_early(guess)  # asked while the servers started (prestart)
+    if asked is None and guess:
+        asked = gitfacts.start_locate(guess, facts.home)
     try:
         text = _read(file, explicit=path is not None)
         data = _parse(file, text)
@@ -93,7 +95,7 @@ def load(
         else:  # the flag's value is checked under the flag's name
             named[key] = (flags or FLAGS).get(key, key)
         merged[key] = value
-    where = _start_dir(merged.get("workdir", facts.cwd), facts)
+    where = gitfacts.start_dir(merged.get("workdir", facts.cwd), facts.cwd, facts.home)
     if where != guess:  # the file names the workdir: ask about that one
         gitfacts.discard(asked)
         asked = gitfacts.start_locate(where, facts.home) if where else None
@@ -103,15 +105,6 @@ def load(
     if check_host:
         _check_host(cfg, origins)
     return cfg
-
-
-def _start_dir(value: object, facts: HostFacts) -> str:
-    """The directory git is asked about for ``value`` (a workdir), or "" when it is no path."""
-    if not isinstance(value, str) or "\0" in value or not value.strip():
-        return ""  # from_mapping says what is wrong with it
-    if value == "~" or value.startswith("~/"):
-        value = facts.home + value[1:]
-    return os.path.normpath(os.path.join(facts.cwd, value))
 
 
 def _read(file: str, *, explicit: bool) -> str:

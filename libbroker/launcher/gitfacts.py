@@ -92,6 +92,40 @@ def start_locate(cwd: str, home: str) -> Proc | None:
                    "--absolute-git-dir", "--git-common-dir"], cwd, home)
 
 
+# Questions asked before the config is read (prestart, while the servers
+# start), by the directory asked about: taken by config_file.load.
+_early: dict[str, Proc] = {}
+
+
+def start_dir(value: object, cwd: str, home: str) -> str:
+    """The directory git is asked about for a workdir ``value``; "" when it is no path."""
+    if not isinstance(value, str) or "\0" in value or not value.strip():
+        return ""  # the config check says what is wrong with it
+    if value == "~" or value.startswith("~/"):
+        value = home + value[1:]
+    return os.path.normpath(os.path.join(cwd, value))
+
+
+def ask_early(directory: str, home: str) -> None:
+    """Start :func:`start_locate` for ``directory`` now; :func:`take_early` collects it."""
+    proc = start_locate(directory, home) if directory else None
+    if proc is not None:
+        _early[directory] = proc
+
+
+def take_early(directory: str) -> Proc | None:
+    """The early question about ``directory``, if one was asked; any other is ended."""
+    proc = _early.pop(directory, None)
+    discard_early()
+    return proc
+
+
+def discard_early() -> None:
+    """End the early questions nobody took (a run that ended before its config was read)."""
+    while _early:
+        discard(_early.popitem()[1])
+
+
 def start_signing(workdir: str, home: str) -> Proc | None:
     """Ask git for its signing settings in ``workdir`` (:func:`parse_signing`)."""
     return _start(["config", "-z", "--includes", "--show-scope", "--show-origin",

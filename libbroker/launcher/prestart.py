@@ -181,6 +181,17 @@ def try_start(argv: list[str]) -> Servers | None:
     except LaunchError:
         return None
     trace("servers spawned")
+    # Where the repository is: git answers while the launcher parses and reads
+    # its config (libbroker.launcher.gitfacts; config_file.load takes it).
+    from libbroker.launcher import gitfacts
+
+    named = [value for opt, value in _words(argv) if opt == "--workdir"]
+    home = os.path.expanduser("~")
+    try:
+        cwd = os.getcwd()
+    except OSError:  # a cwd removed under us: the config check reports it
+        return servers
+    gitfacts.ask_early(gitfacts.start_dir(named[-1] if named else cwd, cwd, home), home)
     return servers
 
 
@@ -191,7 +202,10 @@ def _end(child: Child) -> None:
 
 
 def discard(servers: Servers | None) -> None:
-    """End servers no session took (the run ended before it started)."""
+    """End servers no session took (the run ended before it started), and git's question."""
+    from libbroker.launcher import gitfacts
+
+    gitfacts.discard_early()
     if servers is not None and not servers.taken:
         servers.taken = True
         for child in (servers.broker, servers.proxy):

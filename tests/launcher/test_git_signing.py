@@ -127,8 +127,11 @@ def test_a_refused_key_says_why_inside_on_gits_stderr(
     Both shims: the C fast path (the session's gpg.program when built) and
     the Python one (gpg-shim from PATH).
     """
+    from libbroker.native import built
+
     env = _repo(world, keys, local=True, global_=False)
     script = (
+        'echo "program=$(readlink "$(git config gpg.program)" || echo script)"; '
         f"git -c user.signingkey={WRONG} commit -S --allow-empty -qm native 2>&1; "
         "echo status=$?; "
         f"git -c user.signingkey={WRONG} -c gpg.program=gpg-shim "
@@ -137,6 +140,7 @@ def test_a_refused_key_says_why_inside_on_gits_stderr(
     done = world.run("sh", "-c", script, config=_config_without_workdir(world), env=env,
                      sandbox=backend)
     assert done.returncode == 0, done.stderr
+    assert f"program={built('gpg-shim') or 'script'}\n" in done.stdout  # the fast path if built
     halves = done.stdout.split("status=")
     assert len(halves) == 3, done.stdout
     for half in halves[:2]:

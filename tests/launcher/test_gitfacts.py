@@ -128,3 +128,39 @@ def test_a_git_that_does_not_answer_is_killed(tmp_path: Path) -> None:
     assert proc is not None
     assert gitfacts.collect(proc, timeout=0.3) == (-1, b"")
     assert proc.returncode is not None  # reaped
+
+
+def test_the_question_asked_while_the_servers_start_is_the_one_the_config_uses(
+    tmp_path: Path,
+) -> None:
+    from libbroker.launcher import config_file
+    from libbroker.launcher.config import HostFacts
+
+    repo = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    (repo / "sub").mkdir()
+    home = tmp_path / "home"
+    home.mkdir()
+    facts = HostFacts(home=str(home), cwd=str(repo / "sub"), gh_present=False)
+    gitfacts.ask_early(str(repo / "sub"), str(home))
+    early = gitfacts._early[str(repo / "sub")]
+    cfg = config_file.load(None, facts)
+    assert cfg.workdir == str(repo) and not gitfacts._early
+    assert early.returncode == 0  # collected, not asked again
+    # Asked about another directory (the file names the workdir): ended, not leaked.
+    gitfacts.ask_early(str(tmp_path), str(home))
+    other = gitfacts._early[str(tmp_path)]
+    assert config_file.load(None, facts).workdir == str(repo)
+    assert other.returncode is not None and not gitfacts._early
+
+
+def test_an_early_question_nobody_takes_is_ended(tmp_path: Path) -> None:
+    repo = tmp_path / "r"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True, timeout=30)
+    os.mkfifo(tmp_path / "fifo")
+    with (repo / ".git" / "config").open("a") as fh:
+        fh.write(f"[include]\n\tpath = {tmp_path / 'fifo'}\n")
+    gitfacts.ask_early(str(repo), str(tmp_path))
+    proc = gitfacts._early[str(repo)]
+    gitfacts.discard_early()
+    assert proc.returncode is not None and not gitfacts._early
