@@ -308,7 +308,21 @@ def check_hostrun(cfg: Config) -> list[Check]:
         "(swept back to their state at the start when every session ends; "
         "doctor --verbose lists them)",
     )
-    return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines())]
+    return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines()),
+            *_live_leftovers(cfg)]
+
+
+def _live_leftovers(cfg: Config) -> list[Check]:
+    """A repository's config a dead session left as a link (hostrun_gitconfig): repaired."""
+    from libbroker.launcher.hostrun_gitconfig import repair
+    from libbroker.launcher.hostrun_sweep import state_dir
+
+    try:
+        lines = repair(state_dir(cfg.home))
+    except OSError as exc:
+        return [Check(WARN, f"git configs left by a session that died: {exc}",
+                      "look at ~/.local/state/agent-sandbox/live (each has its saved original)")]
+    return [Check(WARN, line.removeprefix("agent-sandbox: ") + " (repaired now)") for line in lines]
 
 
 def check_agents(cfg: Config) -> list[Check]:

@@ -327,19 +327,66 @@ def _accept_copy(live: LiveConfigs, repo: Repo, accepted: bytes, merged: bytes) 
         os.close(dfd)
 
 
+def _mark(live: LiveConfigs, repo: Repo, what: str, data: bytes | None = None) -> bytes | None:
+    """The session's bytes last merged (``base``) or the host copy's bytes last written by us
+    (``written``): kept on disk for a repair after a crash; read (``data`` None) or set.
+    Before the first merge both are the original."""
+    name = f"{repo.n}.{what}"
+    if data is not None:
+        os.makedirs(os.path.join(live.live, "marks"), mode=0o700, exist_ok=True)
+        dfd = os.open(os.path.join(live.live, "marks"), _DIR)
+        try:
+            replace(dfd, name, data, 0o600)
+        finally:
+            os.close(dfd)
+        return data
+    found = _read_at(os.path.join(live.live, "marks"), name)
+    return found if found is not None else _read_at(os.path.join(live.live, "saved"), str(repo.n))
+
+
 def sync(live: LiveConfigs, repo: Repo) -> None:
-    """bwrap: the allowed keys of the session's copy into the host's (as it is written)."""
+    """bwrap: the allowed keys the session changed in its copy, into the host's copy.
+
+    Three versions: what the session's copy held at the last merge (its
+    base), what it holds now, and the host's copy.  Only when the session
+    changed something is anything merged; when the person's own git changed
+    the host's copy meanwhile, theirs is kept whole and the session's
+    version goes to the quarantine with a line (never a silent revert of
+    either).
+    """
     session = _read_at(live.inside_dir(repo), "config")
     if session is None:
         _refused(live, repo, ["(not a regular file of at most 1 MiB)"], None)
         return
-    accepted = _read_at(live.host_dir(repo), "config")
-    if accepted is None:
-        return  # the host's copy is the user's now (their git replaced it): kept
-    merged, dropped = _merge(accepted, session)
+    base = _mark(live, repo, "base")
+    host = _read_at(live.host_dir(repo), "config")
+    if session == base or host is None or base is None:
+        return
+    if host != _mark(live, repo, "written"):
+        merged, dropped = _merge(base, session)
+        if dropped:
+            _refused(live, repo, dropped, session)
+        if merged != base:
+            path = _keep(live, repo, session)
+            live.lines.append(f"agent-sandbox: {shown(repo.rel)} [git-config]: changed on the "
+                              "host during the session, so the session's changes were not "
+                              f"merged; its version is in {quote(path)}")
+        _mark(live, repo, "base", session)
+        return
+    merged, dropped = _merge(host, session)
     if dropped:
         _refused(live, repo, dropped, session)
-    _accept_copy(live, repo, accepted, merged)
+    if merged == host or _swap_at(live.host_dir(repo), host, merged, repo.mode):
+        _mark(live, repo, "written", merged)
+        _mark(live, repo, "base", session)
+
+
+def _swap_at(path: str, expect: bytes, data: bytes, mode: int) -> bool:
+    dfd = os.open(path, _DIR)
+    try:
+        return swap_locked(dfd, "config", expect, data, mode)
+    finally:
+        os.close(dfd)
 
 
 def neutralize(live: LiveConfigs, repo: Repo) -> None:

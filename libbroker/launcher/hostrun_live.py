@@ -21,13 +21,16 @@ end sweep still judges everything.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
+import sys
 import threading
 from typing import Any
 
 from libbroker.launcher import hostrun_gitconfig as gitconfig
 from libbroker.launcher import inotify
+from libbroker.launcher.hostrun_backlog import Backlog
 from libbroker.launcher.hostrun_fingerprint import Snapshot, parent_of
 from libbroker.launcher.hostrun_newrepo import check_new_gitlink, check_new_repo
 from libbroker.launcher.hostrun_sweep import Sweeper
@@ -61,6 +64,8 @@ class Watcher:
         self.handled = 0  # entries judged (for the bench)
         self.errors: list[str] = []
         self._logged = 0  # sweeper.lines already in sweep.log
+        self._pending: dict[str, None] = {}  # paths to judge at the end of the batch
+        self._seen_repos: dict[str, tuple[object, ...]] = {}  # new repo -> state judged
         self._ino = inotify.Inotify()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._root = os.open(snap.workdir, _O_DIR)
@@ -77,6 +82,14 @@ class Watcher:
             if repo.swapped:  # bwrap: the session's copy, merged as it is written
                 self._watch_path(self.configs.inside_dir(repo), "inside:" + repo.rel)
         self.ready = True
+        # Opened now: the two threads' moves aside share it (its lazy open would race).
+        os.makedirs(self.sweeper.quarantine, mode=0o700, exist_ok=True)
+        self.sweeper.qfd = os.open(self.sweeper.quarantine, _O_DIR)
+        self._backlog = Backlog(lambda exc: self.errors.append(f"{type(exc).__name__}: {exc}"))
+        # The fast lane must not wait the default 5 ms for the GIL while the backlog
+        # parses a config in Python: 0.5 ms (restored at stop).
+        self._switch = sys.getswitchinterval()
+        sys.setswitchinterval(min(self._switch, 0.0005))
         self._thread = threading.Thread(target=self._loop, name="hostrun-live", daemon=True)
         self._thread.start()
 
@@ -100,10 +113,10 @@ class Watcher:
                 except OSError:
                     self.unwatched += 1
                 names = os.listdir(fd)
-                if judge:
+                if judge:  # judged once the batch is read (_drain), each entry once
                     for name in names:
                         if self._relevant(rel, kind, name):
-                            self._judge(_join(rel, name))
+                            self._pending[_join(rel, name)] = None
                 for name in self._descend(rel, kind, names):
                     with contextlib.suppress(OSError):
                         stack.append((os.open(name, _O_DIR, dir_fd=fd), _join(rel, name)))
@@ -168,7 +181,7 @@ class Watcher:
 
     def handle(self, events: list[inotify.Event]) -> None:
         """Judge each entry the events name, once per batch."""
-        todo: dict[str, None] = {}
+        todo = self._pending
         for ev in events:
             if ev.mask & inotify.Q_OVERFLOW:
                 self.overflows += 1
@@ -190,8 +203,60 @@ class Watcher:
                 self._new_dir(rel, kind, ev.name)
             if self._relevant(rel, kind, ev.name):
                 todo[path] = None
-        for path in todo:
-            self._judge(path)
+        self._drain()
+
+    def _drain(self) -> None:
+        """Judge what is pending, each entry once: what redirects git (a commondir, a
+        gitlink, a hook or config of a recorded repository: one rename to move aside)
+        first; new repositories (git parses their config: milliseconds) after, once each
+        and only when their state changed since the last look."""
+        while self._pending:
+            paths = list(self._pending)
+            self._pending.clear()
+            keys: dict[str, None] = {}
+            new_repos: dict[str, None] = {}
+            for path in paths:
+                git = None if path.startswith("inside:") else self._git_dir_of(path)
+                if git is not None and git not in self.snap.repos:
+                    new_repos[git] = None
+                else:
+                    keys[self._recorded_above(path) or path] = None
+            for key in keys:
+                self._judge(key)
+            for git in new_repos:
+                self._backlog.submit("repo:" + git, functools.partial(self._new_repo, git))
+
+    def _new_repo(self, git: str) -> None:
+        """(In the backlog) a new repository's hooks, config and commondir, when changed."""
+        if self._seen_repos.get(git) != self._repo_state(git):
+            self.handled += 1
+            self._guard(git, check_new_repo, self.sweeper, self._root, git)
+            self._seen_repos[git] = self._repo_state(git)
+
+    def _repo_state(self, git: str) -> tuple[object, ...]:
+        """What check_new_repo looks at in a git dir, by lstat: its result holds while
+        this is unchanged."""
+        out: list[object] = []
+        with parent_of(self._root, git + "/hooks") as (gfd, _):
+            if gfd < 0:
+                return ()
+            for name in ("config", "config.worktree", "commondir", "hooks"):
+                try:
+                    st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
+                    out.append((name, st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode))
+                except OSError:
+                    out.append(name)
+            with contextlib.suppress(OSError):
+                hfd = os.open("hooks", _O_DIR, dir_fd=gfd)
+                try:
+                    with os.scandir(hfd) as it:
+                        for item in it:
+                            st = item.stat(follow_symlinks=False)
+                            out.append((item.name, st.st_ino, st.st_size, st.st_mtime_ns,
+                                        st.st_mode))
+                finally:
+                    os.close(hfd)
+        return tuple(out)
 
     def _new_dir(self, rel: str, kind: str, name: str) -> None:
         if kind == "git" and name not in ("hooks", *NESTED_GIT):
@@ -213,9 +278,10 @@ class Watcher:
     def _recheck_all(self) -> None:
         """After lost events: every recorded entry and every git dir, judged again."""
         for rel in list(self.snap.entries):
-            self._judge(rel)
+            self._pending[rel] = None
         for rel in list(self.git_dirs):
-            self._judge(rel + "/config")
+            self._pending[rel + "/config"] = None
+        self._seen_repos.clear()
 
     # --- judging ------------------------------------------------------------------
 
@@ -223,9 +289,13 @@ class Watcher:
         """The sweep's judgement of the one entry ``path`` is (or lies in), applied now."""
         self.handled += 1
         if path.startswith("inside:"):
-            gitconfig.sync(self.configs, self.by_rel[path[len("inside:"):]])
+            self._backlog.submit(path, functools.partial(
+                gitconfig.sync, self.configs, self.by_rel[path[len("inside:"):]]))
             return
         repo = self.by_rel.get(path)
+        if repo is not None and not repo.swapped:  # Landlock: the plant itself, at once
+            self._guard(repo.rel, gitconfig.neutralize, self.configs, repo)
+            return
         if repo is not None:
             self._config(repo)
             return
@@ -250,9 +320,6 @@ class Watcher:
             self._guard(path, self.sweeper.check, self._root, path, entry.rule, None)
 
     def _config(self, repo: gitconfig.Repo) -> None:
-        if not repo.swapped:
-            self._guard(repo.rel, gitconfig.neutralize, self.configs, repo)
-            return
         # bwrap: the link must stay; anything else in its place goes aside, the link back.
         ours = os.path.join(self.configs.host_dir(repo), "config")
         with parent_of(self._root, repo.rel) as (gfd, name):
@@ -317,6 +384,9 @@ class Watcher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+            self._backlog.stop()
+            self._log()
+            sys.setswitchinterval(self._switch)
         for fd in (self._stop_r, self._stop_w, self._root):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -118,3 +118,76 @@ def test_a_killed_launcher_leaves_a_regular_config(world: World) -> None:
     while world.leftovers() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert world.leftovers() == []
+
+
+LIVE_PLANTS = (
+    "mkdir -p .gitc/objects .gitc/refs .gitc/hooks && echo 'ref: refs/heads/main' > .gitc/HEAD; "
+    "printf '[core]\\n\\tfsmonitor = \"echo gitc > {canary}/gitc; false\"\\n' > .gitc/config; "
+    "echo ../.gitc > .git/commondir; "
+    "mkdir -p sub2 && echo 'gitdir: ../.gitc' > sub2/.git; "
+    "printf '#!/bin/sh\\necho hook > {canary}/hook\\n' > .git/hooks/post-index-change; "
+    "chmod +x .git/hooks/post-index-change; "
+    "touch planted; while [ ! -e go ]; do sleep 0.05; done"
+)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_plants_are_neutralized_while_the_session_runs(world: World, tmp_path: Path,
+                                                       backend: str) -> None:
+    """A commondir, a gitlink, a new git dir's config and a hook, planted once: gone from the
+    host's view while the session still runs, so the person's git status runs none."""
+    work = _repo(world)
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    proc = world.launch("sh", "-c", LIVE_PLANTS.format(canary=canary), sandbox=backend)
+    try:
+        _wait(work / "planted")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and (
+            (work / ".git/commondir").exists() or (work / "sub2/.git").exists()
+            or (work / ".git/hooks/post-index-change").exists()
+            or b"fsmonitor" in (work / ".gitc/config").read_bytes()
+        ):
+            time.sleep(0.02)
+        assert not (work / ".git/commondir").exists()
+        assert not (work / "sub2/.git").exists()
+        assert not (work / ".git/hooks/post-index-change").exists()
+        (work / "a.txt").touch()
+        git(work, "status", "--short")
+        git(work / "sub2", "status", "--short", check=False)
+        assert list(canary.iterdir()) == []  # while the session runs
+        (work / "go").touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    for entry in (".git/commondir", "sub2/.git", ".gitc/config"):
+        assert any(line.startswith(f"agent-sandbox: {entry} ") for line in err.splitlines()), (
+            entry, err)
+    git(work, "status", "--short")
+    assert list(canary.iterdir()) == []
+
+
+def test_links_left_by_a_dead_session_are_repaired_at_the_next_start(world: World) -> None:
+    """Launcher and janitor both gone (a reboot): the link still reads the host's copy, and
+    the next session's start turns it back into a file; a live session's is left alone."""
+    from libbroker.launcher import hostrun_gitconfig, hostrun_scan
+    from libpolicy.hostrun import Table
+
+    work = _repo(world)
+    state = world.home / ".local/state/agent-sandbox"
+    snap = hostrun_scan.scan(str(work), Table())
+    live = hostrun_gitconfig.start(snap, str(state), "", swap=True)
+    config = work / ".git/config"
+    assert config.is_symlink()
+    assert hostrun_gitconfig.repair(str(state)) == []  # its lock is held: a live session's
+    assert config.is_symlink()
+    git(work, "config", "user.name", "Person")  # host git meanwhile: writes the host's copy
+    live.close()  # the launcher is gone
+    done = world.run("true", sandbox="nono")
+    assert done.returncode == 0, done.stderr
+    assert "a regular file again" in done.stderr
+    st = config.lstat()
+    assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
+    assert git(work, "config", "--get", "user.name").stdout.strip() == "Person"
+    assert not list((state / "live").iterdir())
