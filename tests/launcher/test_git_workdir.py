@@ -156,3 +156,52 @@ def test_a_repository_at_home_is_never_the_workdir(world: World) -> None:
     done = world.run("true", config=_config(world), cwd=str(world.home))
     assert done.returncode == 2
     assert "contains the home directory" in done.stderr
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_as_an_ordinary_user_in_a_subdirectory(backend: str) -> None:
+    """Not root: the repository found, git works, a refused key's line reaches git's stderr
+    (gpg-shim opens its parent's stderr through /proc as that user, in its sandbox)."""
+    import os
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox"))
+    from as_user import ordinary_user
+
+    user = ordinary_user()
+    if user.unavailable:
+        pytest.skip(user.unavailable)
+    base = Path(tempfile.mkdtemp(prefix="as-git-", dir="/tmp"))  # short: sun_path
+    try:
+        base.chmod(0o755)
+        home, runtime = base / "home", base / "rt"
+        home.mkdir()
+        runtime.mkdir(mode=0o700)
+        (home / ".gitconfig").write_text("[user]\n\tname = T\n\temail = t@example.test\n")
+        repo = _repo(base / "repo")
+        sub = repo / "deep" / "er"
+        sub.mkdir(parents=True)
+        config = base / "config.toml"
+        config.write_text('token_command = ""\nstart_timeout = 60\n')
+        user.own(home, runtime, repo, config)
+        script = (
+            'echo "pwd=$(pwd)"; git status --porcelain >/dev/null && echo status=ok; '
+            'git commit -q --allow-empty -m as-user && echo commit=ok; '
+            f"git -c user.signingkey={'0' * 40} commit -S --allow-empty -qm no 2>&1 "
+            "| grep '^gpg-shim: ' | head -1"
+        )
+        env = user.env(home, XDG_RUNTIME_DIR=str(runtime))
+        env["PATH"] = os.path.dirname(sys.executable) + ":" + env.get("PATH", "/usr/bin:/bin")
+        done = subprocess.run(
+            user.argv(["agent-sandbox", "run", f"--sandbox={backend}", f"--config={config}",
+                       "--", "sh", "-c", script]),
+            env=env, cwd=sub, capture_output=True, text=True, timeout=120, check=False)
+        assert done.returncode == 0, done.stderr + done.stdout
+        lines = done.stdout.splitlines()
+        assert lines[:3] == [f"pwd={sub}", "status=ok", "commit=ok"], done.stdout
+        assert "is not enabled on this broker" in lines[3], done.stdout
+        shown = _git(repo, "-c", "safe.directory=*", "log", "-1", "--format=%s")
+        assert shown.stdout.strip() == "as-user"
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
