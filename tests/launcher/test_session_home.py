@@ -6,7 +6,8 @@ before, a plain command under Landlock kept the real HOME, which it could not
 write, and ``npm`` advised ``sudo chown``.  With the default config, real
 tools write their caches there: npm (``npm pack`` of a package in the
 workdir), pip (``pip download`` of a local wheel, its cache), git (``clone``
-of a local bare repository); cargo runs where its install is granted.
+of a local bare repository into the home); cargo runs where its install is
+granted.
 Nothing of the real home but the grants is readable through it.
 """
 
@@ -39,7 +40,7 @@ if command -v npm >/dev/null; then
 fi
 {python} -m pip download --no-index --find-links=wheels -d dl tinypkg -q && echo PIP-DOWNLOAD-OK
 echo "PIP-CACHE=$({python} -m pip cache dir)"
-git clone -q {bare} clone && git -C clone log --format=%s && echo GIT-CLONE-OK
+git clone -q {bare} "$HOME/clone" && git -C "$HOME/clone" log --format=%s && echo GIT-CLONE-OK
 """
 
 
