@@ -178,6 +178,9 @@ def session_shape(
     guard = not landlock and cfg.protect_git and not ro
     work = () if ro else (cfg.workdir, *cfg.git_dirs)
     write = (*cfg.write, *work, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
+    binds = binds if cfg.protect_git and not ro else ()
+    if landlock:  # the bind's path, which in the helper's mount namespace is the private copy
+        write = (*write, *(inside for _, inside in binds))
     held = tuple(protected_paths(cfg)) if hold is None else hold
     return Shape(
         read=tuple(dict.fromkeys(read)),
@@ -194,7 +197,7 @@ def session_shape(
         new_session=not tty,
         hostname="" if landlock else "agent-sandbox",
         overlays=() if landlock else overlays,
-        binds=binds if guard else (),
+        binds=binds,
     )
 
 

@@ -114,6 +114,7 @@ class Session:
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
+        self._binds: tuple[tuple[str, str], ...] = ()  # Landlock: the private git configs
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside the workdir
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
@@ -249,8 +250,11 @@ class Session:
         snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
         for guard in self.gitdirs:
             guard.wait()
-        if self.live is None and self.cfg.protect_git:  # Landlock: configs merged, not linked
-            self.live = self._begin_live(snap, rt.root, swap=False)
+        if self.live is None and self.cfg.protect_git:  # Landlock: linked where it can mount
+            from libbroker.sandbox import pidns
+
+            self.live = self._begin_live(snap, rt.root, swap=pidns.supported())
+            self._binds = tuple(self.live.configs.binds())
         if self.live is not None:
             self.live.start()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
@@ -288,6 +292,7 @@ class Session:
     def _begin_live(self, snap: hostrun_guard.Snapshot, root: str, *, swap: bool) -> Watcher:
         from libbroker.launcher import hostrun_live
 
+        swap = swap and not self.cfg.workdir_read_only  # nothing to write: the file stays
         try:
             return hostrun_live.begin(snap, hostrun_guard.state_dir(self.cfg.home), root,
                                       swap=swap)
@@ -465,6 +470,7 @@ class Session:
             tty=self.tty,
             ports=(found.http_port, found.socks_port, self.door.port),
             tmpdir=tmpdir,
+            binds=self._binds,
         )
         import json
 

@@ -62,9 +62,12 @@ def unshare_pids() -> bool:
     return True
 
 
-def own_proc() -> None:
+def own_proc(binds: tuple[tuple[str, str], ...] = ()) -> None:
     """In the namespace's init: a mount namespace whose /proc shows only the namespace,
-    and whose /dev/pts holds only the sandbox's own terminals.
+    and whose /dev/pts holds only the sandbox's own terminals; each of ``binds``
+    (host directory, path) bound read-write over that path, in this namespace
+    only (the session's private copies of the repositories' git configs:
+    libbroker.launcher.hostrun_gitconfig).
 
     The host's /dev/pts would let the sandbox open the user's other terminals
     (another shell's pty, where a password is typed) by path; a new devpts
@@ -84,10 +87,14 @@ def own_proc() -> None:
                "mount devpts")
         check(c.mount(b"/dev/pts/ptmx", b"/dev/ptmx", None, _MS_BIND, None),
                "mount --bind /dev/pts/ptmx /dev/ptmx")
+    for src, dst in binds:
+        check(c.mount(os.fsencode(src), os.fsencode(dst), None, _MS_BIND, None),
+              f"mount --bind {src} {dst}")
 
 
 def spawn_below(
-    run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None
+    run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None,
+    binds: tuple[tuple[str, str], ...] = (),
 ) -> tuple[int, int, bool]:
     """In a reaper: start the command (``run``, in a forked child) below us.
 
@@ -95,9 +102,13 @@ def spawn_below(
     Without a namespace that is the command itself with ``control``.  With
     one it is the init, watched through a pipe that closes when it ends
     (group False: the init is signalled by pipe, never by a signal); the
-    init supervises the command with ``control``.
+    init supervises the command with ``control``.  ``binds`` need the
+    namespace (:func:`own_proc`): without one, OSError, and nothing runs.
     """
     if not unshare_pids():
+        if binds:  # the paths would name the host's own files: fail closed
+            raise OSError(errno.EPERM, "the kernel refuses the mount namespace the session's "
+                          "private git configs need")
         command = os.fork()
         if command == 0:
             os.close(control)
@@ -107,7 +118,7 @@ def spawn_below(
     init = os.fork()
     if init == 0:
         os.close(watch_r)
-        _init(run, control, watch_w, group=group, native_reaper=native_reaper)
+        _init(run, control, watch_w, group=group, native_reaper=native_reaper, binds=binds)
     os.close(watch_w)
     os.close(control)
     return init, watch_r, False
@@ -115,11 +126,11 @@ def spawn_below(
 
 def _init(
     run: Callable[[], NoReturn], control: int, watch: int, *, group: bool,
-    native_reaper: str | None,
+    native_reaper: str | None, binds: tuple[tuple[str, str], ...] = (),
 ) -> NoReturn:  # fmt: skip
     """Pid 1 of the new namespace: its own /proc, the command, then the reaper's job."""
     try:
-        own_proc()
+        own_proc(binds)
         command = os.fork()
     except BaseException as exc:
         with contextlib.suppress(OSError):

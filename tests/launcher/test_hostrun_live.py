@@ -191,3 +191,55 @@ def test_links_left_by_a_dead_session_are_repaired_at_the_next_start(world: Worl
     assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
     assert git(work, "config", "--get", "user.name").stdout.strip() == "Person"
     assert not list((state / "live").iterdir())
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_as_an_ordinary_user(backend: str) -> None:
+    """The same, as a uid with no privilege: the private copy's bind needs the user
+    namespace bwrap (and the Landlock helper, where the kernel allows one) makes."""
+    import shutil
+    import tempfile
+
+    tmp_path = Path(tempfile.mkdtemp(prefix="hostrun-live-user-"))  # pytest's is 0700
+    tmp_path.chmod(0o755)
+    try:
+        _as_user(tmp_path, backend)
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _as_user(tmp_path: Path, backend: str) -> None:
+    import subprocess
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox"))
+    from as_user import ordinary_user
+
+    user = ordinary_user()
+    if user.unavailable:
+        pytest.skip(user.unavailable)
+    home, work, runtime = tmp_path / "home", tmp_path / "work", tmp_path / "run"
+    for d in (home, work, runtime):
+        d.mkdir()
+    (runtime).chmod(0o700)
+    git(work, "init", "-q", "-b", "trunk")
+    git(work, "commit", "-q", "--allow-empty", "-m", "init")
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n')
+    user.own(home, work, runtime, config)
+    env = user.env(home, XDG_RUNTIME_DIR=str(runtime), GIT_CONFIG_NOSYSTEM="1")
+    env["PATH"] = os.path.dirname(sys.executable) + ":" + env.get("PATH", "/usr/bin:/bin")
+    inside = ("git config user.email u@example.com && git remote add origin ./x && "
+              "git config core.fsmonitor 'touch fsm-ran' && git config --get core.fsmonitor")
+    done = subprocess.run(
+        user.argv(["agent-sandbox", "run", f"--sandbox={backend}", f"--config={config}", "--",
+                   "sh", "-c", inside]),
+        env=env, cwd=work, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "touch fsm-ran"  # set inside, for inside
+    listed = subprocess.run(user.argv(["git", "config", "--list", "--local"]), env=env, cwd=work,
+                            capture_output=True, text=True, timeout=30).stdout.splitlines()
+    assert "user.email=u@example.com" in listed and "remote.origin.url=./x" in listed
+    assert not any(x.startswith("core.fsmonitor") for x in listed)
+    assert stat.S_ISREG((work / ".git/config").lstat().st_mode)
+    assert "core.fsmonitor" in done.stderr
