@@ -6,10 +6,12 @@ command) is what a session gives, but the agents' own sandboxes cannot nest
 inside ours (Codex's bwrap/Landlock helper, Gemini CLI's docker/podman), so
 each is translated, said in one line, and never refused:
 
-- ``codex -s workspace-write`` and ``codex --full-auto`` run with
-  ``-s danger-full-access``; the approval mode stays as given (``--full-auto``
-  meant ``-a on-request``, which it gets in the interactive CLI, the one
-  place ``-a`` exists).  ``--dangerously-bypass-approvals-and-sandbox`` is not
+- ``codex -s workspace-write``, ``codex --full-auto`` and ``codex
+  --approve-for-me`` run with ``-s danger-full-access``; the approval mode
+  stays as given (``--full-auto`` and ``--approve-for-me`` meant ``-a
+  on-request``, which they get in the interactive CLI, the one place ``-a``
+  exists; ``--approve-for-me`` keeps its reviewer,
+  ``approvals_reviewer="auto_review"``).  ``--dangerously-bypass-approvals-and-sandbox`` is not
   used: it would also drop the approvals the person asked for;
 - ``codex -s read-only`` runs with ``-s danger-full-access`` in a session
   whose workdir is read-only (:attr:`Argv.read_only`);
@@ -39,6 +41,9 @@ _CODEX_VALUED = frozenset(
      "--remote", "--remote-auth-token-env", "--local-provider"}
 )
 _CODEX_SANDBOX_ARG = ("-s", "--sandbox")
+# Codex 0.171's --approve-for-me (alias --not-so-yolo): approval_policy on-request,
+# approvals_reviewer auto_review and sandbox_mode workspace-write, which nests.
+_AUTO_REVIEW = ("--approve-for-me", "--not-so-yolo")
 
 
 class Argv(NamedTuple):
@@ -128,10 +133,12 @@ def _codex(cmd: list[str]) -> Argv:
             out += ["-s", FULL]
             i += used
             continue
-        if opts[i] == "--full-auto":
-            asked.append("--full-auto")
+        if opts[i] in ("--full-auto", *_AUTO_REVIEW):
+            asked.append(opts[i])
             full_auto = True
             out += ["-s", FULL]
+            if opts[i] in _AUTO_REVIEW:  # its reviewer kept; the sandbox it forces is not
+                out[:0] = ["-c", 'approvals_reviewer="auto_review"']
         else:
             out.append(opts[i])
         i += 1
@@ -143,7 +150,7 @@ def _codex(cmd: list[str]) -> Argv:
     argv = [cmd[0], "-c", f'sandbox_mode="{FULL}"', *out, *rest]
     if not asked:
         return Argv(argv)
-    approvals = "approvals on request, as --full-auto meant" if approval else "approvals as given"
+    approvals = ("approvals on request, as it meant" if approval else "approvals as given")
     note = (f"codex {' '.join(dict.fromkeys(asked))}: Codex's own sandbox cannot nest in "
             f"agent-sandbox's; it runs as -s {FULL}{approval}, {approvals}")
     if read_only:

@@ -65,6 +65,7 @@ def turn(agent: str, flags: list[str]) -> list[str]:
     [
         ("codex", ["-s", "workspace-write"], True),
         ("codex", ["--full-auto"], True),
+        ("codex", ["--approve-for-me"], True),  # else its own sandbox nests and fails
         ("codex", ["-s", "read-only"], False),
         ("gemini", ["-s"], True),  # --sandbox, -ys: the same (tests/launcher/test_agent_argv.py)
     ],

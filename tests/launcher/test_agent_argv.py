@@ -45,6 +45,11 @@ def test_no_profile_changes_nothing() -> None:
         (["-a", "never", "--full-auto"], ["-a", "never", "-s", FULL], False),
         (["exec", "--full-auto", "x"], ["exec", "-s", FULL, "x"], False),
         (["e", "--full-auto", "x"], ["e", "-s", FULL, "x"], False),
+        # --approve-for-me forces workspace-write: translated, its reviewer kept.
+        (["--approve-for-me"], ["-a", "on-request", "-c", 'approvals_reviewer="auto_review"',
+                                "-s", FULL], False),
+        (["--not-so-yolo", "exec", "x"], ["-c", 'approvals_reviewer="auto_review"', "-s", FULL,
+                                          "exec", "x"], False),
         # After --, every word is the prompt's.
         (["exec", "--", "-s", "read-only"], ["exec", "--", "-s", "read-only"], False),
     ],
