@@ -22,16 +22,12 @@ from typing import NamedTuple
 import pytest
 import trustme
 
+from libbroker.launcher import config
 from libbroker.sandbox.limits import NAMES as LIMIT_NAMES
+from libpolicy import hostrun
 
-KEYS = ("agent, agent_write_back, agents, allow_cidr, deny, domains, env, hostrun_add, "
-        "hostrun_allow, inject, kubeconfig, limits, log_file, protect_git, read, record, "
-        "repos, resolve, sandbox, secret, sign_key, start_timeout, token_command, token_every, "
-        "upstream_ca, workdir, write")
-RULES = ("bash-profile, bashrc, claude-agents, claude-commands, claude-json, claude-plugins, "
-         "claude-settings, claude-settings-local, codex-config, envrc, gemini-settings, "
-         "git-commondir, git-config, git-config-worktree, git-dir, git-hooks, gitconfig, "
-         "gitmodules, idea, mcp, profile, ripgreprc, vscode, zprofile, zshrc")
+KEYS = ", ".join(sorted(config._KEYS))  # the message lists every key, as the code knows them
+RULES = ", ".join(sorted(hostrun.RULES))
 LIMITS = ", ".join(LIMIT_NAMES)
 USAGE = "agent-sandbox run [OPTIONS] -- CMD [ARG...]"
 SECRET = '[[secret]]\nhost = "api.example.com"\nheader = "x-api-key"\ncommand = "echo k"\n'
