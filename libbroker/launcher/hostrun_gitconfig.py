@@ -446,14 +446,43 @@ def _refused(live: LiveConfigs, repo: Repo, keys: list[str], session: bytes | No
         _keep(live, repo, session)
 
 
-def _keep(live: LiveConfigs, repo: Repo, data: bytes) -> str:
+def clean_new(live: LiveConfigs, root: int, rel: str) -> None:
+    """A config in a repository made in the session, without its command keys, at once.
+
+    The payload a planted ``commondir`` or gitlink would point the host's
+    git at: cleaned in the fast lane with the pure parser (the sweep's own
+    judgement of the new repository follows in the backlog).  The session's
+    version goes to the quarantine with one line.
+    """
+    for _ in range(20):
+        with _parent(root, rel) as (gfd, name):
+            if gfd < 0:
+                return
+            session = read_small(gfd, name)
+            if session is None:
+                return  # not a file, or huge: the sweep's (check_new_repo) in the backlog
+            merged, dropped = _merge(b"", session)
+            if not dropped:
+                return
+            mode = stat.S_IMODE(os.stat(name, dir_fd=gfd, follow_symlinks=False).st_mode)
+            if swap_locked(gfd, name, session, merged, mode):
+                git, _, last = rel.rpartition("/")
+                path = _keep(live, Repo(git, -1, mode), session, last)
+                named = ", ".join(map(shown, dropped))
+                live.lines.append(f"agent-sandbox: {shown(rel)} [git-config]: a repository made "
+                                  f"in the session names commands ({named}); removed at once, "
+                                  f"its version is in {quote(path)}")
+                return
+
+
+def _keep(live: LiveConfigs, repo: Repo, data: bytes, base: str = "config") -> str:
     """The session's version in the quarantine, beside what the sweep moves there."""
     quarantine = os.path.join(os.path.dirname(os.path.dirname(live.live)), "quarantine",
                               live.session, repo.git)
     os.makedirs(quarantine, mode=0o700, exist_ok=True)
     n = 0
     while True:
-        name = "config" if n == 0 else f"config.{n}"
+        name = base if n == 0 else f"{base}.{n}"
         path = os.path.join(quarantine, name)
         try:
             with open(path, "xb") as fh:

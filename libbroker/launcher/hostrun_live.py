@@ -219,6 +219,8 @@ class Watcher:
                 git = None if path.startswith("inside:") else self._git_dir_of(path)
                 if git is not None and git not in self.snap.repos:
                     new_repos[git] = None
+                    if path in (f"{git}/config", f"{git}/config.worktree"):  # the payload
+                        self._guard(path, gitconfig.clean_new, self.configs, self._root, path)
                 else:
                     keys[self._recorded_above(path) or path] = None
             for key in keys:
