@@ -51,7 +51,11 @@ from libbroker.shellquote import quote, shown
 LIVE = "live"  # under the state dir: one directory per session
 RECORD = "record.json"
 POINTER = "hostrun-live"  # in the runtime dir: the session's live dir, for the janitor
-MAX_CONFIG = 1 << 20  # a session's config beyond this is not merged (kept aside whole)
+# A config beyond this is not merged (the session's is refused whole; an original that
+# big keeps the old read-only hold): the pure parser takes about 1 s per MiB, and a
+# hostile file must not hold the live guard up (a real one is a few KiB).
+MAX_CONFIG = 256 << 10
+_NOT_A_CONFIG = f"(not a regular file of at most {MAX_CONFIG >> 10} KiB)"
 LOCK_WAIT = 0.2  # seconds a config.lock may be held before it counts as stale
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -356,7 +360,7 @@ def sync(live: LiveConfigs, repo: Repo) -> None:
     """
     session = _read_at(live.inside_dir(repo), "config")
     if session is None:
-        _refused(live, repo, ["(not a regular file of at most 1 MiB)"], None)
+        _refused(live, repo, [_NOT_A_CONFIG], None)
         return
     base = _mark(live, repo, "base")
     host = _read_at(live.host_dir(repo), "config")
@@ -417,7 +421,7 @@ def _neutralize_once(live: LiveConfigs, repo: Repo, gfd: int, name: str) -> bool
     if session is None:
         if _kind_at(gfd, name) == "missing":
             return True  # git removed it (or the repository): the sweep's
-        merged, dropped = accepted, ["(not a regular file of at most 1 MiB)"]
+        merged, dropped = accepted, [_NOT_A_CONFIG]
     else:
         merged, dropped = _merge(accepted, session)
     if dropped:
