@@ -621,6 +621,15 @@ def _repair_one(path: str) -> list[str]:
 
             shutil.rmtree(path, ignore_errors=True)
             return []
+        if not os.path.isdir(live.workdir):
+            # Its workdir is gone (a worktree removed, a temporary directory
+            # deleted): nothing to put back there, and every later session
+            # would stop here.  Said once, then the record goes.
+            import shutil
+
+            shutil.rmtree(path, ignore_errors=True)
+            return [f"agent-sandbox: {shown(live.workdir)}: gone since a session ended there "
+                    "without putting its git configs back; nothing left to repair"]
         lines = finish(live, None)
         return [*lines, *(f"agent-sandbox: {shown(os.path.join(live.workdir, rel))}: a regular "
                           "file again (a session ended without putting it back)"

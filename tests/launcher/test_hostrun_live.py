@@ -243,3 +243,27 @@ def _as_user(tmp_path: Path, backend: str) -> None:
     assert not any(x.startswith("core.fsmonitor") for x in listed)
     assert stat.S_ISREG((work / ".git/config").lstat().st_mode)
     assert "core.fsmonitor" in done.stderr
+
+
+def test_a_dead_sessions_record_whose_workdir_is_gone_is_dropped(world: World) -> None:
+    """A session that ended without putting its configs back, in a workdir removed since
+    (``git worktree remove``, a deleted temporary directory): one line, then sessions run."""
+    import shutil
+
+    from libbroker.launcher import hostrun_gitconfig, hostrun_scan
+    from libpolicy.hostrun import Table
+
+    gone = world.root / "gone"
+    shutil.copytree(_repo(world), gone, symlinks=True)
+    state = world.home / ".local/state/agent-sandbox"
+    live = hostrun_gitconfig.start(hostrun_scan.scan(str(gone), Table()), str(state), "",
+                                   swap=True)
+    live.close()  # the launcher is gone
+    shutil.rmtree(gone)
+    said = []
+    for _ in range(2):
+        done = world.run("true", sandbox="nono")
+        assert done.returncode == 0, done.stderr
+        said.append(done.stderr.count("gone since a session ended there"))
+    assert said == [1, 0], said
+    assert not list((state / "live").iterdir())
