@@ -87,12 +87,14 @@ def _config_without_workdir(world: World, **extra: object) -> Path:
     return path
 
 
-@pytest.mark.parametrize(("local", "global_", "signer"), [
-    (True, False, "local"), (False, True, "global"), (True, True, "local"),
-    (False, False, "committer"),
-], ids=["local key", "global key", "both: the local one", "none: the committer's uid"])
+@pytest.mark.parametrize(("local", "global_", "signer", "backend"), [
+    (True, False, "local", "bwrap"), (False, True, "global", "bwrap"),
+    (True, True, "local", "bwrap"), (False, False, "committer", "bwrap"),
+    (True, False, "local", "nono"),
+], ids=["local key", "global key", "both: the local one", "none: the committer's uid",
+        "local key, Landlock"])
 def test_commit_s_signs_with_the_key_git_would_use(
-    world: World, keys: Keys, local: bool, global_: bool, signer: str
+    world: World, keys: Keys, local: bool, global_: bool, signer: str, backend: str
 ) -> None:
     env = _repo(world, keys, local=local, global_=global_)
     # The committer (Global Key) has a secret key: "none" signs as that uid.
@@ -107,7 +109,7 @@ def test_commit_s_signs_with_the_key_git_would_use(
     assert line.startswith("ok") and origin in line, doctor.stdout
     try:
         done = world.run("git", "commit", "-S", "--allow-empty", "-qm", "signed inside",
-                         config=config, env=env)
+                         config=config, env=env, sandbox=backend)
     finally:
         subprocess.run(["gpgconf", "--homedir", str(keys.home), "--kill", "gpg-agent"],
                        capture_output=True, timeout=30, check=False)
