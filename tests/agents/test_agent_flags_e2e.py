@@ -13,7 +13,6 @@ agents' own sandbox flags, translated (libbroker.launcher.agent_argv).
 from __future__ import annotations
 
 import re
-
 import subprocess
 
 import pytest
