@@ -147,6 +147,35 @@ def _check_host(cfg: Config, where: Origins) -> None:
         _check_ca(cfg.upstream_ca, where("upstream_ca"))
     if cfg.kubeconfig and not os.path.isfile(cfg.kubeconfig):
         raise ConfigError(f"{where('kubeconfig')}: {cfg.kubeconfig} is not a file")
+    _check_landlock_deny(cfg, where)
+
+
+def _check_landlock_deny(cfg: Config, where: Origins) -> None:
+    """Landlock grants a tree whole: a ``deny`` inside a granted tree cannot hold.
+
+    The sandbox refuses it when it starts (:func:`libbroker.sandbox.landlock.ruleset`);
+    the same rule over the session's grants, here, names the key instead.
+    """
+    from libbroker.launcher.plan import host_facts as install_facts
+    from libbroker.launcher.prestart import choose_backend
+    from libbroker.paths import under
+    from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES
+
+    if not cfg.deny or choose_backend(cfg.sandbox) != "nono":
+        return
+    host = install_facts(cfg.workdir)
+    grants = (*SYSTEM_READ, "/proc", *host.python_dirs, host.project_dir, *cfg.read,
+              *DEVICES, *TERMINAL_DEVICES, *cfg.write, cfg.workdir)
+    for deny in cfg.deny:
+        if not os.path.exists(deny):
+            continue
+        for grant in grants:
+            if under(deny, grant) and not any(under(grant, d) for d in cfg.deny):
+                backend = "--sandbox=nono" if cfg.sandbox == "nono" else "auto (no bwrap here)"
+                raise ConfigError(
+                    f"{where('deny')}: {deny} is inside the granted {grant}, and Landlock "
+                    f"({backend}) cannot deny part of a grant; use --sandbox=bwrap"
+                )
 
 
 def _check_ca(path: str, where: str) -> None:

@@ -154,6 +154,10 @@ ROWS: dict[str, Row] = {
                          "{cfg} line 1: hostrun_add: entry '/etc/x' must be a relative path of "
                          "plain names (no leading '/', no '.' or '..'; a trailing '/' marks a "
                          "directory)"),
+    "deny-under-landlock": _file('deny = ["/usr/share"]\n',
+                                 "{cfg} line 1: deny: /usr/share is inside the granted /usr, and "
+                                 "Landlock (--sandbox=nono) cannot deny part of a grant; use "
+                                 "--sandbox=bwrap", "--sandbox=nono"),
     "protect-git": _file('protect_git = "yes"\n',
                          "{cfg} line 1: protect_git: must be true or false"),
     "workdir-file-root": _file('workdir = "/"\n',
