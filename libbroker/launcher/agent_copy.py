@@ -183,7 +183,10 @@ class Copier:
             if stat.S_ISLNK(st.st_mode):
                 self._link(entry.path, d, top, top_dst)
             elif stat.S_ISDIR(st.st_mode):
-                if skipped_dir(entry.name) and sub not in self.keep_dirs:
+                # keep_dirs and their entries (the workdir's, named after it: a
+                # workdir ~/src/web-cache has a Claude Code project -...-web-cache).
+                if skipped_dir(entry.name) and sub not in self.keep_dirs \
+                        and rel not in self.keep_dirs:
                     self.report.dirs[entry.name] += 1
                     continue
                 if dst == top_dst:  # the config dir's own layout; deeper ones as filled

@@ -194,3 +194,15 @@ def test_codex_config_pins_its_sandbox_off_at_the_top_level_only() -> None:
         'sandbox_mode = "danger-full-access"\nmodel = "m"\n'
         '[profiles.p]\nsandbox_mode = "read-only"\n')
     assert agents.codex_config("") == 'sandbox_mode = "danger-full-access"\n'
+
+
+def test_the_workdirs_own_project_is_copied_whatever_its_name(tmp_path: Path) -> None:
+    """A workdir named like a cache (~/src/web-cache) still has its transcripts copied."""
+    proj = tmp_path / "home" / ".claude" / "projects" / "-src-web-cache"
+    proj.mkdir(parents=True)
+    (proj / "t.jsonl").write_text("{}")
+    (proj / "cache").mkdir()  # below it, the rule holds again
+    (proj / "cache" / "x").write_text("x")
+    made = prepare(tmp_path, agents.CLAUDE, workdir="/src/web-cache")
+    copied = Path(made.root) / "claude" / "projects" / "-src-web-cache"
+    assert (copied / "t.jsonl").exists() and not (copied / "cache").exists()
