@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agent_argv, agents, key_notice, plan
+from libbroker.launcher import agent_argv, agents, exported_keys, key_notice, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -117,7 +117,8 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
     if profile is None:
         return None
     argv = agent_argv.session_argv(profile, cmd)
-    for line in (argv.note, key_notice.notice(profile, host_env, cfg)):
+    cfg, kept = exported_keys.take(profile, host_env, cfg)  # exported keys: secrets
+    for line in (argv.note, kept, key_notice.notice(profile, host_env, cfg)):
         if line:
             os.write(2, f"{'agent-sandbox: ' if line is argv.note else ''}{line}\n".encode())
     domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError
-from libbroker.launcher import egress_values, grants
+from libbroker.launcher import egress_values, exported_keys, grants
 from libbroker.launcher.egress_values import Secret
 from libbroker.launcher.origins import Origins
 from libbroker.paths import under
@@ -137,6 +137,7 @@ _KEYS = frozenset(
         "repos",
         "record",
         "unsafe_grants",
+        "unsafe_env",
     }
 )
 
@@ -254,6 +255,7 @@ def from_mapping(
     env = get.strings("env", ())
     for name in env:
         _check_env_name(name, f"{where('env')}: entry")
+    exported_keys.check_env(env, get.strings(exported_keys.UNSAFE_KEY, ()), where("env"))
     timeout = get.number("start_timeout", 10.0)
     if not 0 < timeout <= 300:
         raise ConfigError(f"{where('start_timeout')}: must be in (0, 300] seconds")

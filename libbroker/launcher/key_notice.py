@@ -15,31 +15,12 @@ Pure: the profile, the environment's names and the config in, text out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import NamedTuple
 
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
+from libbroker.launcher.exported_keys import KEY_USES, KeyUse
 
-
-class KeyUse(NamedTuple):
-    """Where an agent sends the key a variable holds, and in which header."""
-
-    host: str
-    header: str
-    format: str
-
-
-# The agents' own variables (libbroker.launcher.agents' key_env), by what
-# each CLI does with it.
-KEY_USES = {
-    "ANTHROPIC_API_KEY": KeyUse("api.anthropic.com", "x-api-key", "{}"),
-    "ANTHROPIC_AUTH_TOKEN": KeyUse("api.anthropic.com", "Authorization", "Bearer {}"),
-    "CLAUDE_CODE_OAUTH_TOKEN": KeyUse("api.anthropic.com", "Authorization", "Bearer {}"),
-    "OPENAI_API_KEY": KeyUse("api.openai.com", "Authorization", "Bearer {}"),
-    "CODEX_API_KEY": KeyUse("api.openai.com", "Authorization", "Bearer {}"),
-    "GEMINI_API_KEY": KeyUse("generativelanguage.googleapis.com", "x-goog-api-key", "{}"),
-    "GOOGLE_API_KEY": KeyUse("generativelanguage.googleapis.com", "x-goog-api-key", "{}"),
-}
+__all__ = ["KEY_USES", "KeyUse", "notice", "secret_table"]
 
 
 def secret_table(name: str, use: KeyUse) -> str:

@@ -178,32 +178,25 @@ def test_control_planted_on_the_host_does_run(world: Home, agent: str) -> None:
     assert list(canary.iterdir()), f"the planted {agent} config did not run on the host"
 
 
-def test_an_exported_key_left_outside_is_said_with_the_secret_table_that_uses_it(
-    world: Home,
-) -> None:
-    """The notice never advises `env` (the key inside); its [[secret]] table, pasted as
-    printed, keeps the key outside: the API host gets it, the session a placeholder."""
-    cfg = world.config(env=[])
-    done = subprocess_run(world, cfg, ["--agent=claude", "--", "true"])
-    assert done.returncode == 0
-    head, _, table = done.stderr.partition("add to the config:\n")
-    assert "ANTHROPIC_API_KEY is set here but not passed" in head
-    assert "`env`" not in done.stderr and "test-key-claude" not in done.stderr
-    assert table.startswith("[[secret]]\n")
-    cfg.write_text(cfg.read_text() + "\n" + table)
+def test_a_second_key_variable_is_said_and_the_first_is_used(world: Home) -> None:
+    """An exported key is a secret by default (test_exported_keys_e2e.py); a second
+    variable for the same host is said, never carried in, and the first one is used."""
     post = ('echo "$ANTHROPIC_API_KEY"; curl -sS -o /dev/null -X POST -d "{}" '
             '-H "x-api-key: $ANTHROPIC_API_KEY" https://api.anthropic.com/v1/count')
-    done = subprocess_run(world, cfg, ["--agent=claude", "--", "sh", "-c", post])
+    env = {"ANTHROPIC_AUTH_TOKEN": "second-token"}
+    done = subprocess_run(world, world.config(), ["--agent=claude", "--", "sh", "-c", post], env)
     assert done.returncode == 0, done.stderr
-    assert "is set here" not in done.stderr  # nothing left to say
+    assert "ANTHROPIC_AUTH_TOKEN is set here but not passed" in done.stderr
+    assert "[[secret]]" not in done.stderr and "test-key-claude" not in done.stderr
     assert done.stdout == "agent-sandbox-placeholder\n"
-    assert [s.auth for s in world.apis.seen if s.path == "/v1/count"] == ["test-key-claude"]
+    assert [s.auth for s in world.apis.seen if s.path == "/v1/count"][-1:] == ["test-key-claude"]
 
 
-def subprocess_run(w: Home, cfg: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+def subprocess_run(w: Home, cfg: Path, args: list[str],
+                   env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["agent-sandbox", "run", f"--config={cfg}", "--sandbox=bwrap", *args],
-        env=w.env(),
+        env=w.env(**(env or {})),
         cwd=w.workdir,
         capture_output=True,
         text=True,

@@ -47,7 +47,8 @@ def test_a_variable_passed_or_absent_needs_no_notice() -> None:
     claude = agents.PROFILES["claude"]
     assert notice(claude, {}, from_mapping({}, FACTS)) == ""
     assert notice(claude, {"ANTHROPIC_API_KEY": ""}, from_mapping({}, FACTS)) == ""
-    passed = from_mapping({"env": ["ANTHROPIC_API_KEY"]}, FACTS)
+    passed = from_mapping({"env": ["ANTHROPIC_API_KEY"], "unsafe_env": ["ANTHROPIC_API_KEY"]},
+                          FACTS)
     assert notice(claude, {"ANTHROPIC_API_KEY": "k"}, passed) == ""
 
 
