@@ -8,21 +8,20 @@ check calls the same pure functions (libegress's ``allowlist``, ``hosts``,
 ``route``, ``addresses``, ``scope``, ``secrets``) first, and a refusal names
 the key, the file and line, or the flag.  Every function takes ``where``,
 the label of the value's origin (:class:`.origins.Origins`).
+
+libegress's modules are imported where they are used: a session's config is
+read while its servers start, and the secrets' and repos' checks (json,
+shlex, the GraphQL parser) cost ms a config without those keys need not pay.
 """
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from libbroker.errors import ConfigError, UsageError
-from libegress import secrets as egress_secrets
-from libegress.addresses import parse_cidr
 from libegress.allowlist import parse_pattern
 from libegress.hosts import BadHost, canonical_host
-from libegress.route import parse_pin
-from libegress.scope import parse_repos
 
 SECRET_KEYS = frozenset({"host", "header", "format", "command", "every", "env"})
 
@@ -72,6 +71,10 @@ def hosts(values: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 def resolve(values: tuple[str, ...], where: str) -> tuple[str, ...]:
     """``resolve`` pins: ``HOST:IP``, ``HOST:IP:PORT`` or ``HOST:[IPv6]:PORT``."""
+    if not values:
+        return values
+    from libegress.route import parse_pin
+
     for value in values:
         try:
             parse_pin(value)
@@ -82,6 +85,10 @@ def resolve(values: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 
 def cidrs(values: tuple[str, ...], where: str) -> tuple[str, ...]:
+    if not values:
+        return values
+    from libegress.addresses import parse_cidr
+
     for value in values:
         try:
             parse_cidr(value)
@@ -92,6 +99,10 @@ def cidrs(values: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 def repos(values: tuple[str, ...], where: str) -> tuple[str, ...]:
     """``repos``: OWNER/NAME entries for egress-proxy's --repos (GitHub's spelling)."""
+    if not values:
+        return values
+    from libegress.scope import parse_repos
+
     for value in values:
         try:
             parse_repos(value)
@@ -104,6 +115,8 @@ def repos(values: tuple[str, ...], where: str) -> tuple[str, ...]:
 
 def command(value: str, where: str) -> str:
     """A command egress-proxy splits like a shell line (and runs without one)."""
+    import shlex
+
     try:
         shlex.split(value)
     except ValueError as exc:
@@ -125,6 +138,10 @@ def secrets(
     """
     if not isinstance(tables, list) or not all(isinstance(t, Mapping) for t in tables):
         raise ConfigError(f"{top}: must be [[secret]] tables")
+    if not tables:
+        return ()
+    from libegress import secrets as egress_secrets
+
     if len(tables) > egress_secrets.MAX_SECRETS:
         raise ConfigError(f"{top}: more than {egress_secrets.MAX_SECRETS} [[secret]] tables")
     out: list[Secret] = []
