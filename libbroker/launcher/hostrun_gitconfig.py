@@ -99,14 +99,15 @@ def write_new(dfd: int, name: str, data: bytes, mode: int, *, sync: bool = False
         os.close(fd)
 
 
-def replace(dfd: int, name: str, data: bytes, mode: int, *, tmp: str = "") -> None:
+def replace(dfd: int, name: str, data: bytes, mode: int, *, tmp: str = "",
+            sync: bool = False) -> None:
     """Atomically make ``name`` in ``dfd`` a regular file holding ``data`` (a link is replaced,
     never followed).  ``tmp``: the name written first (``config.lock``: git's own lock)."""
     tmp = tmp or f".{name}.agent-sandbox-new"
     if not tmp.endswith(".lock"):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp, dir_fd=dfd)
-    write_new(dfd, tmp, data, mode)
+    write_new(dfd, tmp, data, mode, sync=sync)
     os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
 
@@ -159,7 +160,7 @@ class LiveConfigs:
                            "repos": [[r.git, r.n, r.mode, r.swapped] for r in self.repos]})
         dfd = os.open(self.live, _DIR)
         try:
-            replace(dfd, RECORD, data.encode(), 0o600)
+            replace(dfd, RECORD, data.encode(), 0o600, sync=True)
             os.fsync(dfd)
         finally:
             os.close(dfd)
@@ -204,11 +205,18 @@ def start(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> LiveCo
                 continue
             with _parent(root, f"{git}/config") as (gfd, name):
                 data = read_small(gfd, name) if gfd >= 0 else None
-            if data is None:
-                continue  # too big or gone: the sweep's, as before
-            repo = Repo(git, n, stat.S_IMODE(recorded.mode))
+                if data is None:
+                    continue  # too big or gone: the sweep's, as before
+                repo = Repo(git, n, stat.S_IMODE(recorded.mode))
+                _save(out, repo, gfd, name, data)
             _copies(out, repo, data, swap)
             out.repos.append(repo)
+        if out.repos:  # the saved originals' names, on disk before any swap
+            saved = os.open(os.path.join(live, "saved"), _DIR)
+            try:
+                os.fsync(saved)
+            finally:
+                os.close(saved)
         out._record()
         if swap:
             for repo in out.repos:
@@ -219,16 +227,29 @@ def start(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> LiveCo
     return out
 
 
-def _copies(live: LiveConfigs, repo: Repo, data: bytes, swap: bool) -> None:
-    """saved/N (the original, fsynced), host/N/config and (bwrap) inside/N/config."""
-    for sub in ("saved", "host"):
-        os.makedirs(os.path.join(live.live, sub), mode=0o700, exist_ok=True)
+def _save(live: LiveConfigs, repo: Repo, gfd: int, name: str, data: bytes) -> None:
+    """saved/N: the original itself, hard-linked (its bytes are on disk already: nothing
+    to write or fsync); a copy, fsynced, where the state dir is on another filesystem."""
+    os.makedirs(os.path.join(live.live, "saved"), mode=0o700, exist_ok=True)
     saved = os.open(os.path.join(live.live, "saved"), _DIR)
     try:
-        replace(saved, str(repo.n), data, 0o600)
-        os.fsync(saved)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(str(repo.n), dir_fd=saved)
+        try:
+            os.link(name, str(repo.n), src_dir_fd=gfd, dst_dir_fd=saved, follow_symlinks=False)
+            if read_small(saved, str(repo.n)) == data:
+                return
+            os.unlink(str(repo.n), dir_fd=saved)  # replaced meanwhile: the bytes read are kept
+        except OSError:
+            pass  # EXDEV, EPERM (protected_hardlinks), ...
+        replace(saved, str(repo.n), data, 0o600, sync=True)
     finally:
         os.close(saved)
+
+
+def _copies(live: LiveConfigs, repo: Repo, data: bytes, swap: bool) -> None:
+    """host/N/config and (bwrap) inside/N/config, from the original's bytes."""
+    os.makedirs(os.path.join(live.live, "host"), mode=0o700, exist_ok=True)
     dirs = [live.host_dir(repo)] + ([live.inside_dir(repo)] if swap else [])
     for path in dirs:
         os.makedirs(path, mode=0o700, exist_ok=True)

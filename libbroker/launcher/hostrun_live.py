@@ -70,18 +70,13 @@ class Watcher:
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._root = os.open(snap.workdir, _O_DIR)
         self._thread: threading.Thread | None = None
-        self.ready = False
+        self._ready = threading.Event()
 
     # --- watches ------------------------------------------------------------------
 
     def start(self) -> None:
-        """Watch the whole workdir (synchronously: nothing of the session runs yet), then
-        handle events in a thread."""
-        self._watch_tree(self._root, "", judge=False)
-        for repo in self.configs.repos:
-            if repo.swapped:  # bwrap: the session's copy, merged as it is written
-                self._watch_path(self.configs.inside_dir(repo), "inside:" + repo.rel)
-        self.ready = True
+        """Watch the whole workdir, then handle events, in a thread (the walk overlaps the
+        servers' start); :meth:`wait_ready` before anything of the session runs."""
         # Opened now: the two threads' moves aside share it (its lazy open would race).
         os.makedirs(self.sweeper.quarantine, mode=0o700, exist_ok=True)
         self.sweeper.qfd = os.open(self.sweeper.quarantine, _O_DIR)
@@ -90,8 +85,24 @@ class Watcher:
         # parses a config in Python: 0.5 ms (restored at stop).
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch, 0.0005))
-        self._thread = threading.Thread(target=self._loop, name="hostrun-live", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="hostrun-live", daemon=True)
         self._thread.start()
+
+    def wait_ready(self) -> None:
+        """Until every directory is watched (events meanwhile wait in the queue)."""
+        self._ready.wait()
+
+    def _run(self) -> None:
+        try:
+            self._watch_tree(self._root, "", judge=False)
+            for repo in self.configs.repos:
+                if repo.swapped:  # the session's copy, merged as it is written
+                    self._watch_path(self.configs.inside_dir(repo), "inside:" + repo.rel)
+        except Exception as exc:  # the end sweep still judges everything; the person is told
+            self.errors.append(f"{type(exc).__name__}: {exc}")
+        finally:
+            self._ready.set()
+        self._loop()
 
     def _watch_path(self, path: str, rel: str) -> None:
         fd = os.open(path, _O_DIR)
@@ -112,12 +123,17 @@ class Watcher:
                     self.dirs[self._ino.add(fd, _MASK)] = (rel, kind)
                 except OSError:
                     self.unwatched += 1
-                names = os.listdir(fd)
+                with os.scandir(fd) as it:  # d_type: no open() tried on a file
+                    items = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                names = [name for name, _ in items]
                 if judge:  # judged once the batch is read (_drain), each entry once
                     for name in names:
                         if self._relevant(rel, kind, name):
                             self._pending[_join(rel, name)] = None
+                subdirs = {name for name, is_dir in items if is_dir}
                 for name in self._descend(rel, kind, names):
+                    if name not in subdirs:
+                        continue
                     with contextlib.suppress(OSError):
                         stack.append((os.open(name, _O_DIR, dir_fd=fd), _join(rel, name)))
             except OSError:

@@ -255,8 +255,9 @@ class Session:
 
             self.live = self._begin_live(snap, rt.root, swap=pidns.supported())
             self._binds = tuple(self.live.configs.binds())
+            self.live.start()
         if self.live is not None:
-            self.live.start()  # every directory watched before go
+            self.live.wait_ready()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
         _trace("host-run files fingerprinted")
         if self.backend == "bwrap":
@@ -387,6 +388,7 @@ class Session:
         binds: tuple[tuple[str, str], ...] = ()
         if self.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
             self.live = live = self._begin_live(snap, rt.root, swap=True)
+            live.start()  # its walk overlaps the servers' start; waited for before go
             hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
             binds = tuple(live.configs.binds())
         if self.gitdirs:  # their hooks and config held read-only, as the workdir's were
