@@ -289,7 +289,7 @@ def from_mapping(
         start_timeout=timeout,
         log_file=path(log, "log_file") if log else "",
         protect_git=get.boolean("protect_git", True),
-        agent=get.string("agent", ""),
+        agent=_agent(get.string("agent", ""), extra, where("agent")),
         agent_write_back=write_back,
         agents=extra,
         hostrun_add=_hostrun(get.strings("hostrun_add", ()), where("hostrun_add"), "hostrun_add"),
@@ -434,6 +434,19 @@ def _agents(
         egress_values.domains(profile.domains, f"{where('agents', name)}.domains")
     agents.check_write_back(write_back, extra, where("agent_write_back"))
     return tuple(extra.items()), write_back
+
+
+def _agent(name: str, extra: tuple[tuple[str, Any], ...], where: str) -> str:
+    """``agent`` (or --agent): a known profile, one of the config's, or none."""
+    if not name:
+        return name
+    from libbroker.launcher import agents
+
+    known = {*agents.PROFILES, *dict(extra)}
+    if name not in known and name != agents.NONE:
+        raise ConfigError(f"{where}: unknown agent {name!r} (known: {', '.join(sorted(known))}, "
+                          f"or {agents.NONE})")
+    return name
 
 
 def _check_env_name(name: str, where: str) -> None:

@@ -66,7 +66,8 @@ ROWS: dict[str, Row] = {
     "workdir-missing": Row(("run", "--workdir=/nonexistent/w", "--", "true"), None,
                            "--workdir: /nonexistent/w is not a directory"),
     "agent-unknown": Row(("run", "--agent=nobody", "--", "true"), None,
-                         "--agent: unknown agent 'nobody' (known: claude, codex, gemini)"),
+                         "--agent: unknown agent 'nobody' (known: claude, codex, gemini, or "
+                         "none)"),
     "run-no-command": Row(("run",), None, f"run: no command given: {USAGE}"),
     "run-options-no-command": Row(("run", "--learn", "--sandbox=nono", "--"), None,
                                   f"run: no command given: {USAGE}"),
@@ -176,6 +177,9 @@ ROWS: dict[str, Row] = {
     "agents-domains": _file('[agents.mine]\ncommands = ["aider"]\ndomains = ["*"]\n',
                             "{cfg} line 1: agents.mine.domains: a wildcard may only lead a "
                             "pattern: '*'"),
+    "agent-file": _file('agent = "aider"\n',
+                        "{cfg} line 1: agent: unknown agent 'aider' (known: claude, codex, gemini, "
+                        "or none)"),
     "agent-write-back": _file('agent_write_back = ["nobody:key"]\n',
                               "{cfg} line 1: agent_write_back: entry 'nobody:key' must be "
                               "AGENT:KEY (agents: claude, codex, gemini)"),
