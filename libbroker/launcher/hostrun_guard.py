@@ -9,10 +9,13 @@ launcher's face of both: :class:`Guard` runs them for a session,
 :func:`janitor_sweep` for the janitor, and :func:`bwrap_args` holds the
 existing entries read-only in a bwrap sandbox.
 
-The parts: :mod:`.hostrun_fingerprint` (nodes, the snapshot),
-:mod:`.hostrun_walk` (finding repositories and entries),
-:mod:`.hostrun_scan`, :mod:`.hostrun_sweep`, :mod:`.hostrun_newrepo`
-(repositories made during the session).
+The parts: :mod:`.hostrun_fs` (fd-relative, link-free, bounded primitives),
+:mod:`.hostrun_fingerprint` (nodes, the snapshot, saved originals),
+:mod:`.hostrun_walk` (finding git directories and entries),
+:mod:`.hostrun_scan`, :mod:`.hostrun_sweep`, :mod:`.hostrun_newrepo` (git
+directories made during the session, gitlinks, commondirs),
+:mod:`.hostrun_renamed` (a moved ``.git`` put back) and
+:mod:`.hostrun_show` (printed words safe to paste).
 """
 
 from __future__ import annotations
@@ -23,12 +26,12 @@ import os
 from libbroker.launcher.hostrun_fingerprint import Snapshot
 from libbroker.launcher.hostrun_newrepo import sanitized_config
 from libbroker.launcher.hostrun_scan import load, scan
+from libbroker.launcher.hostrun_show import shown
 from libbroker.launcher.hostrun_sweep import state_dir, sweep
-from libbroker.launcher.hostrun_walk import MAX_DEPTH
 from libpolicy.gitconfig import runs_commands as runs_commands  # the tests ask the guard
 from libpolicy.hostrun import Table
 
-__all__ = ["MAX_DEPTH", "Guard", "Snapshot", "bwrap_args", "bwrap_pin", "bwrap_protect",
+__all__ = ["Guard", "Snapshot", "bwrap_args", "bwrap_pin", "bwrap_protect",
            "janitor_sweep", "load", "runs_commands", "sanitized_config", "scan", "state_dir",
            "sweep"]
 
@@ -55,7 +58,7 @@ class Guard:
     def _scan(self) -> None:
         workdir, table, runtime_dir = self._args
         try:
-            self.snap = scan(workdir, table, runtime_dir=runtime_dir)
+            self.snap = scan(workdir, table, runtime_dir=runtime_dir, state=self.state)
         except BaseException as exc:  # reported by wait(), in the launcher's thread
             self.error = exc
 
@@ -79,7 +82,7 @@ class Guard:
             lines = sweep(snap, self.state)
         except Exception as exc:  # the teardown goes on; the person is told
             why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-            lines = [f"agent-sandbox: the sweep of {snap.workdir} failed: {why}; "
+            lines = [f"agent-sandbox: the sweep of {shown(snap.workdir)} failed: {why}; "
                      "check its git hooks and config before using git there"]
         if lines:
             text = "".join(line + "\n" for line in lines)
@@ -93,6 +96,7 @@ def janitor_sweep(runtime_dir: str) -> None:
     snap = load(runtime_dir)
     if snap is not None:
         sweep(snap, state_dir())
+
 
 def bwrap_protect(snap: Snapshot) -> list[str]:
     """Existing entries to hold read-only in a bwrap sandbox (``--ro-bind P P`` each).

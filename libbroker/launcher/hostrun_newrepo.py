@@ -1,146 +1,207 @@
-"""The host-run guard's sweep of what appeared: new repositories and new ``.git`` links.
+"""The host-run guard's sweep of git directories: new repositories, gitlinks, commondir.
 
 A repository made during the session (``git init``, ``git clone``, a planted
-bare repository) keeps only git's ``*.sample`` hooks and loses the config
-keys that run commands (:mod:`libpolicy.gitconfig` decides, git itself parses
-the bytes); a new ``.git`` file or link is moved aside unless it names a git dir
-the sweep itself checks (a submodule's or a worktree's).
+bare repository, one nested deep in ``.git/modules/``) keeps only git's
+``*.sample`` hooks, no rebase or sequencer state, and loses the config keys
+that run commands (:mod:`libpolicy.gitconfig` decides, git itself parses the
+bytes).
+
+Where a ``.git`` file or a ``commondir`` points is judged as the kernel
+resolves it, links followed the way git follows them, and nothing written
+through them: the target is opened ``O_PATH`` (which reads nothing and
+writes nothing) and known by its device and inode.  It must be a git
+directory this sweep found and checked, or one outside the workdir that an
+existing gitlink already named at the start; anything else is moved aside.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
-import time
 from typing import TYPE_CHECKING
 
-from libbroker.launcher.hostrun_fingerprint import (
-    O_DIR,
-    Node,
-    Snapshot,
-    digest_of,
-    parent_of,
-    read_file,
-)
+from libbroker.launcher.hostrun_fingerprint import Node, digest_of, read_small
+from libbroker.launcher.hostrun_fs import open_dir, open_file, parent_of
+from libbroker.launcher.hostrun_walk import GIT_STATE, Walk
 from libpolicy.gitconfig import sanitized_pairs
-from libpolicy.hostrun import NESTED_GIT
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_sweep import Sweeper
 
+MAX_CONFIG = 1 << 20  # a bigger config in a new repository is moved aside whole
+MAX_HOOKS = 16  # more entries than this in a new repository's hooks/: moved aside whole
 
 
-def check_new_gitlink(sweeper: Sweeper, root: int, rel: str, snap: Snapshot) -> None:
-    """A ``.git`` that appeared: a repository is checked as new; a file or link is moved aside
-    unless it names a git dir the sweep itself checks (a submodule's or worktree's)."""
-    with parent_of(root, rel) as (pfd, name):
-        if pfd < 0:
-            return
-        now = sweeper.looker.node(pfd, name)
-        if now is None or now.kind == "dir":
-            return  # a new repository: _new_repo
-        if now.kind == "file":
-            try:
-                _, data = read_file(pfd, name, 4096)
-            except OSError:
-                data = b""
-            if _gitlink_ok(snap, root, rel, data):
-                return
-        sweeper.check(root, rel, "git-dir", None)
+def target(dfd: int, data: bytes, prefix: bytes) -> tuple[int, int] | None:
+    """(dev, ino) of the directory a ``gitdir:``/``commondir`` file names, as git finds it.
+
+    ``data`` is the file's bytes, relative paths start at ``dfd``; None when
+    it names nothing git could use (no prefix, no such directory).
+    """
+    text = data.rstrip(b"\r\n\t ")
+    if not text.startswith(prefix):
+        return None
+    path = text[len(prefix):].lstrip(b" ") if prefix else text
+    if not path or b"\0" in path:
+        return None
+    try:
+        fd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dfd)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        return st.st_dev, st.st_ino
+    finally:
+        os.close(fd)
 
 
-def _gitlink_ok(snap: Snapshot, root: int, rel: str, data: bytes) -> bool:
-    text = data.decode(errors="replace").strip()
-    if not text.startswith("gitdir:"):
+def _read_target(dfd: int, name: str, prefix: bytes) -> tuple[int, int] | bool | None:
+    """The target of the file ``name``: (dev, ino), None (names nothing), False (unreadable)."""
+    try:
+        fd = open_file(dfd, name, fix=True)
+    except FileNotFoundError:
+        return None
+    except OSError:
         return False
-    target = text[len("gitdir:"):].strip()
-    if target.startswith("/"):
-        if not target.startswith(snap.workdir + "/"):
-            return False
-        target = target[len(snap.workdir) + 1:]
-    else:
-        target = os.path.join(os.path.dirname(rel), target)
-    target = os.path.normpath(target)
-    parts = target.split("/")
-    if target.startswith("..") or ".git" not in parts:
-        return False
-    at = parts.index(".git")
-    if len(parts) < at + 3 or parts[at + 1] not in NESTED_GIT:
-        return False
-    # Every directory on the way must be a directory, not a link (fds, one name each).
-    with parent_of(root, target + "/HEAD") as (fd, _):
-        return fd >= 0
+    try:
+        data = read_small(fd, 4096)
+    finally:
+        os.close(fd)
+    return target(dfd, data, prefix) if len(data) <= 4096 else False
+
+
+def outside_targets(root: int, walk: Walk) -> list[tuple[int, int]]:
+    """At the start: where the existing gitlinks and commondirs point, outside the workdir's
+    git dirs (a worktree of a repository elsewhere): allowed at the end too."""
+    inside = git_dir_ids(root, walk)
+    found = set()
+    for rel, name, prefix in _pointers(walk):
+        with parent_of(root, f"{rel}/{name}" if rel else name) as (dfd, _):
+            if dfd >= 0:
+                at = _read_target(dfd, name, prefix)
+                if isinstance(at, tuple) and at not in inside:
+                    found.add(at)
+    return sorted(found)
+
+
+def _pointers(walk: Walk) -> list[tuple[str, str, bytes]]:
+    out = []
+    for rel in walk.gitlinks:
+        parent, _, name = rel.rpartition("/")
+        out.append((parent, name, b"gitdir:"))
+    out += [(rel, "commondir", b"") for rel, _ in walk.git_dirs]
+    return out
+
+
+def git_dir_ids(root: int, walk: Walk) -> set[tuple[int, int]]:
+    dev = os.fstat(root).st_dev
+    return {(dev, ino) for _, ino in walk.git_dirs}
+
+
+def judge_pointers(sweeper: Sweeper, root: int, walk: Walk) -> None:
+    """Every gitlink and commondir must point at a checked git dir (or the start's outside one)."""
+    allowed = git_dir_ids(root, walk) | set(sweeper.snap.targets)
+    for rel, name, prefix in _pointers(walk):
+        entry = f"{rel}/{name}" if rel else name
+        with parent_of(root, entry, fix=True) as (dfd, _):
+            if dfd < 0:
+                continue
+            at = _read_target(dfd, name, prefix)
+            if at is None or (isinstance(at, tuple) and at in allowed):
+                continue
+            why = "cannot be read" if at is False else "points at a directory no sweep checked"
+            rule = "git-dir" if prefix else "git-commondir"
+            sweeper.aside(dfd, name, entry, rule, f"{why} (git would take hooks and config "
+                          "from there)")
 
 
 def check_new_repo(sweeper: Sweeper, root: int, rel: str) -> None:
-    """A repository that was not there at the start: sample hooks only, no command-running keys."""
-    with parent_of(root, rel + "/x") as (gfd, _):
-        if gfd < 0:
+    """A git dir that was not there at the start: sample hooks only, no command-running keys."""
+    with parent_of(root, rel, fix=True) as (pfd, name):
+        if pfd < 0 or not sweeper.exists(pfd, name):
             return
-        worktree = "/worktrees/" in f"/{rel}"
-        # hooks/: only git's *.sample files stay (git never runs them).
-        hooks = sweeper.looker.node(gfd, "hooks")
-        if hooks is not None and hooks.kind != "dir":
-            q = sweeper.move_aside(gfd, "hooks", f"{rel}/hooks")
-            path = os.path.join(sweeper.snap.workdir, rel, "hooks")
-            sweeper.say(f"{rel}/hooks", "git-hooks", f"a {hooks.kind} in a repository made in "
-                        f"the session; moved to {shlex.quote(q)}",
-                        f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
-        elif hooks is not None and hooks.children is not None:
-            hfd = os.open("hooks", O_DIR, dir_fd=gfd)
-            try:
-                for name, node in hooks.children.items():
-                    if node.kind == "file" and name.endswith(".sample"):
-                        continue
-                    q = sweeper.move_aside(hfd, name, f"{rel}/hooks/{name}")
-                    path = os.path.join(sweeper.snap.workdir, rel, "hooks", name)
-                    sweeper.say(f"{rel}/hooks/{name}", "git-hooks",
-                                f"a hook in a repository made in the session; moved to "
-                                f"{shlex.quote(q)}", f"mv -T -- {shlex.quote(q)} "
-                                f"{shlex.quote(path)}")
-            finally:
-                os.close(hfd)
-        for name, rule in (("config", "git-config"), ("config.worktree", "git-config-worktree")):
-            _sanitize_config(sweeper, gfd, rel, name, rule)
-        common = sweeper.looker.node(gfd, "commondir")
-        if common is not None:
-            ok = False
-            if worktree and common.kind == "file":
-                try:
-                    ok = read_file(gfd, "commondir", 64)[1].strip() == b"../.."
-                except OSError:
-                    ok = False
-            if not ok:
-                q = sweeper.move_aside(gfd, "commondir", f"{rel}/commondir")
-                path = os.path.join(sweeper.snap.workdir, rel, "commondir")
-                sweeper.say(f"{rel}/commondir", "git-commondir",
-                            f"redirects a repository made in the session; moved to "
-                            f"{shlex.quote(q)}", f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
+        try:
+            gfd = open_dir(pfd, name, fix=True)
+        except OSError:
+            sweeper.aside(pfd, name, rel, "git-dir", "a repository made in the session that "
+                          "cannot be read")
+            return
+        try:
+            _hooks(sweeper, gfd, rel)
+            for cname, rule in (("config", "git-config"),
+                                ("config.worktree", "git-config-worktree")):
+                _sanitize_config(sweeper, gfd, rel, cname, rule)
+            for entry in GIT_STATE:
+                state = entry.parts[0]
+                if sweeper.exists(gfd, state):
+                    sweeper.aside(gfd, state, f"{rel}/{state}", entry.rule,
+                                  "in a repository made in the session")
+        finally:
+            os.close(gfd)
+
+
+def _hooks(sweeper: Sweeper, gfd: int, rel: str) -> None:
+    where = f"{rel}/hooks"
+    if not sweeper.exists(gfd, "hooks"):
+        return
+    try:
+        hfd = open_dir(gfd, "hooks", fix=True)
+        names = sorted(os.listdir(hfd))
+    except OSError:
+        sweeper.aside(gfd, "hooks", where, "git-hooks", "not a readable directory, in a "
+                      "repository made in the session")
+        return
+    try:
+        bad = [n for n in names if not (n.endswith(".sample") and _is_file(hfd, n))]
+        if len(bad) > MAX_HOOKS:
+            os.close(hfd)
+            hfd = -1
+            sweeper.aside(gfd, "hooks", where, "git-hooks", f"{len(bad)} hooks in a "
+                          "repository made in the session")
+            return
+        for hook in bad:
+            sweeper.aside(hfd, hook, f"{where}/{hook}", "git-hooks",
+                          "a hook in a repository made in the session")
+    finally:
+        if hfd >= 0:
+            os.close(hfd)
+
+
+def _is_file(dfd: int, name: str) -> bool:
+    import stat
+
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _sanitize_config(sweeper: Sweeper, gfd: int, rel: str, name: str, rule: str) -> None:
-    node = sweeper.looker.node(gfd, name)
-    if node is None:
+    if not sweeper.exists(gfd, name):
         return
-    entry_rel = f"{rel}/{name}"
-    path = os.path.join(sweeper.snap.workdir, entry_rel)
-    if node.kind != "file":
-        q = sweeper.move_aside(gfd, name, entry_rel)
-        sweeper.say(entry_rel, rule, f"not a file in a repository made in the session; moved "
-                    f"to {shlex.quote(q)}", f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
+    entry = f"{rel}/{name}"
+    try:
+        if not _is_file(gfd, name):
+            raise OSError("not a file")
+        fd = open_file(gfd, name, fix=True)
+        try:
+            data = read_small(fd, MAX_CONFIG)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_CONFIG:
+            raise OSError("too big to check")
+    except OSError as exc:
+        sweeper.aside(gfd, name, entry, rule, f"{exc.strerror or exc}, in a repository made "
+                      "in the session")
         return
-    _, data = read_file(gfd, name)
     result = sanitized_config(data)
     if result is None:
         return
     clean, keys = result
-    q = sweeper.move_aside(gfd, name, entry_rel)
     digest = digest_of(clean)
     sweeper.snap.blobs[digest] = clean
-    sweeper.materialize(gfd, name, Node("file", 0o644, len(clean), time.time_ns(), 0, digest))
-    sweeper.say(entry_rel, rule, f"a repository made in the session names commands in its "
-                f"config ({', '.join(keys)}); those keys are dropped, the whole file moved to "
-                f"{shlex.quote(q)}", f"mv -f -T -- {shlex.quote(q)} {shlex.quote(path)}")
+    sweeper.aside(gfd, name, entry, rule, "a repository made in the session names commands "
+                  f"in its config ({', '.join(keys)}); those keys are dropped",
+                  replace=Node("file", 0o644, len(clean), digest=digest))
 
 
 def config_entries(data: bytes) -> list[tuple[str, str]] | None:

@@ -1,11 +1,15 @@
 """The host-run guard's scan, at session start: fingerprint every host-run entry.
 
-:func:`scan` finds every repository at any depth (:mod:`.hostrun_walk`) and
-fingerprints every existing entry (:mod:`.hostrun_fingerprint`): files up to
+:func:`scan` finds every git directory at any depth and every tree entry
+(:mod:`.hostrun_walk`), and fingerprints each existing entry
+(:mod:`.hostrun_fingerprint`): files up to
 :data:`~.hostrun_fingerprint.SMALL` bytes are kept in the snapshot, bigger
-ones copied into the runtime dir.  It also records which git entries are
-missing.  The snapshot lives in the session's runtime dir, which the sandbox
-sees read-only, so the janitor can sweep after a ``kill -9`` (:func:`load`).
+ones saved (a reflink where the filesystem allows, else their data segments)
+under the state dir's ``quarantine/<session>.originals/``, which no
+teardown removes.  It also records which git entries are missing, and where
+the existing gitlinks point.  The snapshot itself lives in the session's
+runtime dir, which the sandbox sees read-only, so the janitor can sweep after
+a ``kill -9`` (:func:`load`).
 """
 
 from __future__ import annotations
@@ -13,46 +17,51 @@ from __future__ import annotations
 import os
 import time
 
-from libbroker.launcher.hostrun_fingerprint import (
-    O_DIR,
-    O_FILE,
-    Looker,
-    Snapshot,
-    join,
-    parent_of,
-)
-from libbroker.launcher.hostrun_walk import Walk
+from libbroker.launcher.hostrun_fingerprint import Looker, Snapshot
+from libbroker.launcher.hostrun_fs import O_DIR, O_FILE, join, open_dir, parent_of
+from libbroker.launcher.hostrun_walk import Walk, git_entries
 from libpolicy.hostrun import Table
 
 SNAPSHOT = "hostrun.json"  # in the runtime dir
-COPIES = "hostrun-copies"  # in the runtime dir: contents bigger than SMALL
+_REALTIME_COARSE = 5  # linux/time.h; not in Python's time module
+ORIGINALS = ".originals"  # beside the session's quarantine dir: saved copies of big files
 
 
 def session_id() -> str:
     return time.strftime("%Y%m%d-%H%M%S") + f"-{os.getpid()}"
 
 
-def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = "") -> Snapshot:
+def quarantine_dir(state: str, session: str) -> str:
+    return os.path.join(state, "quarantine", session)
+
+
+def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = "",
+         state: str = "") -> Snapshot:
     """Find every repository and host-run entry in ``workdir``; fingerprint each.
 
-    With ``runtime_dir``, the snapshot is written there for the janitor (and
-    contents bigger than :data:`SMALL` copied beside it).
+    With ``runtime_dir``, the snapshot is written there for the janitor; with
+    ``state``, files bigger than SMALL are saved under it (without, they are
+    judged by their inode, size and times alone: tests).
     """
     start = time.monotonic()
     snap = Snapshot(workdir, session or session_id(), table)
-    looker = Looker(snap, os.path.join(runtime_dir, COPIES) if runtime_dir else "")
+    if state:
+        snap.saved = quarantine_dir(state, snap.session) + ORIGINALS
+    looker = Looker(snap)
     root = os.open(workdir, O_DIR)
     walk = Walk(table)
     try:
         walk.run(root)
+        snap.dirs = walk.dirs
         for rel, ino in walk.git_dirs:
             snap.repos[rel] = ino
             with parent_of(root, rel) as (pfd, name):
-                if pfd < 0:
+                # "": the root is the git dir (gitdir_guard)
+                gfd = open_dir(pfd, name or ".") if pfd >= 0 else -1
+                if gfd < 0:
                     continue
-                gfd = os.open(name or ".", O_DIR, dir_fd=pfd)  # "": the root is the git dir
                 try:
-                    for entry in table.git:
+                    for entry in git_entries(table):
                         key = join(rel, entry.parts[0])
                         snap.entries[key] = (entry.rule, looker.node(gfd, entry.parts[0]))
                 finally:
@@ -62,9 +71,13 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
                 if pfd >= 0:
                     node = looker.node(pfd, name, shallow=entry.rule == "git-dir")
                     snap.entries[rel] = (entry.rule, node)
+        from libbroker.launcher.hostrun_newrepo import outside_targets
+
+        snap.targets = outside_targets(root, walk)
     finally:
-        walk.close()
         os.close(root)
+    snap.finished = time.time_ns()
+    settle(snap)
     snap.seconds = time.monotonic() - start
     if runtime_dir:
         path = os.path.join(runtime_dir, SNAPSHOT)
@@ -73,6 +86,22 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
             fh.write(snap.to_json())
         os.rename(path + ".tmp", path)
     return snap
+
+
+def settle(snap: Snapshot) -> None:
+    """Return once the clock has moved on from the scan's end by a tick of ctime's clock.
+
+    The sweep takes an entry whose ctime is unchanged as unchanged: nothing
+    the session does may share the last tick the scan saw (file times come
+    from the coarse clock, a few ms).
+    """
+    try:
+        tick = time.clock_getres(_REALTIME_COARSE)
+    except OSError:
+        tick = 0.01
+    wait = snap.finished + int(tick * 1e9) * 2 - time.time_ns()
+    if wait > 0:
+        time.sleep(wait / 1e9)
 
 
 def load(runtime_dir: str) -> Snapshot | None:

@@ -3,17 +3,24 @@
 :func:`sweep` (every exit path, the janitor's included) restores each entry
 that changed to its recorded state and moves the session's version aside
 under ``$XDG_STATE_HOME/agent-sandbox/quarantine/<session>/`` (nothing of
-the agent's is deleted); an entry that appeared is moved aside.  Repositories
-made during the session are left to :mod:`.hostrun_newrepo`.  One line per
-entry names it and the command that applies the session's version after all.
+the agent's is deleted); an entry that appeared is moved aside.  Git
+directories that appeared, gitlinks and commondirs are left to
+:mod:`.hostrun_newrepo`.  One line per entry names it and, where there is
+one, the command that applies the session's version after all.
+
+Fail closed: whatever the sweep cannot open, read, hash or bound is moved
+aside whole, with one line (as the owner, it first gives itself back the
+bits the agent took away); an error never counts as "unchanged".  The saved
+copies of the originals are removed only after a sweep that restored
+everything; otherwise the last line names where they are.
 
 The sweep walks a tree the agent controlled, so it never follows a link:
-every lookup is one name relative to a directory fd (``O_NOFOLLOW``, and
-``O_DIRECTORY`` for directories), each file is judged by what its open fd
-says, moves are ``renameat`` (which moves a link, never its target), and
-restores write a temporary file beside the entry and rename it into place.
-A link where an entry (or a directory above one) was is itself a change: it
-is moved aside and the recorded entry written in its place.
+every lookup is one name relative to a directory fd (``O_NOFOLLOW``), each
+file is judged by what its open fd says, moves are ``renameat`` (which moves
+a link, never its target), and restores write a temporary file beside the
+entry and rename it into place.  A link where an entry (or a directory above
+one) was is itself a change: it is moved aside and the recorded entry
+written in its place.
 """
 
 from __future__ import annotations
@@ -21,20 +28,24 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shlex
 import stat
-from typing import Any
+from collections.abc import Callable
 
-from libbroker.launcher.hostrun_fingerprint import (
+from libbroker.launcher.hostrun_fingerprint import Looker, Node, Snapshot
+from libbroker.launcher.hostrun_fs import (
     O_DIR,
-    Looker,
-    Node,
-    Snapshot,
+    O_NEW,
+    Chain,
+    clone_into,
+    copy_tree,
+    give_owner,
     parent_of,
-    read_file,
+    remove_tree,
 )
-from libbroker.launcher.hostrun_newrepo import check_new_gitlink, check_new_repo
-from libbroker.launcher.hostrun_walk import MAX_DEPTH, Walk
+from libbroker.launcher.hostrun_newrepo import check_new_repo, judge_pointers
+from libbroker.launcher.hostrun_scan import quarantine_dir
+from libbroker.launcher.hostrun_show import command, shown
+from libbroker.launcher.hostrun_walk import Walk
 
 
 def state_dir(home: str = "") -> str:
@@ -46,12 +57,12 @@ def state_dir(home: str = "") -> str:
 class Sweeper:
     def __init__(self, snap: Snapshot, state: str, *, copy_only: bool = False) -> None:
         self.snap = snap
-        self.table = snap.table
-        self.quarantine = os.path.join(state, "quarantine", snap.session)
+        self.quarantine = quarantine_dir(state, snap.session)
         self.qfd = -1
         self.lines: list[str] = []
+        self.failed = False  # an entry neither checked nor moved aside: originals are kept
         self.copy_only = copy_only  # tests: the quarantine on another filesystem
-        self.looker = Looker(None)
+        self.looker = Looker(snap, fix=True)
 
     # -- moving aside
     def _qdir(self, rel: str) -> tuple[int, str]:
@@ -81,148 +92,176 @@ class Sweeper:
         qfd, qname = self._qdir(rel)
         try:
             try:
-                if self.copy_only:
-                    raise OSError(errno.EXDEV, "forced copy")
-                os.rename(name, qname, src_dir_fd=pfd, dst_dir_fd=qfd)
+                self._rename(pfd, name, qfd, qname)
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
-                copy_whole(pfd, name, qfd, qname)
-                st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    import shutil
-
-                    shutil.rmtree(name, dir_fd=pfd)  # fd-based: never follows a link
-                else:
-                    os.unlink(name, dir_fd=pfd)
+                copy_tree(pfd, name, qfd, qname)  # another filesystem: copy, then remove
+                remove_tree(pfd, name)
         finally:
             os.close(qfd)
         return os.path.join(self.quarantine, os.path.dirname(rel), qname)
 
+    def _rename(self, pfd: int, name: str, qfd: int, qname: str) -> None:
+        if self.copy_only:
+            raise OSError(errno.EXDEV, "forced copy")
+        try:
+            os.rename(name, qname, src_dir_fd=pfd, dst_dir_fd=qfd)
+        except PermissionError:  # the agent's chmod on the parent, or on a directory moved
+            st = os.fstat(pfd)
+            if st.st_uid == os.geteuid():
+                os.fchmod(pfd, stat.S_IMODE(st.st_mode) | 0o700)
+            give_owner(pfd, name, 0o700)
+            os.rename(name, qname, src_dir_fd=pfd, dst_dir_fd=qfd)
+
+    def exists(self, dfd: int, name: str) -> bool:
+        try:
+            os.stat(name, dir_fd=dfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return False
+        return True
+
+    def aside(self, dfd: int, name: str, rel: str, rule: str, why: str,
+              replace: Node | None = None) -> None:
+        """Move ``name`` aside with one line; write ``replace`` in its place when given."""
+        q = self.move_aside(dfd, name, rel)
+        path = os.path.join(self.snap.workdir, rel)
+        if replace is not None:
+            self.materialize(dfd, name, replace)
+            self.say(rel, rule, f"{why}; the whole file moved to {shown(q)}",
+                     command("mv", "-f", "-T", "--", q, path))
+        else:
+            self.say(rel, rule, f"{why}; moved to {shown(q)}", command("mv", "-T", "--", q, path))
+
     # -- writing back
     def materialize(self, pfd: int, name: str, node: Node) -> None:
         """Write the recorded ``node`` as ``name`` in ``pfd`` (which holds nothing by that name)."""
-        if node.kind == "link":
-            os.symlink(node.link, name, dir_fd=pfd)
-        elif node.kind == "file":
-            data = self.snap.content(node.digest)
-            tmp = f".{name}.agent-sandbox-restore"
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp, dir_fd=pfd)
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o600, dir_fd=pfd)
-            try:
-                view = memoryview(data)
+        stack: list[tuple[tuple[str, ...], Node]] = [((name,), node)]
+        modes: list[tuple[tuple[str, ...], int]] = []
+        with Chain(pfd) as chain:
+            while stack:
+                parts, rec = stack.pop()
+                dfd = chain.fd(parts[:-1])
+                if rec.kind == "link":
+                    os.symlink(rec.link, parts[-1], dir_fd=dfd)
+                elif rec.kind == "file":
+                    self._write_file(dfd, parts[-1], rec)
+                elif rec.kind == "dir":
+                    os.mkdir(parts[-1], 0o700, dir_fd=dfd)
+                    modes.append((parts, stat.S_IMODE(rec.mode)))
+                    stack += [((*parts, c), sub) for c, sub in (rec.children or {}).items()]
+            for parts, mode in reversed(modes):  # deepest first: a 0500 dir filled before
+                os.chmod(parts[-1], mode, dir_fd=chain.fd(parts[:-1]))
+
+    def _write_file(self, dfd: int, name: str, rec: Node) -> None:
+        tmp = f".{name}.agent-sandbox-restore"[:255]
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=dfd)
+        fd = os.open(tmp, O_NEW, 0o600, dir_fd=dfd)
+        try:
+            if rec.copy:
+                src = self.snap.open_saved(rec)
+                try:
+                    clone_into(src, fd)
+                finally:
+                    os.close(src)
+            else:
+                view = memoryview(self.snap.blobs[rec.digest])
                 while view:
                     view = view[os.write(fd, view):]
-                os.fchmod(fd, stat.S_IMODE(node.mode))
-                os.utime(fd, ns=(node.mtime, node.mtime))
-            finally:
-                os.close(fd)
-            os.rename(tmp, name, src_dir_fd=pfd, dst_dir_fd=pfd)
-        elif node.kind == "dir":
-            os.mkdir(name, 0o700, dir_fd=pfd)
-            fd = os.open(name, O_DIR, dir_fd=pfd)
-            try:
-                for child, sub in (node.children or {}).items():
-                    self.materialize(fd, child, sub)
-                os.fchmod(fd, stat.S_IMODE(node.mode))
-            finally:
-                os.close(fd)
+            os.fchmod(fd, stat.S_IMODE(rec.mode))
+            if rec.mtime:
+                os.utime(fd, ns=(rec.mtime, rec.mtime))
+        finally:
+            os.close(fd)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
 
-    def say(self, rel: str, rule: str, what: str, command: str) -> None:
-        path = os.path.join(self.snap.workdir, rel)
-        line = f"agent-sandbox: {rel} [{rule}]: {what}"
-        if command:
-            line += f"; to apply the session's version: {command}"
-        self.lines.append(line.replace(path, shlex.quote(path)) if " " in path else line)
+    def say(self, rel: str, rule: str, what: str, cmd: str = "") -> None:
+        line = f"agent-sandbox: {shown(rel)} [{rule}]: {what}"
+        if cmd:
+            line += f"; to apply the session's version: {cmd}"
+        self.lines.append(line)
 
-    # -- one entry
-    def restore(self, root: int, rel: str, rule: str, recorded: Node | None,
-                now_node: Node | None, pfd: int, name: str) -> None:
-        path = os.path.join(self.snap.workdir, rel)
-        q = ""
-        if now_node is not None:
-            q = self.move_aside(pfd, name, rel)
-        if recorded is not None and recorded.kind in ("file", "dir", "link") and (
-            recorded.kind != "dir" or recorded.children is not None
-        ):
-            self.materialize(pfd, name, recorded)
-            if now_node is None:
-                self.say(rel, rule, "removed in the session; the original is back", "")
-                return
-            qp, pp = shlex.quote(q), shlex.quote(path)
-            cmd = (f"rm -rf -- {pp} && mv -T -- {qp} {pp}" if recorded.kind == "dir"
-                   else f"mv -f -T -- {qp} {pp}")
-            what = ("replaced by a link to " + shlex.quote(now_node.link)
-                    if now_node.kind == "link" else "changed in the session")
-            self.say(rel, rule, f"{what}; the original is back, the session's version moved "
-                     f"to {qp}", cmd)
-        elif now_node is not None:
-            what = "a link to " + shlex.quote(now_node.link) if now_node.kind == "link" else (
-                "a " + now_node.kind)
-            what += " appeared" if recorded is None else " replaced it"
-            self.say(rel, rule, f"{what}; moved to {shlex.quote(q)}",
-                     f"mv -T -- {shlex.quote(q)} {shlex.quote(path)}")
-
+    # -- one recorded entry
     def check(self, root: int, rel: str, rule: str, recorded: Node | None) -> None:
         """Bring one entry back to its recorded state (``recorded`` None: it was missing)."""
         parts = rel.split("/")
-        fd = os.dup(root)
-        try:
-            for i, name in enumerate(parts[:-1]):
+        with Chain(root, fix=True) as chain:
+            for i in range(len(parts) - 1):
                 try:
-                    nxt = os.open(name, O_DIR, dir_fd=fd)
+                    chain.fd(tuple(parts[: i + 1]))
+                    continue
                 except OSError:
-                    found = self.looker.node(fd, name)
-                    if found is None or found.kind != "link" or recorded is None:
-                        return  # gone, or a file: nothing beneath it can be reached
-                    # A link where a directory above an entry was: moved aside,
-                    # the directory made again, so the entry is written, not through.
-                    upper = "/".join(parts[: i + 1])
-                    q = self.move_aside(fd, name, upper)
-                    self.say(upper, rule, f"a link to {shlex.quote(found.link)} replaced the "
-                             f"directory holding {rel}; moved to {shlex.quote(q)}", "")
-                    os.mkdir(name, 0o755, dir_fd=fd)
-                    nxt = os.open(name, O_DIR, dir_fd=fd)
-                os.close(fd)
-                fd = nxt
-            name = parts[-1]
-            now_node = self.looker.node(fd, name, shallow=rule == "git-dir")
-            if recorded is None and now_node is None:
+                    pass
+                self._above(chain.fd(tuple(parts[:i])), parts, i, rule, recorded)
+                if recorded is None:
+                    return  # nothing was there: nothing can be beneath
+            fd, name = chain.fd(tuple(parts[:-1])), parts[-1]
+            if recorded is None:
+                if self.exists(fd, name):
+                    self.restore(rel, rule, None, fd, name)
                 return
-            if recorded is not None and now_node is not None and recorded.same(now_node):
-                return
-            if (recorded is not None and recorded.kind == "dir" and recorded.children is None
-                    and now_node is not None and now_node.kind == "dir"):
-                return  # a repository or a huge directory: its own entries are checked
-            self.restore(root, rel, rule, recorded, now_node, fd, name)
-        finally:
-            os.close(fd)
+            if recorded.kind == "dir" and recorded.children is None:
+                self._repo_dir(fd, name, rel, rule, recorded)
+            elif not self.looker.unchanged(recorded, fd, name):
+                self.restore(rel, rule, recorded, fd, name)
 
-
-def copy_whole(sfd: int, name: str, dfd: int, dname: str) -> None:
-    """Copy ``name`` to ``dname`` without following links (a link is copied as a link)."""
-    st = os.stat(name, dir_fd=sfd, follow_symlinks=False)
-    if stat.S_ISLNK(st.st_mode):
-        os.symlink(os.readlink(name, dir_fd=sfd), dname, dir_fd=dfd)
-    elif stat.S_ISREG(st.st_mode):
-        _, data = read_file(sfd, name)
-        fd = os.open(dname, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=dfd)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-    elif stat.S_ISDIR(st.st_mode):
-        os.mkdir(dname, 0o700, dir_fd=dfd)
-        src = os.open(name, O_DIR, dir_fd=sfd)
-        dst = os.open(dname, O_DIR, dir_fd=dfd)
+    def _above(self, fd: int, parts: list[str], i: int, rule: str, recorded: Node | None) -> None:
+        """A directory above an entry that is not one: a link or a file moved aside, the
+        directory made again, so that the entry is written, never through it."""
+        name = parts[i]
         try:
-            for child in os.listdir(src):
-                copy_whole(src, child, dst, child)
-        finally:
-            os.close(src)
-            os.close(dst)
-    # fifos, sockets, devices: nothing to keep
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            if recorded is not None:
+                os.mkdir(name, 0o755, dir_fd=fd)
+            return
+        upper = "/".join(parts[: i + 1])
+        what = (f"a link to {shown(os.readlink(name, dir_fd=fd))}" if stat.S_ISLNK(st.st_mode)
+                else "an entry that cannot be opened as a directory")
+        self.aside(fd, name, upper, rule, f"{what} took the place of the directory holding "
+                   f"{shown('/'.join(parts))}")
+        if recorded is not None:
+            os.mkdir(name, 0o755, dir_fd=fd)
+
+    def _repo_dir(self, fd: int, name: str, rel: str, rule: str, recorded: Node) -> None:
+        """A repository itself (its entries are checked one by one): a directory stays."""
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        except FileNotFoundError:
+            return  # gone: nothing to run
+        if not stat.S_ISDIR(st.st_mode):
+            self.restore(rel, rule, None, fd, name)
+        elif stat.S_IMODE(st.st_mode) != stat.S_IMODE(recorded.mode) and (
+                st.st_uid == os.geteuid()):
+            os.chmod(name, stat.S_IMODE(recorded.mode), dir_fd=fd)
+
+    def restore(self, rel: str, rule: str, recorded: Node | None, pfd: int, name: str) -> None:
+        path = os.path.join(self.snap.workdir, rel)
+        now = self._kind(pfd, name)
+        q = self.move_aside(pfd, name, rel) if now else ""
+        if recorded is not None and recorded.kind in ("file", "dir", "link"):
+            self.materialize(pfd, name, recorded)
+            if not now:
+                self.say(rel, rule, "removed in the session; the original is back")
+                return
+            cmd = (f"rm -rf -- {command(path)} && {command('mv', '-T', '--', q, path)}"
+                   if recorded.kind == "dir" else command("mv", "-f", "-T", "--", q, path))
+            self.say(rel, rule, f"{now} in the session; the original is back, the session's "
+                     f"version moved to {shown(q)}", cmd)
+        elif now:
+            what = now + (" appeared" if recorded is None else " replaced it")
+            self.say(rel, rule, f"{what}; moved to {shown(q)}", command("mv", "-T", "--", q, path))
+
+    def _kind(self, pfd: int, name: str) -> str:
+        try:
+            st = os.stat(name, dir_fd=pfd, follow_symlinks=False)
+        except FileNotFoundError:
+            return ""
+        if stat.S_ISLNK(st.st_mode):
+            return f"a link to {shown(os.readlink(name, dir_fd=pfd))}"
+        return "a directory" if stat.S_ISDIR(st.st_mode) else "a file" if stat.S_ISREG(
+            st.st_mode) else "a special file"
 
 
 def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
@@ -237,92 +276,76 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
         # 1. Every recorded entry, shallow first: a .git replaced before its hooks.
         for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
             rule, recorded = snap.entries[rel]
-            _guard(sweeper, rel, sweeper.check, root, rel, rule, recorded)
-        _put_back_renamed_git(sweeper, root)
-        # 2. What appeared: walk again, fds all the way down.
-        walk = Walk(snap.table)
-        try:
-            walk.run(root)
-        finally:
-            walk.close()
+            _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded)
+        from libbroker.launcher.hostrun_renamed import put_back_renamed_git
+
+        put_back_renamed_git(sweeper, root)
+        # 2. What appeared: walk again (unchanged directories by their ctime alone).
+        walk = Walk(snap.table, snap.dirs, fix=True)
+        walk.run(root)
+        for rel in walk.unreadable:
+            _guard(sweeper, root, rel, "unreadable", _unreadable, sweeper, root, rel)
         for rel, entry in walk.found:
+            if entry.rule == "git-dir":
+                continue  # a new repository or gitlink: below
             if rel not in snap.entries or snap.entries[rel][1] is None:
-                if rel.endswith(".git") and entry.rule == "git-dir":
-                    _guard(sweeper, rel, check_new_gitlink, sweeper, root, rel, snap)
-                else:
-                    _guard(sweeper, rel, sweeper.check, root, rel, entry.rule, None)
-        for rel, _ in walk.git_dirs:
-            if rel in snap.repos:
-                continue
-            _guard(sweeper, rel, check_new_repo, sweeper, root, rel)
-        for rel in walk.too_deep:
-            sweeper.lines.append(f"agent-sandbox: {rel}: more than {MAX_DEPTH} directories "
-                                 "deep, not swept below; look at it before using git there")
+                _guard(sweeper, root, rel, entry.rule, sweeper.check, root, rel, entry.rule,
+                       None)
+        for rel, ino in walk.git_dirs:
+            if snap.repos.get(rel) != ino:
+                _guard(sweeper, root, rel, "git-dir", check_new_repo, sweeper, root, rel)
+        judge_pointers(sweeper, root, walk)
     finally:
         os.close(root)
         if sweeper.qfd >= 0:
             os.close(sweeper.qfd)
-    if sweeper.lines:
-        os.makedirs(sweeper.quarantine, mode=0o700, exist_ok=True)
-        with open(os.path.join(sweeper.quarantine, "sweep.log"), "a") as log:
-            log.write("".join(line + "\n" for line in sweeper.lines))
+    _finish(sweeper)
     return sweeper.lines
 
 
-def _guard(sweeper: Sweeper, rel: str, step: Any, *args: Any) -> None:
-    """One entry's failure (a permission, a full disk) is reported, and the sweep goes on."""
+def _unreadable(sweeper: Sweeper, root: int, rel: str) -> None:
+    with parent_of(root, rel) as (pfd, name):
+        if pfd >= 0 and rel:
+            sweeper.aside(pfd, name, rel, "unreadable", "a directory the sweep cannot read "
+                          "(what git would find in it cannot be checked)")
+
+
+def _guard(sweeper: Sweeper, root: int, rel: str, rule: str, step: Callable[..., None],
+           *args: object) -> None:
+    """One entry's failure is not "unchanged": the entry is moved aside whole, one line."""
     try:
         step(*args)
-    except OSError as exc:
-        sweeper.lines.append(f"agent-sandbox: {rel}: could not be checked or restored: "
-                             f"{exc.strerror or exc}; look at it before using git there")
-
-
-def _put_back_renamed_git(sweeper: Sweeper, root: int) -> None:
-    """A recorded .git found elsewhere (by inode) goes back; what took its place goes aside.
-
-    ``mv .git .git-away && cp -r .git-away .git`` leaves a copy where the
-    repository was: the copy (with whatever the session did in it) is moved
-    aside, the original moved back.  A .git that is simply gone stays gone.
-    """
-    snap = sweeper.snap
-    displaced = {}
-    for rel, ino in snap.repos.items():
-        if not ino or not rel.endswith(".git"):
-            continue
-        with parent_of(root, rel) as (pfd, name):
-            if pfd < 0:
-                continue
-            now = sweeper.looker.node(pfd, name, shallow=True)
-            if now is None or now.ino != ino:
-                displaced[ino] = rel
-    if not displaced:
         return
-    walk = Walk(snap.table, inodes=True)
+    except OSError as exc:
+        why = exc.strerror or str(exc)
     try:
-        walk.run(root)
-    finally:
-        walk.close()
-    for (_, ino), where in walk.dirs_by_ino.items():
-        if ino not in displaced:
-            continue
-        rel = displaced[ino]
-        path = os.path.join(snap.workdir, rel)
-        with parent_of(root, rel) as (dfd, dname):
-            if dfd < 0:
-                continue
-            now = sweeper.looker.node(dfd, dname, shallow=True)
-            if now is not None:
-                q = sweeper.move_aside(dfd, dname, rel)
-                sweeper.say(rel, "git-dir", f"a {now.kind} took the repository's place in the "
-                            f"session; moved to {shlex.quote(q)}", "")
-            with parent_of(root, where) as (sfd, sname):
-                if sfd < 0:
-                    continue
-                os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
-        sweeper.say(rel, "git-dir", f"the repository was moved to {where} in the session; "
-                    f"moved back to {shlex.quote(path)}", "")
-        # Its entries were checked where they stood: check them again.
-        for entry_rel, (rule, recorded) in snap.entries.items():
-            if entry_rel.startswith(rel + "/"):
-                sweeper.check(root, entry_rel, rule, recorded)
+        with parent_of(root, rel) as (pfd, name):
+            if pfd >= 0 and rel and sweeper.exists(pfd, name):
+                sweeper.aside(pfd, name, rel, rule, f"could not be checked ({why})")
+                return
+    except OSError as exc:
+        why += f"; moving it aside failed too: {exc.strerror or exc}"
+    sweeper.failed = True
+    sweeper.say(rel, rule, f"could not be checked or restored: {why}; look at it before "
+                "using git there")
+
+
+def _finish(sweeper: Sweeper) -> None:
+    """The log, and the saved originals: removed once everything was put back."""
+    snap = sweeper.snap
+    if snap.saved and os.path.isdir(snap.saved):
+        if sweeper.failed:
+            sweeper.lines.append("agent-sandbox: the originals of the files above are kept in "
+                                 f"{shown(snap.saved)}")
+        else:
+            parent = os.open(os.path.dirname(snap.saved), O_DIR)
+            try:
+                remove_tree(parent, os.path.basename(snap.saved))
+            finally:
+                os.close(parent)
+    if sweeper.lines:
+        os.makedirs(sweeper.quarantine, mode=0o700, exist_ok=True)
+        fd = os.open(os.path.join(sweeper.quarantine, "sweep.log"),
+                     os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "wb") as log:
+            log.write("".join(line + "\n" for line in sweeper.lines).encode())

@@ -101,11 +101,12 @@ def test_the_janitor_sweeps_after_a_killed_launcher(world: World, tmp_path: Path
     assert (world.workdir / "planted").exists()
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
+    quarantine = world.home / ".local/state/agent-sandbox/quarantine"
     deadline = time.monotonic() + 30
-    while planted.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+    while not list(quarantine.rglob("sweep.log")) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the log is written last, once the sweep is done
     assert not planted.exists()
-    logs = list((world.home / ".local/state/agent-sandbox/quarantine").rglob("sweep.log"))
+    logs = list(quarantine.rglob("sweep.log"))
     assert logs and "sub/.git/hooks" in logs[0].read_text()
     host_uses_git(world.workdir)
     assert list(canary.iterdir()) == []

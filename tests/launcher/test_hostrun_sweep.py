@@ -12,12 +12,14 @@ import os
 import shutil
 import stat
 import subprocess
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from libbroker.launcher import hostrun_guard as guard
+from libbroker.launcher.hostrun_fs import remove_tree
 from libpolicy.hostrun import Table
 
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t",
@@ -328,16 +330,66 @@ def test_scan_is_fast_and_bwrap_lists(tmp_path: Path, world: tuple[Path, Path, P
     assert args[:3] == ["--bind", str(work / ".git"), str(work / ".git")]
 
 
-def test_a_tree_too_deep_is_reported_not_a_crash(tmp_path: Path) -> None:
-    work = tmp_path / "w"
-    work.mkdir()
-    snap = guard.scan(str(work), Table())
-    fd = os.open(work, os.O_RDONLY)
-    for _ in range(guard.MAX_DEPTH + 50):  # deeper than any path a lookup could name
+def plant_bare(dfd: int, name: str, config: str) -> None:
+    """A bare repository by hand (git itself cannot name a path that deep)."""
+    os.mkdir(name, dir_fd=dfd)
+    fd = os.open(name, os.O_RDONLY, dir_fd=dfd)
+    try:
+        for sub in ("objects", "refs", "refs/heads"):
+            os.mkdir(sub, dir_fd=fd)
+        for fname, text in (("HEAD", "ref: refs/heads/main\n"), ("config", config)):
+            out = os.open(fname, os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+            os.write(out, text.encode())
+            os.close(out)
+    finally:
+        os.close(fd)
+
+
+def _deep(top: Path, depth: int) -> int:
+    """An fd on the directory ``depth`` levels of ``d`` below ``top`` (made)."""
+    fd = os.open(top, os.O_RDONLY)
+    for _ in range(depth):  # deeper than PATH_MAX lets any one path name
         os.mkdir("d", dir_fd=fd)
         nxt = os.open("d", os.O_RDONLY, dir_fd=fd)
         os.close(fd)
         fd = nxt
+    return fd
+
+
+@pytest.fixture
+def deep_tmp() -> Iterator[Path]:
+    """A temporary directory outside pytest's (whose clean-up would recurse), removed
+    without recursion."""
+    top = tempfile.mkdtemp(prefix="hostrun-deep-")
+    try:
+        yield Path(top)
+    finally:
+        fd = os.open(os.path.dirname(top), os.O_RDONLY)
+        try:
+            remove_tree(fd, os.path.basename(top))
+        finally:
+            os.close(fd)
+
+
+@pytest.mark.parametrize("copy_only", [False, True], ids=["rename", "copy"])
+def test_trees_1100_deep_are_walked_and_moved_aside(deep_tmp: Path, copy_only: bool) -> None:
+    """No depth cap, no recursion, bounded fds: a repository planted 1100 levels down is
+    found, and a held tree that deep moves aside whole even across filesystems."""
+    work = deep_tmp / "w"
+    work.mkdir()
+    canary = deep_tmp / "canary"
+    canary.mkdir()
+    git(work, "init", "-q")
+    snap = guard.scan(str(work), Table())
+    fd = _deep(work / ".git", 1100)
+    plant_bare(fd, "evil", f"[core]\n\tpager = echo ran > {canary}/pager\n")
     os.close(fd)
-    lines = guard.sweep(snap, str(tmp_path / "state"))
-    assert len(lines) == 1 and "deep, not swept below" in lines[0]
+    os.close(_deep(work / ".git/hooks", 1100))
+    lines = guard.sweep(snap, str(deep_tmp / "state"), copy_only=copy_only)
+    assert any("names commands in its config (core.pager)" in line for line in lines), lines
+    assert any(line.startswith("agent-sandbox: .git/hooks [git-hooks]") for line in lines)
+    assert sorted(os.listdir(work / ".git/hooks")) == sorted(
+        n for n in os.listdir(work / ".git/hooks") if n.endswith(".sample"))
+    moved = deep_tmp / "state/quarantine" / snap.session / ".git/hooks"
+    assert (moved / "d/d/d").is_dir()
+    host_uses_git(work)
