@@ -30,6 +30,7 @@ from libbroker.launcher.hostrun_fs import (
     hash_fd,
     open_file,
 )
+from libbroker.launcher.hostrun_fs import parent_of as parent_of  # hostrun_live's import
 from libpolicy.hostrun import Table
 
 SMALL = 1 << 20  # contents kept in the snapshot itself; bigger files are saved copies

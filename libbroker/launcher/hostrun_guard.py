@@ -14,8 +14,8 @@ The parts: :mod:`.hostrun_fs` (fd-relative, link-free, bounded primitives),
 :mod:`.hostrun_walk` (finding git directories and entries),
 :mod:`.hostrun_scan`, :mod:`.hostrun_sweep`, :mod:`.hostrun_newrepo` (git
 directories made during the session, gitlinks, commondirs),
-:mod:`.hostrun_renamed` (a moved ``.git`` put back) and
-:mod:`.hostrun_show` (printed words safe to paste).
+and :mod:`.hostrun_renamed` (a moved ``.git`` put back).  Every printed
+word goes through :mod:`libbroker.shellquote`.
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ import os
 from libbroker.launcher.hostrun_fingerprint import Snapshot
 from libbroker.launcher.hostrun_newrepo import sanitized_config
 from libbroker.launcher.hostrun_scan import load, scan
-from libbroker.launcher.hostrun_show import shown
 from libbroker.launcher.hostrun_sweep import state_dir, sweep
+from libbroker.shellquote import quote
 from libpolicy.gitconfig import runs_commands as runs_commands  # the tests ask the guard
 from libpolicy.hostrun import Table
 
@@ -82,7 +82,7 @@ class Guard:
             lines = sweep(snap, self.state)
         except Exception as exc:  # the teardown goes on; the person is told
             why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
-            lines = [f"agent-sandbox: the sweep of {shown(snap.workdir)} failed: {why}; "
+            lines = [f"agent-sandbox: the sweep of {quote(snap.workdir)} failed: {why}; "
                      "check its git hooks and config before using git there"]
         if lines:
             text = "".join(line + "\n" for line in lines)

@@ -3,26 +3,30 @@
 A repository made during the session (``git init``, ``git clone``, a planted
 bare repository, one nested deep in ``.git/modules/``) keeps only git's
 ``*.sample`` hooks, no rebase or sequencer state, and loses the config keys
-that run commands (:mod:`libpolicy.gitconfig` decides, git itself parses the
-bytes).
+that may run commands (:mod:`libpolicy.gitconfig` decides, by an allow-list).
 
 Where a ``.git`` file or a ``commondir`` points is judged as the kernel
 resolves it, links followed the way git follows them, and nothing written
 through them: the target is opened ``O_PATH`` (which reads nothing and
-writes nothing) and known by its device and inode.  It must be a git
-directory this sweep found and checked, or one outside the workdir that an
-existing gitlink already named at the start; anything else is moved aside.
+writes nothing); its real path (``/proc/self/fd``) goes to
+:func:`libpolicy.hostrun.gitlink_verdict`.  It must be a guarded git dir
+(the start's repository there, or one inside a git dir: a submodule's or a
+worktree's, checked as new when it is), or the one outside the workdir that
+an existing pointer named at the start (by device and inode); anything
+else, or a pointer that cannot be read, is moved aside.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 from typing import TYPE_CHECKING
 
-from libbroker.launcher.hostrun_fingerprint import Node, digest_of, read_small
+from libbroker.launcher.hostrun_fingerprint import Node, Snapshot, digest_of, read_small
 from libbroker.launcher.hostrun_fs import open_dir, open_file, parent_of
 from libbroker.launcher.hostrun_walk import GIT_STATE, Walk
-from libpolicy.gitconfig import sanitized_pairs
+from libpolicy import gitconfig
+from libpolicy.hostrun import gitlink_verdict
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_sweep import Sweeper
@@ -37,6 +41,12 @@ def target(dfd: int, data: bytes, prefix: bytes) -> tuple[int, int] | None:
     ``data`` is the file's bytes, relative paths start at ``dfd``; None when
     it names nothing git could use (no prefix, no such directory).
     """
+    found = target_path(dfd, data, prefix)
+    return None if found is None else found[:2]
+
+
+def target_path(dfd: int, data: bytes, prefix: bytes) -> tuple[int, int, str] | None:
+    """:func:`target`, and the directory's real path (the kernel's, from /proc/self/fd)."""
     text = data.rstrip(b"\r\n\t ")
     if not text.startswith(prefix):
         return None
@@ -49,24 +59,9 @@ def target(dfd: int, data: bytes, prefix: bytes) -> tuple[int, int] | None:
         return None
     try:
         st = os.fstat(fd)
-        return st.st_dev, st.st_ino
+        return st.st_dev, st.st_ino, os.readlink(f"/proc/self/fd/{fd}")
     finally:
         os.close(fd)
-
-
-def _read_target(dfd: int, name: str, prefix: bytes) -> tuple[int, int] | bool | None:
-    """The target of the file ``name``: (dev, ino), None (names nothing), False (unreadable)."""
-    try:
-        fd = open_file(dfd, name, fix=True)
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return False
-    try:
-        data = read_small(fd, 4096)
-    finally:
-        os.close(fd)
-    return target(dfd, data, prefix) if len(data) <= 4096 else False
 
 
 def outside_targets(root: int, walk: Walk) -> list[tuple[int, int]]:
@@ -76,10 +71,10 @@ def outside_targets(root: int, walk: Walk) -> list[tuple[int, int]]:
     found = set()
     for rel, name, prefix in _pointers(walk):
         with parent_of(root, f"{rel}/{name}" if rel else name) as (dfd, _):
-            if dfd >= 0:
-                at = _read_target(dfd, name, prefix)
-                if isinstance(at, tuple) and at not in inside:
-                    found.add(at)
+            data = _read_pointer(dfd, name) if dfd >= 0 else None
+            at = None if data is None else target(dfd, data, prefix)
+            if at is not None and at not in inside:
+                found.add(at)
     return sorted(found)
 
 
@@ -97,21 +92,89 @@ def git_dir_ids(root: int, walk: Walk) -> set[tuple[int, int]]:
     return {(dev, ino) for _, ino in walk.git_dirs}
 
 
+def guarded(rel: str, ino: int, snap: Snapshot) -> bool:
+    """Whether a git dir may be a gitlink's or commondir's target: the start's own repository
+    there, or one inside a git dir (a submodule's or worktree's, which git itself makes)."""
+    return snap.repos.get(rel) == ino or ".git" in rel.split("/")[:-1]
+
+
+def verdict(root: int, snap: Snapshot, dfd: int, data: bytes, prefix: bytes,
+            git_dirs: set[str]) -> str | None:
+    """Why the pointer with bytes ``data`` in ``dfd`` may not stay (None: it may), judged by
+    :func:`libpolicy.hostrun.gitlink_verdict` on its target as the kernel resolves it."""
+    found = target_path(dfd, data, prefix)
+    if found is None:
+        return None  # names nothing git could use
+    dev, ino, real = found
+    if (dev, ino) in snap.targets:
+        return None  # the start's own, outside the workdir
+    top = os.readlink(f"/proc/self/fd/{root}")
+    rel = "" if real == top else real[len(top) + 1:] if real.startswith(top + "/") else None
+    return gitlink_verdict(rel, git_dirs)
+
+
 def judge_pointers(sweeper: Sweeper, root: int, walk: Walk) -> None:
-    """Every gitlink and commondir must point at a checked git dir (or the start's outside one)."""
-    allowed = git_dir_ids(root, walk) | set(sweeper.snap.targets)
+    """Every gitlink and commondir must point at a guarded git dir (or the start's outside
+    one); what cannot be read, or points elsewhere, is moved aside."""
+    snap = sweeper.snap
+    git_dirs = {rel for rel, ino in walk.git_dirs if guarded(rel, ino, snap)}
     for rel, name, prefix in _pointers(walk):
         entry = f"{rel}/{name}" if rel else name
         with parent_of(root, entry, fix=True) as (dfd, _):
-            if dfd < 0:
+            if dfd < 0 or not sweeper.exists(dfd, name):
                 continue
-            at = _read_target(dfd, name, prefix)
-            if at is None or (isinstance(at, tuple) and at in allowed):
-                continue
-            why = "cannot be read" if at is False else "points at a directory no sweep checked"
-            rule = "git-dir" if prefix else "git-commondir"
-            sweeper.aside(dfd, name, entry, rule, f"{why} (git would take hooks and config "
-                          "from there)")
+            data = _read_pointer(dfd, name)
+            why = "it cannot be read" if data is None else verdict(root, snap, dfd, data,
+                                                                   prefix, git_dirs)
+            if why is not None:
+                rule = "git-dir" if prefix else "git-commondir"
+                sweeper.aside(dfd, name, entry, rule, f"git would take hooks and config from "
+                              f"where it points, and {why}")
+
+
+def _read_pointer(dfd: int, name: str) -> bytes | None:
+    """A gitlink's or commondir's bytes; None when it is not a small readable file."""
+    try:
+        if not _is_file(dfd, name):
+            return None
+        fd = open_file(dfd, name, fix=True)
+        try:
+            data = read_small(fd, 4096)
+        finally:
+            os.close(fd)
+    except OSError:
+        return None
+    return data if len(data) <= 4096 else None
+
+
+def check_new_gitlink(sweeper: Sweeper, root: int, rel: str, snap: Snapshot) -> None:
+    """A ``.git`` that appeared, judged alone (the live guard's question).
+
+    A directory is a new repository; a ``gitdir:`` file may stay when it
+    names a guarded git dir (:func:`guarded`: then checked as a new one if it
+    is new) or the start's outside one; anything else is moved aside.
+    """
+    with parent_of(root, rel, fix=True) as (pfd, name):
+        if pfd < 0 or not sweeper.exists(pfd, name):
+            return
+        if stat.S_ISDIR(os.stat(name, dir_fd=pfd, follow_symlinks=False).st_mode):
+            check_new_repo(sweeper, root, rel)
+            return
+        data = _read_pointer(pfd, name)
+        found = None if data is None else target_path(pfd, data, b"gitdir:")
+        if data is not None and found is None:
+            return  # names nothing git could use
+        top = os.readlink(f"/proc/self/fd/{root}")
+        inside = found[2][len(top) + 1:] if found and found[2].startswith(top + "/") else ""
+        nested = bool(inside) and guarded(inside, found[1] if found else 0, snap)
+        why = "it cannot be read" if data is None else verdict(
+            root, snap, pfd, data, b"gitdir:", set(snap.repos) | ({inside} if nested else set()))
+        if why is None:
+            if nested and snap.repos.get(inside) != (found[1] if found else 0):
+                check_new_repo(sweeper, root, inside)
+            return
+        sweeper.aside(pfd, name, rel, "git-dir", f"git would take hooks and config from where "
+                      f"it points, and {why}")
 
 
 def check_new_repo(sweeper: Sweeper, root: int, rel: str) -> None:
@@ -167,8 +230,6 @@ def _hooks(sweeper: Sweeper, gfd: int, rel: str) -> None:
 
 
 def _is_file(dfd: int, name: str) -> bool:
-    import stat
-
     try:
         return stat.S_ISREG(os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode)
     except OSError:
@@ -204,31 +265,7 @@ def _sanitize_config(sweeper: Sweeper, gfd: int, rel: str, name: str, rule: str)
                   replace=Node("file", 0o644, len(clean), digest=digest))
 
 
-def config_entries(data: bytes) -> list[tuple[str, str]] | None:
-    """``(key, value)`` of a git config file's bytes, parsed by git itself; None if unparseable.
-
-    The bytes come on stdin (never a path the agent could swap), and
-    ``--no-includes`` keeps git from reading anything else.
-    """
-    import subprocess
-
-    try:
-        done = subprocess.run(["git", "config", "--file", "-", "--list", "--null",
-                               "--no-includes"], input=data, capture_output=True, timeout=10,
-                              check=False, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                                "HOME": "/nonexistent", "GIT_CONFIG_NOSYSTEM": "1"})
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if done.returncode != 0:
-        return None
-    out = []
-    for item in done.stdout.split(b"\0"):
-        if item:
-            key, _, value = item.decode(errors="replace").partition("\n")
-            out.append((key, value))
-    return out
-
-
 def sanitized_config(data: bytes) -> tuple[bytes, list[str]] | None:
-    """The config without its command-running keys, and those keys; None when it has none."""
-    return sanitized_pairs(config_entries(data))
+    """The config with only the keys that cannot run anything, and the others; None when it
+    has no other (:func:`libpolicy.gitconfig.sanitized_config`)."""
+    return gitconfig.sanitized_config(data)

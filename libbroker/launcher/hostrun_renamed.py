@@ -12,8 +12,8 @@ import os
 from typing import TYPE_CHECKING
 
 from libbroker.launcher.hostrun_fs import parent_of
-from libbroker.launcher.hostrun_show import shown
 from libbroker.launcher.hostrun_walk import Walk
+from libbroker.shellquote import quote
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_sweep import Sweeper
@@ -53,13 +53,13 @@ def _move_back(sweeper: Sweeper, root: int, rel: str, where: str) -> None:
             kind = sweeper._kind(dfd, dname)
             q = sweeper.move_aside(dfd, dname, rel)
             sweeper.say(rel, "git-dir", f"{kind} took the repository's place in the "
-                        f"session; moved to {shown(q)}")
+                        f"session; moved to {quote(q)}")
         with parent_of(root, where) as (sfd, sname):
             if sfd < 0:
                 return
             os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
-    sweeper.say(rel, "git-dir", f"the repository was moved to {shown(where)} in the session; "
-                f"moved back to {shown(path)}")
+    sweeper.say(rel, "git-dir", f"the repository was moved to {quote(where)} in the session; "
+                f"moved back to {quote(path)}")
     # Its entries were checked where they stood: check them again.
     for entry_rel, (rule, recorded) in sweeper.snap.entries.items():
         if entry_rel.startswith(rel + "/"):

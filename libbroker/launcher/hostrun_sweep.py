@@ -44,8 +44,8 @@ from libbroker.launcher.hostrun_fs import (
 )
 from libbroker.launcher.hostrun_newrepo import check_new_repo, judge_pointers
 from libbroker.launcher.hostrun_scan import quarantine_dir
-from libbroker.launcher.hostrun_show import command, shown
 from libbroker.launcher.hostrun_walk import Walk
+from libbroker.shellquote import command, quote, shown
 
 
 def state_dir(home: str = "") -> str:
@@ -128,10 +128,10 @@ class Sweeper:
         path = os.path.join(self.snap.workdir, rel)
         if replace is not None:
             self.materialize(dfd, name, replace)
-            self.say(rel, rule, f"{why}; the whole file moved to {shown(q)}",
+            self.say(rel, rule, f"{why}; the whole file moved to {quote(q)}",
                      command("mv", "-f", "-T", "--", q, path))
         else:
-            self.say(rel, rule, f"{why}; moved to {shown(q)}", command("mv", "-T", "--", q, path))
+            self.say(rel, rule, f"{why}; moved to {quote(q)}", command("mv", "-T", "--", q, path))
 
     # -- writing back
     def materialize(self, pfd: int, name: str, node: Node) -> None:
@@ -217,10 +217,10 @@ class Sweeper:
                 os.mkdir(name, 0o755, dir_fd=fd)
             return
         upper = "/".join(parts[: i + 1])
-        what = (f"a link to {shown(os.readlink(name, dir_fd=fd))}" if stat.S_ISLNK(st.st_mode)
+        what = (f"a link to {quote(os.readlink(name, dir_fd=fd))}" if stat.S_ISLNK(st.st_mode)
                 else "an entry that cannot be opened as a directory")
         self.aside(fd, name, upper, rule, f"{what} took the place of the directory holding "
-                   f"{shown('/'.join(parts))}")
+                   f"{quote('/'.join(parts))}")
         if recorded is not None:
             os.mkdir(name, 0o755, dir_fd=fd)
 
@@ -248,10 +248,10 @@ class Sweeper:
             cmd = (f"rm -rf -- {command(path)} && {command('mv', '-T', '--', q, path)}"
                    if recorded.kind == "dir" else command("mv", "-f", "-T", "--", q, path))
             self.say(rel, rule, f"{now} in the session; the original is back, the session's "
-                     f"version moved to {shown(q)}", cmd)
+                     f"version moved to {quote(q)}", cmd)
         elif now:
             what = now + (" appeared" if recorded is None else " replaced it")
-            self.say(rel, rule, f"{what}; moved to {shown(q)}", command("mv", "-T", "--", q, path))
+            self.say(rel, rule, f"{what}; moved to {quote(q)}", command("mv", "-T", "--", q, path))
 
     def _kind(self, pfd: int, name: str) -> str:
         try:
@@ -259,7 +259,7 @@ class Sweeper:
         except FileNotFoundError:
             return ""
         if stat.S_ISLNK(st.st_mode):
-            return f"a link to {shown(os.readlink(name, dir_fd=pfd))}"
+            return f"a link to {quote(os.readlink(name, dir_fd=pfd))}"
         return "a directory" if stat.S_ISDIR(st.st_mode) else "a file" if stat.S_ISREG(
             st.st_mode) else "a special file"
 
@@ -336,7 +336,7 @@ def _finish(sweeper: Sweeper) -> None:
     if snap.saved and os.path.isdir(snap.saved):
         if sweeper.failed:
             sweeper.lines.append("agent-sandbox: the originals of the files above are kept in "
-                                 f"{shown(snap.saved)}")
+                                 f"{quote(snap.saved)}")
         else:
             parent = os.open(os.path.dirname(snap.saved), O_DIR)
             try:
