@@ -87,3 +87,14 @@ def test_codex_as_an_ordinary_user(user: OrdinaryUser, base: Path, backend: str)
     assert "/agent-sandbox/agents/codex/" in copy
     assert not list((base / "home" / ".local" / "state" / "agent-sandbox" / "agents" / "codex")
                     .iterdir())  # written back and removed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("agent", ["claude", "gemini"])
+def test_the_other_agents_start_as_an_ordinary_user(
+    user: OrdinaryUser, base: Path, backend: str, agent: str
+) -> None:
+    if installed(agent) is None:
+        pytest.skip(f"{agent} CLI not installed")
+    done = run(user, base, backend, "--", agent, "--version")
+    assert done.returncode == 0 and done.stdout.strip(), done.stderr[-2000:]
