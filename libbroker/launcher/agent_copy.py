@@ -74,6 +74,7 @@ class Report:
     over: int = 0  # past MAX_TOTAL
     over_bytes: int = 0
     cut_short: bool = False  # MAX_SECONDS reached
+    named: list[str] = field(default_factory=list)  # the first few links out and large files
 
     def notable(self) -> bool:
         """Something of the user's own the agent may miss, said on stderr.
@@ -99,6 +100,8 @@ class Report:
                        f"({_size(self.over_bytes)})")
         if self.links_out:
             out.append(f"{self.links_out} links leading out of it")
+        if self.named:  # which of the user's own, so that a missing setting can be found
+            out.append("among them " + ", ".join(self.named))
         if self.special:
             out.append(f"{self.special} sockets/fifos/devices")
         if self.cut_short:
@@ -181,7 +184,7 @@ class Copier:
             except OSError:
                 continue
             if stat.S_ISLNK(st.st_mode):
-                self._link(entry.path, d, top, top_dst)
+                self._link(entry.path, d, top, top_dst, sub)
             elif stat.S_ISDIR(st.st_mode):
                 # keep_dirs and their entries (the workdir's, named after it: a
                 # workdir ~/src/web-cache has a Claude Code project -...-web-cache).
@@ -197,7 +200,7 @@ class Copier:
             else:
                 self.report.special += 1
 
-    def _link(self, src: str, dst: str, top: str, top_dst: str) -> None:
+    def _link(self, src: str, dst: str, top: str, top_dst: str, rel: str) -> None:
         """A link made again when what it names is inside ``top``; else left out."""
         try:
             target = os.readlink(src)
@@ -207,6 +210,8 @@ class Copier:
         resolved = os.path.normpath(os.path.join(here, target))
         if resolved != top and not resolved.startswith(top.rstrip("/") + "/"):
             self.report.links_out += 1
+            if len(self.report.named) < 3:
+                self.report.named.append(rel)
             return
         if os.path.isabs(target):  # the same file, in the copy
             target = os.path.relpath(os.path.join(top_dst, os.path.relpath(resolved, top)),
@@ -235,6 +240,8 @@ class Copier:
             if f.size > cap:
                 self.report.large += 1
                 self.report.large_bytes += f.size
+                if len(self.report.named) < 3:
+                    self.report.named.append(f.rel)
                 continue
             if total + f.size > MAX_TOTAL and not f.named:
                 self.report.over += 1

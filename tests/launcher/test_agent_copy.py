@@ -101,6 +101,7 @@ def test_codex_copy_takes_config_and_leaves_out_by_rule(
     line = r.line("codex")
     assert "\n" not in line and "6 files" in line and "7 cache/temp/log dirs" in line
     assert "2 links leading out" in line and "1 programs" in line and "over 4.0 MiB" in line
+    assert "among them " in line and "ssh" in line and "up" in line
     manifest = json.loads((tmp_path / "rt" / agent_home.MANIFEST).read_text())
     assert manifest["copy"] == line
 
