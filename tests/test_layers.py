@@ -41,7 +41,7 @@ PURE = {
     "libbroker.sandbox.limits",
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",
-        "graphql",
+        "graphql", "oauth_login",
     )),
 }  # fmt: skip
 IMPURE_IN_LIBPOLICY = {"libpolicy.hook"}  # the rest of libpolicy is pure

@@ -44,6 +44,11 @@ _MAX_JSON = 64 << 20  # a settings or state file larger than this is not merged
 # A transcript, session or login larger than this is not brought back (the
 # session wrote it: it must not fill the user's disk or the launcher's memory).
 _MAX_FILE = 256 << 20
+# A login the session held as placeholders (launcher.logins) never replaces
+# the person's own: the real one stayed on the host, refreshed there.
+_PLACEHOLDER = b"agent-sandbox-placeholder"
+_LOGIN_FILES = frozenset({"claude/.credentials.json", "codex/auth.json",
+                          "home/.gemini/oauth_creds.json"})
 
 
 class TooLarge(Exception):
@@ -366,7 +371,7 @@ def _bring(
 ) -> None:
     if rule.mode == WHOLE:
         data = _read_session_file(dirfd, name, _MAX_FILE)
-        if data is not None:
+        if data is not None and not (rel in _LOGIN_FILES and _PLACEHOLDER in data):
             _atomic_write(target, data)
     elif rule.mode == APPEND:
         start = before[0] if before is not None else 0

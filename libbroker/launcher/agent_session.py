@@ -23,7 +23,7 @@ import os
 from collections.abc import Mapping
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agent_argv, agents, exported_keys, key_notice, plan
+from libbroker.launcher import agent_argv, agents, exported_keys, key_notice, logins, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -47,6 +47,7 @@ class Agent:
         self.env: dict[str, str] = {}
         self.root = ""  # the private copy, once prepared
         self.copy_line = ""  # what the copy took and left out, in one line
+        self.login: logins.Login | None = None  # an OAuth login held on the host
 
     def prepare(self, rt: Runtime) -> Config:
         """Copy the agent's config into its private home; the config that grants it."""
@@ -73,6 +74,8 @@ class Agent:
             ) from None
         self.env = home.env
         self.root = home.root
+        if self.login is not None:  # before anything of the session runs
+            logins.placeholder_copy(self.login, home.root, rt.root)
         self.copy_line = home.report.line(self.profile.name)
         if home.report.notable():  # the user's own files the agent will not see: said
             os.write(2, f"agent-sandbox: {self.copy_line}\n".encode())
@@ -118,14 +121,17 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
         return None
     argv = agent_argv.session_argv(profile, cmd)
     cfg, kept = exported_keys.take(profile, host_env, cfg)  # exported keys: secrets
-    for line in (argv.note, kept, key_notice.notice(profile, host_env, cfg)):
+    cfg, login, held = logins.take(profile, cfg)  # an OAuth login: a secret, placeholders
+    for line in (argv.note, kept, held, key_notice.notice(profile, host_env, cfg)):
         if line:
             os.write(2, f"{'agent-sandbox: ' if line is argv.note else ''}{line}\n".encode())
     domains = (*cfg.domains, *(d for d in profile.domains if d not in cfg.domains))
     cfg = cfg._replace(domains=domains)
     if argv.read_only:  # codex -s read-only: as asked, the workdir is read-only
         cfg = cfg._replace(workdir_read_only=True)
-    return Agent(profile, cfg, argv.argv)
+    agent = Agent(profile, cfg, argv.argv)
+    agent.login = login
+    return agent
 
 
 def _managed(rt: Runtime) -> str:

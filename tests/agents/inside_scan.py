@@ -5,14 +5,15 @@ memory, so the scan's own file and command line do not hold them.  It reads
 every process's environment and command line it may (/proc), and every regular
 file under the session's HOME, the agents' config copies, the workdir and
 /tmp (first 4 MiB of each), and prints ``FOUND <where>`` per hit, then
-``SCANNED <files> <procs>``.
+``SCANNED <files> <procs>``.  Code put before it may set ``EXTRA_PARTS``
+(values learnt at run time, split the same way).
 """
 
 from __future__ import annotations
 
 SCAN = r"""
 import os
-SECRETS = [a + b for a, b in {parts!r}]
+SECRETS = [a + b for a, b in {parts!r} + globals().get("EXTRA_PARTS", [])]
 def hit(data):
     return any(s.encode() in data for s in SECRETS)
 procs = 0

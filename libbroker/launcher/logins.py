@@ -1,0 +1,126 @@
+"""An agent's OAuth login stays on the host: placeholders inside, the token at the proxy.
+
+Claude Code's subscription login (``~/.claude/.credentials.json``,
+``claudeAiOauth``) used to reach the session in its private copy: a process
+inside could send the refresh token anywhere it may reach and keep the
+person's plan after the session.  Now, with no config to write:
+
+- :func:`take` (before egress-proxy gets its arguments): the login seen, a
+  ``[[secret]]`` of its own for the agent's API host, whose command is
+  :mod:`libegress.login_keeper` on the person's own file (it prints the
+  access token, refreshed before it expires, the rotated pair written back
+  atomically with the file's mode); the session's ``resolve`` pins and
+  ``upstream_ca`` go with it, so the refresh reaches what the proxy would;
+- :func:`placeholder_copy` (once the private copy is made): the copy's login
+  holds :data:`ACCESS` and :data:`REFRESH`, fixed placeholders, and an expiry
+  far ahead, so the agent never refreshes by itself; the manifest records the
+  rewritten file as copied, and :mod:`.agent_home` never brings back a login
+  file that holds a placeholder.
+
+The agent adds its login's headers (``anthropic-beta: oauth-2025-04-20``)
+itself, as it would with the real token; egress-proxy replaces only
+``Authorization``, on the API host only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+import sys
+from typing import TYPE_CHECKING, NamedTuple
+
+from libbroker.launcher.egress_values import Secret
+from libegress import oauth_login
+
+if TYPE_CHECKING:
+    from libbroker.launcher.agents import Profile
+    from libbroker.launcher.config import Config
+
+ACCESS = "sk-ant-oat01-agent-sandbox-placeholder"
+REFRESH = "sk-ant-ort01-agent-sandbox-placeholder"
+FAR_AHEAD_MS = 4102444800000  # 2100-01-01: the agent never sees it near expiry
+# How often egress-proxy asks the keeper (a file read; a refresh only when due).
+EVERY = 60
+EVERY_VAR = "AGENT_SANDBOX_LOGIN_EVERY"  # seconds: shorter, for tests and the impatient
+
+
+class Login(NamedTuple):
+    """An agent's OAuth login found on the host."""
+
+    kind: str  # libegress.oauth_login.KINDS
+    path: str  # the person's own file
+    copy: str  # the file in the private copy, relative to its root
+    host: str  # the API host that gets the access token
+
+
+_FILES = {"claude": ("~/.claude/.credentials.json", "claude/.credentials.json",
+                     "api.anthropic.com")}
+
+
+def detect(profile: Profile, home: str) -> Login | None:
+    """The agent's OAuth login in ``home``, or None (none, or not one we can hold)."""
+    if profile.name not in _FILES:
+        return None
+    where, copy, host = _FILES[profile.name]
+    path = os.path.join(home, where[2:])
+    try:
+        with open(path, encoding="utf-8") as fh:
+            oauth_login.parse(oauth_login.KINDS[profile.name], fh.read(1 << 20))
+    except (OSError, UnicodeDecodeError, oauth_login.LoginError):
+        return None
+    return Login(profile.name, path, copy, host)
+
+
+def _every() -> int:
+    value = os.environ.get(EVERY_VAR, "")
+    return int(value) if value.isdigit() and 0 < int(value) <= EVERY else EVERY
+
+
+def take(profile: Profile, cfg: Config) -> tuple[Config, Login | None, str]:
+    """``cfg`` with the login's secret, the login, and the line that says so."""
+    login = detect(profile, cfg.home)
+    if login is None:
+        return cfg, None, ""
+    if any(s.host == login.host for s in cfg.secrets):  # an API key is used there
+        return cfg, login, (f"agent-sandbox: {profile.name}'s login stays on this host "
+                            "(placeholders in the session; its API host has a key already)")
+    argv = [sys.executable, "-m", "libegress.login_keeper", login.kind, login.path,
+            *(f"--resolve={pin}" for pin in cfg.resolve)]
+    if cfg.upstream_ca:
+        argv.append(f"--ca={cfg.upstream_ca}")
+    secret = Secret(login.host, "Authorization", shlex.join(argv), "Bearer {}", _every())
+    line = (f"agent-sandbox: {profile.name}'s login stays on this host: egress-proxy sends "
+            f"its token to {login.host} and refreshes it (the session holds placeholders)")
+    return cfg._replace(secrets=(*cfg.secrets, secret)), login, line
+
+
+def placeholder_copy(login: Login, root: str, runtime: str) -> None:
+    """Put the placeholders in the private copy's login; record it as copied."""
+    from libbroker.launcher.agent_home import MANIFEST
+
+    path = os.path.join(root, login.copy)
+    kind = oauth_login.KINDS[login.kind]
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.loads(fh.read(1 << 20))
+    except (OSError, ValueError):
+        data = {}
+    inner = data.get(kind.key) if isinstance(data, dict) else None
+    kept = {k: v for k, v in (inner or {}).items() if k in ("scopes", "subscriptionType",
+                                                             "rateLimitTier")}
+    data = {kind.key: {**kept, "accessToken": ACCESS, "refreshToken": REFRESH,
+                       "expiresAt": FAR_AHEAD_MS}}
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)  # a fresh file: never the host's inode
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        json.dump(data, fh)
+    st = os.stat(path)
+    manifest_path = os.path.join(runtime, MANIFEST)
+    with open(manifest_path, encoding="utf-8") as fh:
+        manifest = json.load(fh)
+    manifest.setdefault("copied", {})[login.copy] = [st.st_size, st.st_mtime_ns]
+    with open(manifest_path, "w", encoding="utf-8") as fh:
+        json.dump(manifest, fh)

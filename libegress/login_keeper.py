@@ -1,0 +1,156 @@
+"""The host side of an agent's OAuth login: print its access token, refreshed when due.
+
+egress-proxy runs this as a ``[[secret]]`` command (libbroker.launcher.logins
+makes the entry), every few seconds, on the host, never in the sandbox::
+
+    python -m libegress.login_keeper KIND FILE [--resolve=HOST:IP:PORT]... [--ca=FILE]
+
+It reads the person's own login file (``~/.claude/.credentials.json``) under
+an exclusive lock on its directory, and when the access token expires within
+:data:`.oauth_login.MARGIN_MS` it refreshes it at the agent's token endpoint
+and writes the rotated pair back: a temporary file in the same directory with
+the file's own mode, fsync'd, renamed over it.  Then it prints the access
+token (egress-proxy takes the first line).  ``--resolve`` and ``--ca`` are the
+session's own upstream pins and CA (its config's ``resolve`` and
+``upstream_ca``), so the refresh reaches what the proxy would.
+
+A refusal prints one line on stderr (never a token) and exits 1; a refresh
+that fails while the held token is still valid prints that token (the proxy
+goes on; the next run tries again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import http.client
+import os
+import socket
+import ssl
+import sys
+import time
+from urllib.parse import urlsplit
+
+from libegress import oauth_login
+from libegress.oauth_login import Kind, LoginError, Tokens
+from libegress.route import parse_pin
+
+MAX_FILE = 1 << 20
+TIMEOUT = 20.0
+
+
+def _read(path: str) -> tuple[str, int]:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        st = os.fstat(fd)
+        with os.fdopen(os.dup(fd), "rb") as fh:
+            data = fh.read(MAX_FILE + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_FILE:
+        raise LoginError("the login file is larger than 1 MiB")
+    try:
+        return data.decode("utf-8"), st.st_mode & 0o7777
+    except UnicodeDecodeError:
+        raise LoginError("the login file is not UTF-8") from None
+
+
+def _write(path: str, text: str, mode: int) -> None:
+    """Replace ``path`` atomically with ``text``, keeping its mode."""
+    parent = os.path.dirname(path) or "."
+    tmp = os.path.join(parent, f".{os.path.basename(path)}.keeper-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    dirfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dirfd)
+    finally:
+        os.close(dirfd)
+
+
+def _post(url: str, body: bytes, pins: list[str], ca: str | None) -> tuple[int, bytes]:
+    """POST ``body`` (JSON) to ``url`` over verified TLS, honouring the session's pins."""
+    parts = urlsplit(url)
+    host, port = parts.hostname or "", parts.port or 443
+    address = host
+    for text in pins:  # the session's resolve pins, as egress-proxy reads them
+        pinned_host, pin = parse_pin(text)
+        if pinned_host == host:
+            address, port = str(pin.address), pin.port or port
+    ctx = ssl.create_default_context(cafile=ca) if ca else ssl.create_default_context()
+    conn = http.client.HTTPSConnection(host, port, timeout=TIMEOUT, context=ctx)
+    raw = socket.create_connection((address, port), timeout=TIMEOUT)
+    conn.sock = ctx.wrap_socket(raw, server_hostname=host)
+    try:
+        conn.request("POST", parts.path or "/", body=body,
+                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+        answer = conn.getresponse()
+        return answer.status, answer.read(MAX_FILE)
+    finally:
+        conn.close()
+
+
+def current_token(kind: Kind, path: str, pins: list[str], ca: str | None) -> str:
+    """The access token to send now: the file's, refreshed and written back when due."""
+    dirfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dirfd, fcntl.LOCK_EX)  # one refresh at a time per directory
+        text, mode = _read(path)
+        data, tokens = oauth_login.parse(kind, text)
+        now = int(time.time() * 1000)
+        if not oauth_login.needs_refresh(tokens, now):
+            return tokens.access
+        try:
+            status, answer = _post(kind.token_url, oauth_login.refresh_body(kind, tokens),
+                                   pins, ca)
+            new_data, new = oauth_login.refreshed(kind, data, tokens, status, answer, now)
+        except (LoginError, OSError, ssl.SSLError, http.client.HTTPException) as exc:
+            return _still_valid(tokens, now, exc)
+        import json
+
+        _write(path, json.dumps(new_data, indent=2), mode)
+        return new.access
+    finally:
+        os.close(dirfd)
+
+
+def _still_valid(tokens: Tokens, now: int, exc: BaseException) -> str:
+    why = exc if isinstance(exc, LoginError) else type(exc).__name__
+    if tokens.expires_ms <= now:
+        raise LoginError(f"the refresh failed ({why}) and the access token has expired")
+    print(f"login-keeper: the refresh failed ({why}); the held token is still valid",
+          file=sys.stderr)
+    return tokens.access
+
+
+def main(argv: list[str]) -> int:
+    words = [a for a in argv if not a.startswith("--")]
+    pins = [a.split("=", 1)[1] for a in argv if a.startswith("--resolve=")]
+    cas = [a.split("=", 1)[1] for a in argv if a.startswith("--ca=")]
+    if len(words) != 2 or words[0] not in oauth_login.KINDS:
+        print("usage: python -m libegress.login_keeper claude FILE [--resolve=PIN]... "
+              "[--ca=FILE]", file=sys.stderr)
+        return 2
+    try:
+        token = current_token(oauth_login.KINDS[words[0]], words[1], pins,
+                              cas[-1] if cas else None)
+    except (LoginError, OSError, ValueError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        print(f"login-keeper: {why}", file=sys.stderr)
+        return 1
+    sys.stdout.write(token + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

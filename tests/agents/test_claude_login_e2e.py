@@ -1,0 +1,140 @@
+"""Claude Code's subscription login stays on the host: the real CLI, both backends.
+
+The home holds a Claude.ai OAuth login (``.credentials.json``) issued by a
+stand-in token endpoint and API (standin_oauth.py, TLS on loopback, reached
+through the config's ``resolve`` pins).  No ``[[secret]]``, no API key: the
+launcher sees the login by itself (libbroker.launcher.logins).
+
+- A turn completes; the access token expires mid-session (the stand-in
+  revokes the old pair when it rotates), it is refreshed on the host, and the
+  next turn works with the new one;
+- the rotated pair is in the person's file after the session, with its mode;
+- the real tokens are nowhere inside (a scan of /proc, HOME, the config copy,
+  the workdir and /tmp, which learns the rotated pair at run time), and no
+  request but the host's refresh carries the refresh token;
+- a process inside posting the placeholder refresh token to the token
+  endpoint gets ``invalid_grant``, and the login is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agents_world import Home, need
+from inside_scan import SCAN, split
+from standin_oauth import HOSTS, Oauth, start
+
+BACKENDS = ("bwrap", "nono")
+MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
+PLACEHOLDER = "agent-sandbox-placeholder"
+
+
+@pytest.fixture()
+def oauth(tmp_path: Path) -> Iterator[Oauth]:
+    found, server = start(tmp_path)
+    yield found
+    server.shutdown()
+    server.server_close()
+
+
+def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
+    creds = w.home / ".claude" / ".credentials.json"
+    creds.write_text(json.dumps({"claudeAiOauth": {
+        "accessToken": o.access, "refreshToken": o.refresh,
+        "expiresAt": int((time.time() + expires_in_s) * 1000),
+        "scopes": ["user:inference", "user:profile"], "subscriptionType": "max"}}))
+    creds.chmod(0o640)  # not the 0600 a fresh file would get: kept as it is
+    return creds
+
+
+def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedProcess[str]:
+    cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
+                   upstream_ca=str(o.ca_file))
+    env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
+    env.pop("ANTHROPIC_API_KEY")  # the login alone
+    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
+            "--agent=claude", "--", "sh", "-c", script]
+    return subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
+                          timeout=150, stdin=subprocess.DEVNULL, check=False)
+
+
+SESSION = """
+claude -p hello || exit 1
+i=0; while [ ! -e refreshed ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+[ -e refreshed ] || { echo NO-REFRESH; exit 1; }
+claude -p --allowedTools=Bash 'RUN<<python3 scan.py>>'
+"""
+LEARN = "import json\nEXTRA_PARTS = [tuple(p) for p in json.load(open('refreshed'))]\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_subscription_login_works_refreshes_on_the_host_and_stays_outside(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    need("claude")
+    w, o = world, oauth
+    first = o.secrets()
+    creds = login(w, o, MARGIN_S + 6)  # due for refresh a few seconds in
+    flag = w.workdir / "refreshed"  # the session waits for it, and learns the new pair
+    o.on_refresh = lambda: flag.write_text(json.dumps(split(*o.secrets())))
+    (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
+    done = run(w, o, backend, SESSION)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert out.startswith("pong") and "RESULT<<" in out and "SCANNED" in out, out
+    assert "FOUND" not in out, out
+    assert ("agent-sandbox: claude's login stays on this host: egress-proxy sends its token "
+            "to api.anthropic.com and refreshes it (the session holds placeholders)"
+            in done.stderr)
+    # Refreshed once, on the host, with the first refresh token; rotated into the file.
+    (refresh,) = o.refreshes()
+    assert json.loads(refresh.body)["refresh_token"] == first[1]
+    held = json.loads(creds.read_text())["claudeAiOauth"]
+    assert (held["accessToken"], held["refreshToken"]) == (o.access, o.refresh) != tuple(first)
+    assert held["subscriptionType"] == "max" and held["expiresAt"] > time.time() * 1000 + 3600e3
+    assert creds.stat().st_mode & 0o777 == 0o640
+    # The real tokens went only where they belong; no placeholder reached the service.
+    for r in o.seen:
+        carried = [t for t in o.secrets() if t in r.headers + r.body]
+        if r.path == "/v1/oauth/token":
+            assert carried == [first[1]]
+        else:
+            assert r.host.startswith("api.anthropic.com"), r
+            assert all(f"Bearer {t}" in r.headers and t not in r.body for t in carried)
+        assert PLACEHOLDER not in r.headers + r.body
+    assert not [p for p in creds.parent.iterdir() if ".keeper-" in p.name]
+
+
+# platform.claude.com is a plain tunnel: curl meets the stand-in's own certificate.
+POST = ("curl -sS --cacert oauth-ca.pem -X POST -H 'Content-Type: application/json' "
+        "https://platform.claude.com/v1/oauth/token -d \"$(python3 -c '"
+        "import json, os; c = json.load(open(os.environ[\"CLAUDE_CONFIG_DIR\"] + "
+        "\"/.credentials.json\"))[\"claudeAiOauth\"]; print(json.dumps({\"grant_type\": "
+        "\"refresh_token\", \"client_id\": \"9d1c250a-e61b-44d9-88ed-5944d1962f5e\", "
+        "\"refresh_token\": c[\"refreshToken\"]}))')\"")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_placeholder_refresh_token_gets_nothing_usable(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    w, o = world, oauth
+    creds = login(w, o, 8 * 3600)
+    before = creds.read_text()
+    (w.workdir / "oauth-ca.pem").write_bytes(o.ca_file.read_bytes())
+    done = run(w, o, backend, POST)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
+    (tried,) = o.refreshes()
+    assert PLACEHOLDER in tried.body and o.refresh not in tried.body
+    assert creds.read_text() == before and o.secrets() == [o.access, o.refresh]
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, *sys.argv[1:]]))
