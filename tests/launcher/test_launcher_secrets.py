@@ -79,7 +79,8 @@ def test_duplicate_hosts_and_envs_are_refused() -> None:
 
 
 def test_the_proxy_gets_the_file_and_the_sandbox_the_placeholder() -> None:
-    cfg = from_mapping({"secret": [ENTRY], "env": ["ANTHROPIC_API_KEY"]}, FACTS)
+    cfg = from_mapping({"secret": [ENTRY], "env": ["ANTHROPIC_API_KEY"],
+                        "unsafe_env": ["ANTHROPIC_API_KEY"]}, FACTS)
     rt = Runtime("/run/user/1/agent-sandbox/session-x")
     assert ("--secrets=/run/user/1/agent-sandbox/session-x.host/secrets.json"
             in plan.proxy_args(cfg, rt))
@@ -161,6 +162,7 @@ def test_a_session_holds_the_placeholder_and_the_stand_in_gets_the_key(
                  f"api.github.com:127.0.0.1:{world.standin.port}",
                  f"api.anthropic.com:127.0.0.1:{port}"],
         env=["ANTHROPIC_API_KEY"],  # passed through, and still the placeholder wins
+        unsafe_env=["ANTHROPIC_API_KEY"],  # (env alone refuses a key variable since issue 27)
     )
     with cfg.open("a") as fh:
         fh.write(f'\n[[secret]]\nhost = "api.anthropic.com"\nheader = "x-api-key"\n'
