@@ -27,7 +27,8 @@ arg0 links, 1 GiB of caches):
 
 Needs the pinned CLIs in .agents (``just setup-dev``) and bwrap; an agent not
 installed there is skipped (never one found elsewhere on PATH).
-Run: ``python3 bench/agents.py`` (``BENCH_N=5 BENCH_READS=20`` by default).
+Run: ``python3 bench/agents.py`` (``BENCH_N=5 BENCH_READS=20`` by default;
+``BENCH_ONLY=copies,starts`` runs those sections only).
 """
 
 from __future__ import annotations
@@ -255,13 +256,11 @@ def main() -> None:
     build(home, str(workdir), installed("codex"))
     try:
         print(f"load: {os.getloadavg()[0]:.2f}, {os.cpu_count()} cores")
-        copies(w)
-        starts(w)
-        if os.environ.get("BENCH_STARTS_ONLY"):
-            return
-        turns(w)
-        hook(w)
-        trace(w)
+        only = os.environ.get("BENCH_ONLY", "")  # e.g. "copies,starts"
+        for name, section in (("copies", copies), ("starts", starts), ("turns", turns),
+                              ("hook", hook), ("trace", trace)):
+            if not only or name in only.split(","):
+                section(w)
     finally:
         server.shutdown()
         shutil.rmtree(workdir, ignore_errors=True)

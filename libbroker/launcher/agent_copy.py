@@ -36,6 +36,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 MAX_FILE = 4 << 20  # a file larger than this is not config: a log, a dump, a model
 MAX_NAMED = 64 << 20  # an entry the profile names as a file (Claude Code's state)
@@ -118,15 +119,16 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
-@dataclass(order=True)
-class _File:
+class _File(NamedTuple):
+    """A file to copy; tuples sort in C: shallowest, then newest first."""
+
     depth: int
-    age: int  # -mtime: newest first
+    age: int  # -mtime
     size: int
-    src: str = field(compare=False)
-    dst: str = field(compare=False)
-    rel: str = field(compare=False)
-    named: bool = field(compare=False, default=False)
+    src: str
+    dst: str
+    rel: str
+    named: bool = False
 
 
 class Copier:
@@ -178,7 +180,7 @@ class Copier:
             sub = f"{rel}/{entry.name}"
             if self.skip(sub, rel):
                 continue
-            d = os.path.join(dst, entry.name)
+            d = dst + "/" + entry.name
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -254,21 +256,23 @@ class Copier:
             done = _copy_file(f.src, f.dst, cap)
             if done is None:
                 continue
-            if done == -1:
+            if done[0] < 0:
                 self.report.programs += 1
                 self.report.programs_bytes += f.size
                 continue
-            total += done
-            st = os.stat(f.dst)
-            self.copied[f.rel] = [st.st_size, st.st_mtime_ns]
+            total += done[0]
+            self.copied[f.rel] = list(done)  # the write-back's baseline: size, mtime
             self.report.files += 1
         self.report.bytes = total
         self.report.seconds = time.monotonic() - self._t0
         return self.report
 
 
-def _copy_file(src: str, dst: str, cap: int) -> int | None:
-    """Copy one regular file, never through a link: its size, -1 for a program, None."""
+def _copy_file(src: str, dst: str, cap: int) -> tuple[int, int] | None:
+    """Copy one regular file, never through a link: the copy's (size, mtime_ns).
+
+    (-1, 0) for a program (left out); None when it cannot be copied.
+    """
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -278,7 +282,7 @@ def _copy_file(src: str, dst: str, cap: int) -> int | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         if os.pread(fd, 4, 0) == _ELF:
-            return -1
+            return -1, 0
         mode = stat.S_IMODE(st.st_mode) & 0o700 | 0o600
         try:
             out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
@@ -286,13 +290,13 @@ def _copy_file(src: str, dst: str, cap: int) -> int | None:
         except OSError:
             return None
         try:
-            done = 0
-            while done < cap:  # a file still growing is copied up to the cap
-                n = os.sendfile(out, fd, done, min(_CHUNK, cap - done))
+            done, want = 0, min(st.st_size, cap)  # as it was when opened, at most the cap
+            while done < want:
+                n = os.sendfile(out, fd, done, min(_CHUNK, want - done))
                 if n == 0:
                     break
                 done += n
-            return done
+            return done, os.fstat(out).st_mtime_ns
         finally:
             os.close(out)
     except OSError:
