@@ -155,6 +155,7 @@ def session_shape(
     hold: tuple[str, ...] | None = None,
     overlays: tuple[tuple[str, str], ...] = (),
     binds: tuple[tuple[str, str], ...] = (),
+    links: tuple[str, ...] = (),
 ) -> Shape:
     """The agent session's :class:`Shape`, for either backend.
 
@@ -198,6 +199,7 @@ def session_shape(
         hostname="" if landlock else "agent-sandbox",
         overlays=() if landlock else overlays,
         binds=binds,
+        links=links if landlock and binds else (),
     )
 
 

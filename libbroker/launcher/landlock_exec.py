@@ -71,9 +71,9 @@ def main(argv: list[str] | None = None) -> int:
         def run() -> NoReturn:
             os._exit(_sandboxed(spec, tty))
 
-        binds = from_json(spec["shape"]).binds  # private git configs, in its mount namespace
+        shape = from_json(spec["shape"])  # private git configs, in its mount namespace
         child, watch, group = pidns.spawn_below(run, life, group=not tty, native_reaper=None,
-                                                binds=binds)
+                                                binds=shape.binds, links=shape.links)
     except Exception as exc:
         sys.stderr.write(f"agent-sandbox: cannot start the Landlock sandbox: {exc}\n")
         return 125

@@ -268,6 +268,7 @@ class Session:
 
                 # bwrap's tree waits for the go byte: nothing of CMD runs yet.
                 cgroups.move_tree(self.limits, self.sandbox.pid)
+            self._hold_config_links()
             os.write(self.control, b"g")
         else:
             self._send_landlock_spec(host, found)
@@ -300,6 +301,21 @@ class Session:
         except OSError as exc:
             raise LaunchError(f"cannot set up the live guard of the workdir's git configs: "
                               f"{exc.strerror or exc}") from None
+
+    def _hold_config_links(self) -> None:
+        """bwrap: each config link a mount point inside, so the command cannot put a file
+        of its own there (libbroker.sandbox.holdlink); else the watcher puts it back."""
+        links = tuple(sorted(self.live.configs.held_elsewhere())) if self.live else ()
+        if not links or self.sandbox is None:
+            return
+        from libbroker.sandbox import holdlink
+
+        try:
+            pid = holdlink.sandbox_process(self.sandbox.pid, self.cfg.start_timeout)
+            holdlink.hold_in(pid, links)
+        except OSError as exc:
+            self._say([f"agent-sandbox: the git config links are only watched in this "
+                       f"session, not held: {exc.strerror or exc}"])
 
     @staticmethod
     def _say(lines: list[str]) -> None:
@@ -473,6 +489,7 @@ class Session:
             ports=(found.http_port, found.socks_port, self.door.port),
             tmpdir=tmpdir,
             binds=self._binds,
+            links=tuple(sorted(self.live.configs.held_elsewhere())) if self.live else (),
         )
         import json
 

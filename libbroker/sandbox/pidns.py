@@ -62,7 +62,7 @@ def unshare_pids() -> bool:
     return True
 
 
-def own_proc(binds: tuple[tuple[str, str], ...] = ()) -> None:
+def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = ()) -> None:
     """In the namespace's init: a mount namespace whose /proc shows only the namespace,
     and whose /dev/pts holds only the sandbox's own terminals; each of ``binds``
     (host directory, path) bound read-write over that path, in this namespace
@@ -90,11 +90,15 @@ def own_proc(binds: tuple[tuple[str, str], ...] = ()) -> None:
     for src, dst in binds:
         check(c.mount(os.fsencode(src), os.fsencode(dst), None, _MS_BIND, None),
               f"mount --bind {src} {dst}")
+    if links:  # the config links cannot be replaced inside (libbroker.sandbox.holdlink)
+        from libbroker.sandbox.holdlink import hold_links
+
+        hold_links(links)
 
 
 def spawn_below(
     run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None,
-    binds: tuple[tuple[str, str], ...] = (),
+    binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (),
 ) -> tuple[int, int, bool]:
     """In a reaper: start the command (``run``, in a forked child) below us.
 
@@ -118,7 +122,8 @@ def spawn_below(
     init = os.fork()
     if init == 0:
         os.close(watch_r)
-        _init(run, control, watch_w, group=group, native_reaper=native_reaper, binds=binds)
+        _init(run, control, watch_w, group=group, native_reaper=native_reaper, binds=binds,
+              links=links)
     os.close(watch_w)
     os.close(control)
     return init, watch_r, False
@@ -127,10 +132,11 @@ def spawn_below(
 def _init(
     run: Callable[[], NoReturn], control: int, watch: int, *, group: bool,
     native_reaper: str | None, binds: tuple[tuple[str, str], ...] = (),
+    links: tuple[str, ...] = (),
 ) -> NoReturn:  # fmt: skip
     """Pid 1 of the new namespace: its own /proc, the command, then the reaper's job."""
     try:
-        own_proc(binds)
+        own_proc(binds, links)
         command = os.fork()
     except BaseException as exc:
         with contextlib.suppress(OSError):

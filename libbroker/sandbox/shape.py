@@ -72,6 +72,7 @@ class Shape:
     hostname: str = ""
     overlays: tuple[tuple[str, str], ...] = ()
     binds: tuple[tuple[str, str], ...] = ()
+    links: tuple[str, ...] = ()  # symlinks made mount points (Landlock; bwrap: the launcher)
 
     def to_json(self) -> str:
         body = asdict(self)

@@ -69,7 +69,8 @@ def test_ordinary_git_config_writes_work_inside_and_stay(world: World, backend: 
 PLANT = ("git config core.fsmonitor 'echo ran > {canary}/fsmonitor; false' && "
          "git config alias.st '-c core.fsmonitor=true status' && "
          "git config include.path ../evil.cfg && git config user.name Agent && "
-         "sleep 0.3 && touch planted && {wait}")
+         "{{ rm -f .git/config; printf '[core]\\n\\tpager = evil\\n' >> .git/config; }} "
+         "2>/dev/null; sleep 0.3 && touch planted && {wait}")
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "nono"])
@@ -82,7 +83,7 @@ def test_command_keys_set_inside_never_reach_the_host(world: World, tmp_path: Pa
     proc = world.launch("sh", "-c", script, sandbox=backend)
     try:
         _wait(work / "planted")
-        for key in ("core.fsmonitor", "alias.st", "include.path"):  # during the session
+        for key in ("core.fsmonitor", "alias.st", "include.path", "core.pager"):  # during
             assert git(work, "config", "--get", key, check=False).stdout == "", key
         git(work, "status", "--short")
         (work / "go").touch()
@@ -90,7 +91,7 @@ def test_command_keys_set_inside_never_reach_the_host(world: World, tmp_path: Pa
     finally:
         proc.kill()
     assert proc.returncode == 0, err
-    for key in ("core.fsmonitor", "alias.st", "include.path"):  # and after
+    for key in ("core.fsmonitor", "alias.st", "include.path", "core.pager"):  # and after
         assert git(work, "config", "--get", key, check=False).stdout == "", key
     assert git(work, "config", "--get", "user.name").stdout.strip() == "Agent"
     git(work, "status", "--short")
@@ -230,13 +231,14 @@ def _as_user(tmp_path: Path, backend: str) -> None:
     env = user.env(home, XDG_RUNTIME_DIR=str(runtime), GIT_CONFIG_NOSYSTEM="1")
     env["PATH"] = os.path.dirname(sys.executable) + ":" + env.get("PATH", "/usr/bin:/bin")
     inside = ("git config user.email u@example.com && git remote add origin ./x && "
-              "git config core.fsmonitor 'touch fsm-ran' && git config --get core.fsmonitor")
+              "git config core.fsmonitor 'touch fsm-ran' && git config --get core.fsmonitor && "
+              "{ rm .git/config 2>/dev/null && echo REMOVED; true; }")
     done = subprocess.run(
         user.argv(["agent-sandbox", "run", f"--sandbox={backend}", f"--config={config}", "--",
                    "sh", "-c", inside]),
         env=env, cwd=work, capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.strip() == "touch fsm-ran"  # set inside, for inside
+    assert done.stdout.strip() == "touch fsm-ran", done.stderr  # set inside; the link stays
     listed = subprocess.run(user.argv(["git", "config", "--list", "--local"]), env=env, cwd=work,
                             capture_output=True, text=True, timeout=30).stdout.splitlines()
     assert "user.email=u@example.com" in listed and "remote.origin.url=./x" in listed
