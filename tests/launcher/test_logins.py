@@ -1,0 +1,100 @@
+"""launcher.logins: an OAuth login seen, its secret made, placeholders in the copy,
+and the person's own login never replaced by them.
+
+The sessions are tests/agents/test_claude_login_e2e.py's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from libbroker.launcher import agent_home, agents, logins, plan
+from libbroker.launcher.config import Config, HostFacts, from_mapping
+
+CLAUDE = agents.PROFILES["claude"]
+REAL = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-REAL", "refreshToken": "sk-ant-ort01-REAL",
+                          "expiresAt": 1, "scopes": ["user:inference"], "subscriptionType": "max"}}
+
+
+def home_with_login(tmp_path: Path, data: object = REAL) -> Path:
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / ".credentials.json").write_text(json.dumps(data))
+    return home
+
+
+def cfg_for(home: Path, **keys: object) -> Config:
+    facts = HostFacts(home=str(home), cwd=str(home.parent), gh_present=False)
+    return from_mapping({"workdir": str(home.parent / "w"), **keys}, facts)
+
+
+def test_a_login_becomes_a_secret_whose_command_names_only_the_file(tmp_path: Path) -> None:
+    home = home_with_login(tmp_path)
+    cfg = cfg_for(home, resolve=["platform.claude.com:127.0.0.1:9"], upstream_ca="/ca.pem")
+    out, login, line = logins.take(CLAUDE, cfg)
+    assert login is not None and login.path == str(home / ".claude" / ".credentials.json")
+    (secret,) = out.secrets
+    assert (secret.host, secret.header, secret.format) == ("api.anthropic.com", "Authorization",
+                                                           "Bearer {}")
+    assert shlex.split(secret.command) == [
+        sys.executable, "-m", "libegress.login_keeper", "claude", login.path,
+        "--resolve=platform.claude.com:127.0.0.1:9", "--ca=/ca.pem"]
+    assert "REAL" not in plan.secrets_json(out) and "REAL" not in line
+    assert line.startswith("agent-sandbox: claude's login stays on this host")
+
+
+def test_no_login_or_one_we_cannot_hold_changes_nothing(tmp_path: Path) -> None:
+    for data in ({}, {"claudeAiOauth": {"accessToken": "a"}}, "x"):
+        cfg = cfg_for(home_with_login(tmp_path / str(len(str(data))), data))
+        assert logins.take(CLAUDE, cfg) == (cfg, None, "")
+    assert logins.take(agents.PROFILES["gemini"], cfg)[1] is None
+
+
+def test_a_host_with_a_key_already_keeps_the_key_and_the_placeholders(tmp_path: Path) -> None:
+    cfg = cfg_for(home_with_login(tmp_path), secret=[{
+        "host": "api.anthropic.com", "header": "x-api-key", "format": "{}",
+        "command": "printenv ANTHROPIC_API_KEY"}])
+    out, login, line = logins.take(CLAUDE, cfg)
+    assert out == cfg and login is not None and "has a key already" in line
+
+
+def session_copy(tmp_path: Path, home: Path) -> tuple[str, str, logins.Login]:
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    made = agent_home.prepare(CLAUDE, home=str(home), workdir=str(tmp_path / "w"),
+                              session="s1", runtime=str(runtime), env={})
+    login = logins.detect(CLAUDE, str(home))
+    assert login is not None
+    logins.placeholder_copy(login, made.root, str(runtime))
+    return made.root, str(runtime), login
+
+
+def test_the_copy_holds_placeholders_and_nothing_of_them_comes_back(tmp_path: Path) -> None:
+    home = home_with_login(tmp_path)
+    host_file = home / ".claude" / ".credentials.json"
+    before = host_file.read_text()
+    root, runtime, login = session_copy(tmp_path, home)
+    copy = Path(root, login.copy)
+    inner = json.loads(copy.read_text())["claudeAiOauth"]
+    assert inner == {"scopes": ["user:inference"], "subscriptionType": "max",
+                     "accessToken": logins.ACCESS, "refreshToken": logins.REFRESH,
+                     "expiresAt": logins.FAR_AHEAD_MS}
+    assert "REAL" not in copy.read_text() and os.stat(copy).st_mode & 0o777 == 0o600
+    # The agent rewrites it (same placeholders, a new time): still not brought back.
+    copy.write_text(json.dumps({"claudeAiOauth": {**inner, "subscriptionType": "pro"}}))
+    assert agent_home.write_back(runtime) == []
+    assert host_file.read_text() == before
+
+
+def test_a_new_login_made_inside_comes_back(tmp_path: Path) -> None:
+    home = home_with_login(tmp_path)
+    root, runtime, login = session_copy(tmp_path, home)
+    fresh = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-NEW", "refreshToken": "r-NEW",
+                               "expiresAt": 2}}
+    Path(root, login.copy).write_text(json.dumps(fresh))
+    assert agent_home.write_back(runtime) == []
+    assert json.loads((home / ".claude" / ".credentials.json").read_text()) == fresh
