@@ -55,22 +55,14 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
         snap.dirs = walk.dirs
         for rel, ino in walk.git_dirs:
             snap.repos[rel] = ino
-            with parent_of(root, rel) as (pfd, name):
-                # "": the root is the git dir (gitdir_guard)
-                gfd = open_dir(pfd, name or ".") if pfd >= 0 else -1
-                if gfd < 0:
-                    continue
-                try:
-                    for entry in git_entries(table):
-                        key = join(rel, entry.parts[0])
-                        snap.entries[key] = (entry.rule, looker.node(gfd, entry.parts[0]))
-                finally:
-                    os.close(gfd)
+            _git_entries(snap, looker, root, rel)
         for rel, entry in walk.found:
             with parent_of(root, rel) as (pfd, name):
                 if pfd >= 0:
                     node = looker.node(pfd, name, shallow=entry.rule == "git-dir")
                     snap.entries[rel] = (entry.rule, node)
+        for rel in list(snap.repos):
+            _config_targets(snap, looker, root, rel)
         from libbroker.launcher.hostrun_newrepo import outside_targets
 
         snap.targets = outside_targets(root, walk)
@@ -86,6 +78,49 @@ def scan(workdir: str, table: Table, *, session: str = "", runtime_dir: str = ""
             fh.write(snap.to_json())
         os.rename(path + ".tmp", path)
     return snap
+
+
+def _git_entries(snap: Snapshot, looker: Looker, root: int, rel: str) -> None:
+    """The held entries of the git dir ``rel``: hooks/, config, commondir, state dirs."""
+    with parent_of(root, rel) as (pfd, name):
+        try:
+            # "": the root is the git dir (gitdir_guard)
+            gfd = open_dir(pfd, name or ".") if pfd >= 0 else -1
+        except OSError:
+            return  # unreadable now: the sweep moves what it cannot read aside
+        if gfd < 0:
+            return
+        try:
+            for entry in git_entries(snap.table):
+                key = join(rel, entry.parts[0])
+                snap.entries[key] = (entry.rule, looker.node(gfd, entry.parts[0]))
+        finally:
+            os.close(gfd)
+
+
+def _config_targets(snap: Snapshot, looker: Looker, root: int, rel: str) -> None:
+    """What a repository's own config makes git read or run, inside the workdir, is held
+    like the table's entries: core.hooksPath (husky's ``.husky/``) and include.path /
+    includeIf targets (a shared ``tools/git.cfg``), as :func:`libpolicy.gitconfig.
+    config_targets` names them."""
+    from libpolicy.gitconfig import config_targets
+
+    node = snap.entries.get(join(rel, "config"), ("", None))[1]
+    data = snap.blobs.get(node.digest) if node is not None and node.kind == "file" else None
+    if data is None:
+        return
+    git_dir = os.path.join(snap.workdir, rel)
+    top = os.path.dirname(git_dir) if rel == ".git" or rel.endswith("/.git") else None
+    for path in config_targets(data, git_dir, top) or ():
+        inside = os.path.normpath(path)
+        if not inside.startswith(snap.workdir.rstrip("/") + "/"):
+            continue  # outside the workdir: not the session's to write
+        target = inside[len(snap.workdir.rstrip("/")) + 1:]
+        if target in snap.entries or target.split("/")[0] == "..":
+            continue
+        with parent_of(root, target) as (pfd, name):
+            if pfd >= 0:
+                snap.entries[target] = ("git-config-target", looker.node(pfd, name))
 
 
 def settle(snap: Snapshot) -> None:

@@ -172,9 +172,14 @@ class Sweeper:
             os.fchmod(fd, stat.S_IMODE(rec.mode))
             if rec.mtime:
                 os.utime(fd, ns=(rec.mtime, rec.mtime))
+            st = os.fstat(fd)
         finally:
             os.close(fd)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        # These bytes are the recorded ones: a later sweep (the saved copy gone by then)
+        # knows the file by its stat, as the scan's.
+        rec.ino, rec.ctime, rec.mtime = st.st_ino, os.stat(
+            name, dir_fd=dfd, follow_symlinks=False).st_ctime_ns, st.st_mtime_ns
 
     def say(self, rel: str, rule: str, what: str, cmd: str = "") -> None:
         line = f"agent-sandbox: {shown(rel)} [{rule}]: {what}"
