@@ -239,7 +239,10 @@ class Watcher:
                         self._guard(path, gitconfig.clean_new, self.configs, self._root, path)
                 else:
                     keys[self._recorded_above(path) or path] = None
-            for key in keys:
+            # Redirects (a commondir, a gitlink, a config: one rename or merge) before
+            # a held directory's restore, which writes it back whole (hooks/: a dozen files).
+            for key in sorted(keys, key=lambda k: k in self.snap.entries and not k.endswith(
+                    ("/commondir", "/config", ".git", "/config.worktree"))):
                 self._judge(key)
             for git in new_repos:
                 self._backlog.submit("repo:" + git, functools.partial(self._new_repo, git))
