@@ -269,3 +269,34 @@ def test_a_dead_sessions_record_whose_workdir_is_gone_is_dropped(world: World) -
         said.append(done.stderr.count("gone since a session ended there"))
     assert said == [1, 0], said
     assert not list((state / "live").iterdir())
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+@pytest.mark.parametrize("swap", ["link", "fifo", "huge"])
+def test_a_private_copy_that_is_no_config_is_refused(world: World, backend: str,
+                                                     swap: str) -> None:
+    """The session replaces its private copy with a link to a host file, a FIFO or a file
+    over the bound: nothing of it is read into the host's config (no hang), one line."""
+    work = _repo(world)
+    before = git(work, "config", "--list", "--local").stdout
+    make = {"link": 'ln -s /etc/passwd "$p"', "fifo": 'mkfifo "$p"',
+            "huge": 'head -c 300000 /dev/zero | tr "\\0" "#" > "$p.new" && mv "$p.new" "$p"'}[swap]
+    script = f'p=$(readlink .git/config) && rm -f "$p" && {make} && echo done'
+    done = world.run("sh", "-c", script, sandbox=backend, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "done", done.stderr
+    assert git(work, "config", "--list", "--local").stdout == before
+    assert stat.S_ISREG((work / ".git/config").lstat().st_mode)
+    assert "(not a regular file of at most 256 KiB)" in done.stderr
+
+
+@pytest.mark.parametrize("size", [0, 1, (256 << 10) - 1, 256 << 10, (256 << 10) + 1])
+def test_the_config_bound(tmp_path: Path, size: int) -> None:
+    from libbroker.launcher.hostrun_gitconfig import MAX_CONFIG, read_small
+
+    (tmp_path / "config").write_bytes(b"#" * size)
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        got = read_small(fd, "config")
+    finally:
+        os.close(fd)
+    assert got == (b"#" * size if size <= MAX_CONFIG else None)
