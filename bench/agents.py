@@ -94,18 +94,25 @@ def starts(w: Home) -> None:
     """``--version`` per agent: host, bwrap, Landlock (the session's start and end around it)."""
     agents = [a for a in AGENTS if installed(a)]
     times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
+    # CPU (user + system) of the run and all it waited for: what the load does not move.
+    cpus: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
 
     def run(agent: str, mode: str) -> float:
         argv = [agent, "--version"]
         if mode != "host":
             argv = ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={mode}",
                     "--", *argv]
+        c0 = os.times()
         t0 = time.perf_counter()
         done = subprocess.run(argv, env=w.env(), cwd=w.workdir, capture_output=True, text=True,
                               timeout=60, stdin=subprocess.DEVNULL, check=False)
+        took = time.perf_counter() - t0
+        c1 = os.times()
         if done.returncode != 0:
             raise SystemExit(f"{argv} failed: {done.stderr[-1500:]}")
-        return time.perf_counter() - t0
+        cpus[agent, mode].append(c1.children_user + c1.children_system
+                                 - c0.children_user - c0.children_system)
+        return took
 
     for agent in agents:
         for mode in MODES:
@@ -118,6 +125,12 @@ def starts(w: Home) -> None:
           "(goal: +0.15)")
     for agent in agents:
         med = [statistics.median(times[agent, m]) for m in MODES]
+        print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
+              f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
+    print("   the same in CPU seconds (user + system of every process reaped; the load does not "
+          "move it; under bwrap the command inside its PID namespace is not counted):")
+    for agent in agents:
+        med = [statistics.median(cpus[agent, m]) for m in MODES]
         print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
               f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
     for agent in agents:  # where a session's time goes, in one line (AGENT_SANDBOX_TRACE)
