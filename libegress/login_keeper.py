@@ -5,7 +5,8 @@ makes the entry), every few seconds, on the host, never in the sandbox::
 
     python -m libegress.login_keeper KIND FILE [--resolve=HOST:IP:PORT]... [--ca=FILE]
 
-It reads the person's own login file (``~/.claude/.credentials.json``) under
+It reads the person's own login file (``~/.claude/.credentials.json``,
+``~/.codex/auth.json``) under
 an exclusive lock on its directory, and when the access token expires within
 :data:`.oauth_login.MARGIN_MS` it refreshes it at the agent's token endpoint
 and writes the rotated pair back: a temporary file in the same directory with
@@ -138,8 +139,8 @@ def main(argv: list[str]) -> int:
     pins = [a.split("=", 1)[1] for a in argv if a.startswith("--resolve=")]
     cas = [a.split("=", 1)[1] for a in argv if a.startswith("--ca=")]
     if len(words) != 2 or words[0] not in oauth_login.KINDS:
-        print("usage: python -m libegress.login_keeper claude FILE [--resolve=PIN]... "
-              "[--ca=FILE]", file=sys.stderr)
+        print(f"usage: python -m libegress.login_keeper {'|'.join(oauth_login.KINDS)} FILE "
+              "[--resolve=PIN]... [--ca=FILE]", file=sys.stderr)
         return 2
     try:
         token = current_token(oauth_login.KINDS[words[0]], words[1], pins,

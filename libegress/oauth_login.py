@@ -12,14 +12,22 @@ installed CLI), when to refresh, the refresh request, and the file after it.
   by a JSON POST to ``platform.claude.com/v1/oauth/token`` (``grant_type``
   ``refresh_token``, Claude Code's public client id, the scopes); the answer's
   ``refresh_token`` replaces the old one (it rotates), ``expires_in`` in s.
+- Codex: ``auth.json``, ``tokens`` = ``id_token``, ``access_token`` (JWTs),
+  ``refresh_token``, ``account_id``, and ``last_refresh``; the expiry is the
+  access token's ``exp`` claim (Codex decodes it, never verifies it);
+  refreshed by a JSON POST to ``auth.openai.com/oauth/token`` (``client_id``,
+  ``grant_type``, ``refresh_token``); the answer holds new ``id_token``,
+  ``access_token`` and (rotated) ``refresh_token``.
 
 A refusal is a :class:`LoginError` that never holds a token.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
@@ -44,7 +52,11 @@ class Kind(NamedTuple):
 
 CLAUDE = Kind("claude", "https://platform.claude.com/v1/oauth/token",
               "9d1c250a-e61b-44d9-88ed-5944d1962f5e", "claudeAiOauth")
-KINDS = {k.name: k for k in (CLAUDE,)}
+CODEX = Kind("codex", "https://auth.openai.com/oauth/token", "app_EMoamEEZ73f0CkXaXp7hrann",
+             "tokens")
+KINDS = {k.name: k for k in (CLAUDE, CODEX)}
+# Codex without an exp claim refreshes 8 days after last_refresh (its own rule).
+CODEX_INTERVAL_MS = 8 * 24 * 3600 * 1000
 
 
 class Tokens(NamedTuple):
@@ -63,6 +75,8 @@ def parse(kind: Kind, text: str) -> tuple[dict[str, Any], Tokens]:
     login = data.get(kind.key) if isinstance(data, dict) else None
     if not isinstance(login, dict):
         raise LoginError(f"{kind.name}'s login file holds no {kind.key}")
+    if kind is CODEX:
+        return data, _codex_tokens(data, login)
     access, refresh = login.get("accessToken"), login.get("refreshToken")
     expires = login.get("expiresAt")
     if not _is_token(access) or not _is_token(refresh):
@@ -73,6 +87,52 @@ def parse(kind: Kind, text: str) -> tuple[dict[str, Any], Tokens]:
     scope_list = tuple(s for s in scopes if isinstance(s, str)) if isinstance(scopes, list) else ()
     assert isinstance(access, str) and isinstance(refresh, str)
     return data, Tokens(access, refresh, int(expires), scope_list)
+
+
+def _codex_tokens(data: Mapping[str, Any], login: Mapping[str, Any]) -> Tokens:
+    access, refresh = login.get("access_token"), login.get("refresh_token")
+    if not _is_token(access) or not _is_token(refresh):
+        raise LoginError("codex's login has no usable access and refresh token")
+    assert isinstance(access, str) and isinstance(refresh, str)
+    expires = jwt_exp_ms(access)
+    if expires is None:
+        expires = _iso_ms(data.get("last_refresh")) + CODEX_INTERVAL_MS
+    return Tokens(access, refresh, expires, ())
+
+
+def jwt_claims(token: str) -> dict[str, Any] | None:
+    """A JWT's payload, decoded (never verified), or None when it is not one."""
+    parts = token.split(".")
+    if len(parts) != 3 or not all(parts):
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (ValueError, RecursionError):
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+def jwt_exp_ms(token: str) -> int | None:
+    exp = (jwt_claims(token) or {}).get("exp")
+    if isinstance(exp, bool) or not isinstance(exp, int | float):
+        return None
+    return int(exp * 1000)
+
+
+def _iso_ms(value: object) -> int:
+    """``last_refresh`` (RFC 3339) in ms; 0 (long ago) when absent or unreadable."""
+    if not isinstance(value, str):
+        return 0
+    from datetime import datetime
+
+    try:
+        return int(datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp() * 1000)
+    except ValueError:
+        return 0
+
+
+def iso_now(now_ms: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now_ms / 1000))
 
 
 def _is_token(value: object) -> bool:
@@ -87,6 +147,8 @@ def refresh_body(kind: Kind, tokens: Tokens) -> bytes:
     """The token request's JSON body, as the agent itself sends it."""
     body: dict[str, str] = {"grant_type": "refresh_token", "refresh_token": tokens.refresh,
                             "client_id": kind.client_id}
+    if kind is CODEX:  # no scope: as Codex sends it
+        return json.dumps(body).encode()
     if tokens.scopes:
         body["scope"] = " ".join(tokens.scopes)
     return json.dumps(body).encode()
@@ -104,9 +166,11 @@ def refreshed(kind: Kind, data: Mapping[str, Any], tokens: Tokens, status: int,
     if not isinstance(got, dict):
         raise LoginError("the token endpoint's answer is not an object")
     access, refresh = got.get("access_token"), got.get("refresh_token", tokens.refresh)
-    expires_in = got.get("expires_in")
     if not _is_token(access) or not _is_token(refresh):
         raise LoginError("the token endpoint's answer holds no usable token")
+    if kind is CODEX:
+        return _codex_refreshed(data, got, now_ms)
+    expires_in = got.get("expires_in")
     if isinstance(expires_in, bool) or not isinstance(expires_in, int | float) \
             or not 0 < expires_in < 10**8:
         raise LoginError("the token endpoint's answer has no usable expires_in")
@@ -119,3 +183,19 @@ def refreshed(kind: Kind, data: Mapping[str, Any], tokens: Tokens, status: int,
     if isinstance(scope, str) and scope.strip():
         login["scopes"] = scope.split()
     return out, Tokens(access, refresh, expires_ms, tuple(login.get("scopes") or ()))
+
+
+def _codex_refreshed(data: Mapping[str, Any], got: Mapping[str, Any],
+                     now_ms: int) -> tuple[dict[str, Any], Tokens]:
+    out = json.loads(json.dumps(data))
+    login = out[CODEX.key]
+    login["access_token"] = got["access_token"]
+    if "refresh_token" in got:
+        login["refresh_token"] = got["refresh_token"]
+    id_token = got.get("id_token")
+    if id_token is not None:
+        if not _is_token(id_token) or jwt_claims(id_token) is None:
+            raise LoginError("the token endpoint's answer holds no usable id token")
+        login["id_token"] = id_token
+    out["last_refresh"] = iso_now(now_ms)
+    return out, _codex_tokens(out, login)

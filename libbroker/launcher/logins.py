@@ -1,7 +1,8 @@
 """An agent's OAuth login stays on the host: placeholders inside, the token at the proxy.
 
 Claude Code's subscription login (``~/.claude/.credentials.json``,
-``claudeAiOauth``) used to reach the session in its private copy: a process
+``claudeAiOauth``) and Codex's ChatGPT login (``~/.codex/auth.json``,
+``tokens``) used to reach the session in its private copy: a process
 inside could send the refresh token anywhere it may reach and keep the
 person's plan after the session.  Now, with no config to write:
 
@@ -17,19 +18,21 @@ person's plan after the session.  Now, with no config to write:
   rewritten file as copied, and :mod:`.agent_home` never brings back a login
   file that holds a placeholder.
 
-The agent adds its login's headers (``anthropic-beta: oauth-2025-04-20``)
-itself, as it would with the real token; egress-proxy replaces only
-``Authorization``, on the API host only.
+The agent adds its login's headers (``anthropic-beta: oauth-2025-04-20``,
+``chatgpt-account-id``) itself, as it would with the real token;
+egress-proxy replaces only ``Authorization``, on the API host only.
 """
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+import time
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.launcher.egress_values import Secret
 from libegress import oauth_login
@@ -55,8 +58,13 @@ class Login(NamedTuple):
     host: str  # the API host that gets the access token
 
 
-_FILES = {"claude": ("~/.claude/.credentials.json", "claude/.credentials.json",
-                     "api.anthropic.com")}
+_FILES = {
+    "claude": ("~/.claude/.credentials.json", "claude/.credentials.json", "api.anthropic.com"),
+    # Codex with a ChatGPT login talks to chatgpt.com/backend-api (codex/responses).
+    "codex": ("~/.codex/auth.json", "codex/auth.json", "chatgpt.com"),
+}
+CODEX_REFRESH = "rt_agent-sandbox-placeholder"
+PLACEHOLDER_SIGNATURE = "agent-sandbox-placeholder"
 
 
 def detect(profile: Profile, home: str) -> Login | None:
@@ -96,6 +104,42 @@ def take(profile: Profile, cfg: Config) -> tuple[Config, Login | None, str]:
     return cfg._replace(secrets=(*cfg.secrets, secret)), login, line
 
 
+def _claude_placeholders(data: Any) -> dict[str, Any]:
+    inner = data.get("claudeAiOauth") if isinstance(data, dict) else None
+    kept = {k: v for k, v in (inner or {}).items()
+            if k in ("scopes", "subscriptionType", "rateLimitTier")}
+    return {"claudeAiOauth": {**kept, "accessToken": ACCESS, "refreshToken": REFRESH,
+                              "expiresAt": FAR_AHEAD_MS}}
+
+
+def _codex_placeholders(data: Any) -> dict[str, Any]:
+    """Codex's auth.json with JWTs it can decode (its plan, account, an exp in 2100)
+    whose signatures are a fixed word, and a placeholder refresh token."""
+    tokens = data.get("tokens") if isinstance(data, dict) else None
+    tokens = tokens if isinstance(tokens, dict) else {}
+    id_claims = oauth_login.jwt_claims(str(tokens.get("id_token", ""))) or {}
+    access_claims = oauth_login.jwt_claims(str(tokens.get("access_token", ""))) or {}
+    now_ms = int(time.time() * 1000)
+    return {
+        "OPENAI_API_KEY": None,
+        "tokens": {
+            "id_token": _jwt(id_claims),
+            "access_token": _jwt({**access_claims, "exp": FAR_AHEAD_MS // 1000}),
+            "refresh_token": CODEX_REFRESH,
+            "account_id": tokens.get("account_id"),
+        },
+        "last_refresh": oauth_login.iso_now(now_ms),
+    }
+
+
+def _jwt(claims: dict[str, Any]) -> str:
+    def part(value: object) -> str:
+        raw = json.dumps(value, separators=(",", ":")).encode()
+        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.{PLACEHOLDER_SIGNATURE}"
+
+
 def placeholder_copy(login: Login, root: str, runtime: str) -> None:
     """Put the placeholders in the private copy's login; record it as copied."""
     from libbroker.launcher.agent_home import MANIFEST
@@ -107,11 +151,7 @@ def placeholder_copy(login: Login, root: str, runtime: str) -> None:
             data = json.loads(fh.read(1 << 20))
     except (OSError, ValueError):
         data = {}
-    inner = data.get(kind.key) if isinstance(data, dict) else None
-    kept = {k: v for k, v in (inner or {}).items() if k in ("scopes", "subscriptionType",
-                                                             "rateLimitTier")}
-    data = {kind.key: {**kept, "accessToken": ACCESS, "refreshToken": REFRESH,
-                       "expiresAt": FAR_AHEAD_MS}}
+    data = _codex_placeholders(data) if kind is oauth_login.CODEX else _claude_placeholders(data)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a fresh file: never the host's inode
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

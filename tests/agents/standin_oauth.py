@@ -1,23 +1,28 @@
-"""A stand-in for Claude's OAuth token endpoint and API, on loopback, over TLS.
+"""Stand-ins for Claude's and ChatGPT's OAuth token endpoints and APIs, on loopback, TLS.
 
-One HTTPS server answers for ``platform.claude.com`` (the token endpoint,
-``POST /v1/oauth/token``) and ``api.anthropic.com`` (Messages, through
-standin_apis' script).  It holds one login as the real service would:
+One HTTPS server answers for ``platform.claude.com`` (Claude's token
+endpoint, ``POST /v1/oauth/token``), ``api.anthropic.com`` (Messages),
+``auth.openai.com`` (Codex's, ``POST /oauth/token``) and ``chatgpt.com``
+(``/backend-api/codex/responses``), the models through standin_apis' script.
+It holds one login of the kind asked for, as the real service would:
 
-- the API takes only a current access token (``Authorization: Bearer``, with
-  ``anthropic-beta: oauth-2025-04-20``), else 401;
-- a refresh with the current refresh token and Claude Code's client id issues
-  a new pair and revokes the old one (the refresh token rotates); anything
-  else is ``400 invalid_grant``;
+- the API takes only the current access token (``Authorization: Bearer``;
+  Claude: with ``anthropic-beta: oauth-2025-04-20``; Codex: with the
+  account's ``chatgpt-account-id``), else 401;
+- a refresh with the current refresh token and the agent's client id issues
+  a new pair (Codex: JWT access and id tokens, with ``exp``) and revokes the
+  old one (the refresh token rotates); anything else is ``400 invalid_grant``;
 - every request is recorded (host, path, headers, body) for the tests, and
   each rotation calls ``on_refresh`` when set.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import ssl
 import threading
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,10 +30,32 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import trustme
-from standin_apis import anthropic_json, anthropic_stream
+from standin_apis import anthropic_json, anthropic_stream, openai_stream
 
-HOSTS = ("api.anthropic.com", "platform.claude.com", "console.anthropic.com")
+HOSTS = ("api.anthropic.com", "platform.claude.com", "console.anthropic.com",
+         "auth.openai.com", "chatgpt.com")
 CLIENT_ID = "9d1c250a-e61b-44d9-88ed-5944d1962f5e"
+CODEX_CLIENT_ID = "app_EMoamEEZ73f0CkXaXp7hrann"
+ACCOUNT = "acct-standin-1"
+
+
+def jwt(claims: dict[str, object], signature: str) -> str:
+    """A JWT of ``claims`` (unsigned: the CLIs decode, never verify, their own tokens)."""
+    def part(value: object) -> str:
+        return base64.urlsafe_b64encode(json.dumps(value).encode()).rstrip(b"=").decode()
+    return f"{part({'alg': 'RS256', 'typ': 'JWT'})}.{part(claims)}.{signature}"
+
+
+def codex_pair(lifetime_s: float) -> tuple[str, str, str]:
+    """(id token, access token, refresh token) for the stand-in's ChatGPT account."""
+    mark = uuid.uuid4().hex
+    auth = {"chatgpt_plan_type": "plus", "chatgpt_user_id": "user-standin",
+            "chatgpt_account_id": ACCOUNT}
+    exp = int(time.time() + lifetime_s)
+    id_token = jwt({"email": "p@example.com", "https://api.openai.com/auth": auth, "exp": exp},
+                   f"idsig-real-{mark}")
+    access = jwt({"https://api.openai.com/auth": auth, "exp": exp}, f"sig-real-{mark}")
+    return id_token, access, f"rt_real-{mark}"
 
 
 @dataclass
@@ -43,8 +70,11 @@ class Request:
 class Oauth:
     port: int
     ca_file: Path
+    kind: str = "claude"
     access: str = field(default_factory=lambda: f"sk-ant-oat01-real-{uuid.uuid4().hex}")
     refresh: str = field(default_factory=lambda: f"sk-ant-ort01-real-{uuid.uuid4().hex}")
+    id_token: str = ""
+    lifetime_s: float = 28800  # of the tokens a refresh issues
     issued: list[tuple[str, str]] = field(default_factory=list)  # every pair, oldest first
     seen: list[Request] = field(default_factory=list)
     on_refresh: Callable[[], None] | None = None  # called after each rotation
@@ -53,8 +83,14 @@ class Oauth:
     def __post_init__(self) -> None:
         self.issued.append((self.access, self.refresh))
 
+    def codex(self, lifetime_s: float) -> None:
+        """Hold a ChatGPT login instead, its access token valid ``lifetime_s`` more."""
+        self.kind = "codex"
+        self.id_token, self.access, self.refresh = codex_pair(lifetime_s)
+        self.issued = [(self.access, self.refresh)]
+
     def refreshes(self) -> list[Request]:
-        return [r for r in self.seen if r.path == "/v1/oauth/token"]
+        return [r for r in self.seen if r.path in ("/v1/oauth/token", "/oauth/token")]
 
     def secrets(self) -> list[str]:
         return [t for pair in self.issued for t in pair]
@@ -83,14 +119,21 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             self._record()
+            if self.path.split("?")[0] == "/backend-api/wham/accounts/check":
+                # Codex asks where the account's backend is before each turn.
+                entry = {"id": ACCOUNT, "workspace_backend_origin": "https://chatgpt.com",
+                         "account_routing_override": "NO_CONSTRAINT"}
+                self._reply(200, json.dumps({"accounts": [entry],
+                                             "account_ordering": [ACCOUNT]}).encode())
+                return
             self._reply(404, b'{"error":{"message":"not here"}}')
 
         def do_POST(self) -> None:
             raw = self._record()
             path = self.path.split("?")[0]
-            if path == "/v1/oauth/token":
+            if path in ("/v1/oauth/token", "/oauth/token"):
                 self._token(raw)
-            elif path.endswith("/v1/messages"):
+            elif path.endswith("/v1/messages") or path.endswith("/codex/responses"):
                 self._messages(raw)
             else:
                 self._reply(404, b'{"error":{"message":"not here"}}')
@@ -100,17 +143,24 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw)
             except ValueError:
                 body = {}
+            client = CODEX_CLIENT_ID if o.kind == "codex" else CLIENT_ID
+            answer: dict[str, object] = {}
             with o.lock:
                 good = (body.get("grant_type") == "refresh_token"
-                        and body.get("client_id") == CLIENT_ID
+                        and body.get("client_id") == client
                         and body.get("refresh_token") == o.refresh)
-                if good:  # rotate: the old pair is revoked
+                if good and o.kind == "codex":  # rotate: the old pair is revoked
+                    o.id_token, o.access, o.refresh = codex_pair(o.lifetime_s)
+                    answer = {"id_token": o.id_token, "access_token": o.access,
+                              "refresh_token": o.refresh}
+                elif good:
                     o.access = f"sk-ant-oat01-real-{uuid.uuid4().hex}"
                     o.refresh = f"sk-ant-ort01-real-{uuid.uuid4().hex}"
-                    o.issued.append((o.access, o.refresh))
                     answer = {"access_token": o.access, "refresh_token": o.refresh,
-                              "expires_in": 28800, "token_type": "Bearer",
+                              "expires_in": int(o.lifetime_s), "token_type": "Bearer",
                               "scope": body.get("scope", "user:inference")}
+                if good:
+                    o.issued.append((o.access, o.refresh))
             if not good:
                 self._reply(400, b'{"error":"invalid_grant"}')
                 return
@@ -120,8 +170,11 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
 
         def _messages(self, raw: bytes) -> None:
             auth = self.headers.get("Authorization", "")
-            beta = self.headers.get("anthropic-beta", "")
-            if auth != f"Bearer {o.access}" or "oauth-2025-04-20" not in beta:
+            if o.kind == "codex":
+                login = self.headers.get("chatgpt-account-id", "") == ACCOUNT
+            else:
+                login = "oauth-2025-04-20" in self.headers.get("anthropic-beta", "")
+            if auth != f"Bearer {o.access}" or not login:
                 self._reply(401, json.dumps({"type": "error", "error": {
                     "type": "authentication_error", "message": "Invalid bearer token"}}).encode())
                 return
@@ -129,7 +182,9 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw or b"{}")
             except ValueError:
                 body = {}
-            if body.get("stream"):
+            if o.kind == "codex":
+                self._reply(200, openai_stream(body), "text/event-stream")
+            elif body.get("stream"):
                 self._reply(200, anthropic_stream(body), "text/event-stream")
             else:
                 self._reply(200, anthropic_json(body))

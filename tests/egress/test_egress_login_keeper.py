@@ -143,7 +143,7 @@ def test_a_missing_file_a_link_and_bad_usage(oauth: Oauth, tmp_path: Path) -> No
     (tmp_path / "link.json").symlink_to(real)
     done = keeper(oauth, tmp_path / "link.json")  # the person's file, never through a link
     assert done.returncode == 1 and done.stdout == ""
-    done = subprocess.run([sys.executable, "-m", "libegress.login_keeper", "codex", "x"],
+    done = subprocess.run([sys.executable, "-m", "libegress.login_keeper", "gemini", "x"],
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: ")
 
@@ -181,3 +181,29 @@ def test_an_answer_without_a_refresh_token_keeps_the_old_one() -> None:
     assert data["claudeAiOauth"] == {"accessToken": "a2", "refreshToken": "r1",
                                      "expiresAt": 61000}
     assert DATA["claudeAiOauth"]["accessToken"] == "a1"  # the input is not changed
+
+
+def test_a_due_codex_login_is_refreshed_by_its_jwt_expiry(oauth: Oauth, tmp_path: Path) -> None:
+    oauth.codex(MARGIN_S - 1)  # the access token's exp claim says it is due
+    first = (oauth.id_token, oauth.access, oauth.refresh)
+    path = tmp_path / "codex" / "auth.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"OPENAI_API_KEY": None, "tokens": {
+        "id_token": first[0], "access_token": first[1], "refresh_token": first[2],
+        "account_id": "acct-standin-1"}, "last_refresh": "2026-01-01T00:00:00Z"}))
+    path.chmod(0o600)
+    argv = [sys.executable, "-m", "libegress.login_keeper", "codex", str(path),
+            f"--resolve=auth.openai.com:127.0.0.1:{oauth.port}", f"--ca={oauth.ca_file}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout) == (0, oauth.access + "\n"), done.stderr
+    (asked,) = oauth.refreshes()
+    assert json.loads(asked.body) == {"grant_type": "refresh_token", "refresh_token": first[2],
+                                      "client_id": "app_EMoamEEZ73f0CkXaXp7hrann"}
+    data = json.loads(path.read_text())
+    assert data["tokens"] == {"id_token": oauth.id_token, "access_token": oauth.access,
+                              "refresh_token": oauth.refresh, "account_id": "acct-standin-1"}
+    assert data["last_refresh"] > "2026-01-01T00:00:00Z"
+    assert path.stat().st_mode & 0o7777 == 0o600
+    # Not due now (the new access token's exp is hours ahead): no second refresh.
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert again.stdout == oauth.access + "\n" and len(oauth.refreshes()) == 1

@@ -98,3 +98,32 @@ def test_a_new_login_made_inside_comes_back(tmp_path: Path) -> None:
     Path(root, login.copy).write_text(json.dumps(fresh))
     assert agent_home.write_back(runtime) == []
     assert json.loads((home / ".claude" / ".credentials.json").read_text()) == fresh
+
+
+def test_codex_holds_jwts_it_can_decode_with_placeholder_signatures(tmp_path: Path) -> None:
+    from libegress.oauth_login import jwt_claims
+
+    home = tmp_path / "home"
+    (home / ".codex").mkdir(parents=True)
+    real_id = "eyJhbGciOiJSUzI1NiJ9.eyJlbWFpbCI6ImFAYi5jIiwiZXhwIjoxfQ.REALSIG"
+    real_access = "eyJhbGciOiJSUzI1NiJ9.eyJodHRwczovL2FwaS5vcGVuYWkuY29tL2F1dGgiOnt9LCJleHAiOjF9.R2"
+    (home / ".codex" / "auth.json").write_text(json.dumps({"OPENAI_API_KEY": None, "tokens": {
+        "id_token": real_id, "access_token": real_access, "refresh_token": "rt_REAL",
+        "account_id": "acct-1"}, "last_refresh": "2026-01-01T00:00:00Z"}))
+    codex = agents.PROFILES["codex"]
+    out, login, _ = logins.take(codex, cfg_for(home))
+    assert login is not None and out.secrets[0].host == "chatgpt.com"
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    made = agent_home.prepare(codex, home=str(home), workdir=str(tmp_path / "w"),
+                              session="s1", runtime=str(runtime), env={})
+    logins.placeholder_copy(login, made.root, str(runtime))
+    text = Path(made.root, login.copy).read_text()
+    assert "REAL" not in text and "R2" not in text
+    tokens = json.loads(text)["tokens"]
+    assert tokens["refresh_token"] == logins.CODEX_REFRESH and tokens["account_id"] == "acct-1"
+    assert jwt_claims(tokens["id_token"]) == {"email": "a@b.c", "exp": 1}
+    assert jwt_claims(tokens["access_token"])["exp"] == logins.FAR_AHEAD_MS // 1000
+    assert tokens["access_token"].endswith(".agent-sandbox-placeholder")
+    assert agent_home.write_back(str(runtime)) == []
+    assert "rt_REAL" in (home / ".codex" / "auth.json").read_text()

@@ -1,0 +1,132 @@
+"""Codex's ChatGPT login stays on the host: the real CLI, both backends.
+
+The home holds a ChatGPT login (``~/.codex/auth.json``: JWT id and access
+tokens, a refresh token, the account) issued by a stand-in token endpoint
+(``auth.openai.com``) and backend (``chatgpt.com/backend-api/codex``), over
+TLS on loopback through the config's ``resolve`` pins.  No config for it:
+the launcher sees the login (libbroker.launcher.logins).
+
+A turn completes; the access token expires mid-session, is refreshed on the
+host (the stand-in revokes the old pair), and the next turn works; the
+rotated tokens are in the person's file after the session, with its mode;
+no real token is found inside (the scan runs in the session while the second
+turn's codex runs: this Codex sends the stand-in's RUN prompt in a shape its
+script does not read as a tool call); only the host's refresh carries the
+refresh token; a process inside posting the placeholder refresh token gets
+``invalid_grant``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from agents_world import Home, need
+from inside_scan import SCAN, split
+from standin_oauth import ACCOUNT, HOSTS, Oauth, start
+
+BACKENDS = ("bwrap", "nono")
+MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
+PLACEHOLDER = "agent-sandbox-placeholder"
+
+
+@pytest.fixture()
+def oauth(tmp_path: Path) -> Iterator[Oauth]:
+    found, server = start(tmp_path)
+    yield found
+    server.shutdown()
+    server.server_close()
+
+
+def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
+    o.codex(expires_in_s)
+    (w.home / ".codex" / "config.toml").write_text(
+        'model = "gpt-standin"\ncheck_for_update_on_startup = false\n')
+    auth = w.home / ".codex" / "auth.json"
+    auth.write_text(json.dumps({"OPENAI_API_KEY": None, "tokens": {
+        "id_token": o.id_token, "access_token": o.access, "refresh_token": o.refresh,
+        "account_id": ACCOUNT}, "last_refresh": "2026-01-01T00:00:00Z"}))
+    auth.chmod(0o640)
+    return auth
+
+
+def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedProcess[str]:
+    cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
+                   upstream_ca=str(o.ca_file))
+    env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
+    env.pop("OPENAI_API_KEY")  # the login alone
+    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
+            "--agent=codex", "--", "sh", "-c", script]
+    return subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL, check=False)
+
+
+SESSION = """
+codex exec --skip-git-repo-check hello || exit 1
+i=0; while [ ! -e refreshed ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+[ -e refreshed ] || { echo NO-REFRESH; exit 1; }
+codex exec --skip-git-repo-check hello > turn2.out 2>&1 &
+sleep 2; python3 scan.py; wait $! || exit 1; cat turn2.out
+"""
+LEARN = "import json\nEXTRA_PARTS = [tuple(p) for p in json.load(open('refreshed'))]\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_chatgpt_login_works_refreshes_on_the_host_and_stays_outside(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    need("codex")
+    w, o = world, oauth
+    auth = login(w, o, MARGIN_S + 8)
+    first = [o.id_token, *o.secrets()]
+    flag = w.workdir / "refreshed"
+    o.on_refresh = lambda: flag.write_text(json.dumps(split(o.id_token, *o.secrets())))
+    (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
+    done = run(w, o, backend, SESSION)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert out.count("pong") >= 2 and "SCANNED" in out, out + done.stderr[-2500:]
+    assert "FOUND" not in out, out
+    assert ("agent-sandbox: codex's login stays on this host: egress-proxy sends its token "
+            "to chatgpt.com and refreshes it (the session holds placeholders)" in done.stderr)
+    (refresh,) = o.refreshes()
+    assert json.loads(refresh.body) == {"client_id": "app_EMoamEEZ73f0CkXaXp7hrann",
+                                        "grant_type": "refresh_token",
+                                        "refresh_token": first[2]}
+    held = json.loads(auth.read_text())
+    assert held["tokens"] == {"id_token": o.id_token, "access_token": o.access,
+                              "refresh_token": o.refresh, "account_id": ACCOUNT}
+    assert held["last_refresh"] > "2026-01-01T00:00:00Z"
+    assert auth.stat().st_mode & 0o777 == 0o640
+    for r in o.seen:
+        carried = [t for t in o.secrets() if t in r.headers + r.body]
+        if r.path == "/oauth/token":
+            assert carried == [first[2]]
+        else:
+            assert r.host.startswith("chatgpt.com"), r
+            assert all(f"Bearer {t}" in r.headers and t not in r.body for t in carried)
+        assert "rt_" + PLACEHOLDER not in r.headers + r.body
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_placeholder_refresh_token_gets_nothing_usable(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    w, o = world, oauth
+    auth = login(w, o, 8 * 3600)
+    before = auth.read_text()
+    (w.workdir / "oauth-ca.pem").write_bytes(o.ca_file.read_bytes())
+    post = ("curl -sS --cacert oauth-ca.pem -X POST -H 'Content-Type: application/json' "
+            "https://auth.openai.com/oauth/token -d \"$(python3 -c 'import json, os; t = "
+            "json.load(open(os.environ[\"CODEX_HOME\"] + \"/auth.json\"))[\"tokens\"]; "
+            "print(json.dumps({\"client_id\": \"app_EMoamEEZ73f0CkXaXp7hrann\", "
+            "\"grant_type\": \"refresh_token\", \"refresh_token\": t[\"refresh_token\"]}))')\"")
+    done = run(w, o, backend, post)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
+    (tried,) = o.refreshes()
+    assert PLACEHOLDER in tried.body and o.refresh not in tried.body
+    assert auth.read_text() == before and len(o.secrets()) == 2
