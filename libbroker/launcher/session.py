@@ -115,6 +115,7 @@ class Session:
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
         self._binds: tuple[tuple[str, str], ...] = ()  # Landlock: the private git configs
+        self._ns_probe = 0  # Landlock: the mount namespace probe's pid (pidns.probe)
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside the workdir
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
@@ -196,6 +197,10 @@ class Session:
 
             reaper.become_subreaper()
             self.subreaper = True
+            if cfg.protect_git:  # can the helper bind the private git configs? (pidns)
+                from libbroker.sandbox import pidns
+
+                self._ns_probe = pidns.probe()
             self._start_landlock_helper()
         proxy, broker = servers.proxy, servers.broker
         git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
@@ -253,7 +258,9 @@ class Session:
         if self.live is None and self.cfg.protect_git:  # Landlock: linked where it can mount
             from libbroker.sandbox import pidns
 
-            self.live = self._begin_live(snap, rt.root, swap=pidns.supported())
+            mounts = pidns.probed(self._ns_probe) if self._ns_probe else False
+            self._ns_probe = 0
+            self.live = self._begin_live(snap, rt.root, swap=mounts)
             self._binds = tuple(self.live.configs.binds())
             self.live.start()
         if self.live is not None:
@@ -752,6 +759,10 @@ class Session:
             # A broker killed at once (nothing in flight) may leave the group of
             # its last command, still emptying then: groups of the gone go too.
             cgroups.reclaim()
+        if self._ns_probe:  # a start that failed before it asked for the answer
+            with contextlib.suppress(OSError):
+                os.waitpid(self._ns_probe, 0)
+            self._ns_probe = 0
         if self.live is not None:  # configs merged and files again, before the sweep
             from libbroker.launcher import hostrun_live
 

@@ -181,6 +181,18 @@ def become_reaper(
 
 def supported() -> bool:
     """Whether a PID namespace with its own /proc can be made here (forks a probe)."""
+    return probed(probe())
+
+
+def probed(pid: int) -> bool:
+    """The answer of :func:`probe` ``pid`` (waits for it)."""
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+
+
+def probe() -> int:
+    """Start :func:`supported`'s probe (a forked child); :func:`probed` takes its answer, so
+    the launcher overlaps it with the servers' start."""
+    libc()  # loaded here, not in the child of a process with threads
     pid = os.fork()
     if pid == 0:
         try:
@@ -197,4 +209,4 @@ def supported() -> bool:
             os._exit(0 if ok else 1)
         except BaseException:
             os._exit(1)
-    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    return pid
