@@ -112,34 +112,52 @@ class Watcher:
             os.close(fd)
 
     def _watch_tree(self, top: int, top_rel: str, *, judge: bool) -> None:
-        """Watch ``top`` and every directory below (iteratively); ``judge``: a tree that
-        appeared in the session, whose host-run entries are judged as found."""
-        stack: list[tuple[int, str]] = [(os.dup(top), top_rel)]
+        """Watch ``top`` and every directory below; ``judge``: a tree that appeared in the
+        session, whose host-run entries are judged as found.
+
+        Iterative, depth first, and a directory's fd stays open only while children of
+        it wait (a shared count): the fds held follow the depth, not the width (a
+        node_modules/ of 10k entries).  A directory that cannot be opened or watched
+        (EMFILE a thousand levels down, EACCES, the watch limit) is counted, and said.
+        """
+        stack: list[tuple[list[int], str, str]] = [([os.dup(top), 1], "", top_rel)]
         while stack:
-            fd, rel = stack.pop()
+            parent, name, rel = stack.pop()
             try:
-                kind = self._kind(rel)
-                try:
-                    self.dirs[self._ino.add(fd, _MASK)] = (rel, kind)
-                except OSError:
-                    self.unwatched += 1
-                with os.scandir(fd) as it:  # d_type: no open() tried on a file
-                    items = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-                names = [name for name, _ in items]
-                if judge:  # judged once the batch is read (_drain), each entry once
-                    for name in names:
-                        if self._relevant(rel, kind, name):
-                            self._pending[_join(rel, name)] = None
-                subdirs = {name for name, is_dir in items if is_dir}
-                for name in self._descend(rel, kind, names):
-                    if name not in subdirs:
-                        continue
-                    with contextlib.suppress(OSError):
-                        stack.append((os.open(name, _O_DIR, dir_fd=fd), _join(rel, name)))
+                fd = os.open(name, _O_DIR, dir_fd=parent[0]) if name else os.dup(parent[0])
             except OSError:
+                fd = -1
                 self.unwatched += 1
             finally:
+                parent[1] -= 1
+                if parent[1] == 0:
+                    os.close(parent[0])
+            if fd < 0:
+                continue
+            subdirs = self._watch_one(fd, rel, judge=judge)
+            if not subdirs:
                 os.close(fd)
+                continue
+            ref = [fd, len(subdirs)]
+            stack += [(ref, sub, _join(rel, sub)) for sub in subdirs]
+
+    def _watch_one(self, fd: int, rel: str, *, judge: bool) -> list[str]:
+        """Watch the directory ``fd``; the subdirectories of it to watch too."""
+        kind = self._kind(rel)
+        try:
+            self.dirs[self._ino.add(fd, _MASK)] = (rel, kind)
+            with os.scandir(fd) as it:  # d_type: no open() tried on a file
+                items = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except OSError:
+            self.unwatched += 1
+            return []
+        names = [name for name, _ in items]
+        if judge:  # judged once the batch is read (_drain), each entry once
+            for name in names:
+                if self._relevant(rel, kind, name):
+                    self._pending[_join(rel, name)] = None
+        subdirs = {name for name, is_dir in items if is_dir}
+        return [name for name in self._descend(rel, kind, names) if name in subdirs]
 
     def _kind(self, rel: str) -> str:
         if rel in self.git_dirs or rel.endswith("/.git") or rel == ".git":
