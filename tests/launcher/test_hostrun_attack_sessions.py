@@ -19,6 +19,7 @@ succeeds on main is marked xfail (strict=False) in GAPS with its reason.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,31 +55,8 @@ CELLS = [pytest.param((b, w), id=f"{b}-{w}") for b in ("bwrap", "nono") for w in
 
 # (attack, backend, who) -> why it is still open on main; "*" matches any.
 GAPS: dict[tuple[str, str, str], str] = {
-    ("nested", "*", "*"): "a git dir nested inside a module's (.git/modules/m/x/g) is not found "
-                          "(Landlock's live guard sometimes catches it first)",
-    ("hooks5k", "nono", "*"): "past 5000 entries the sweep compares kind and mode only",
-    ("vscode5k", "nono", "*"): "past 5000 entries the sweep compares kind and mode only",
-    ("rebase", "*", "*"): ".git/rebase-merge (exec line, strategy) is not guarded",
-    ("sequencer", "*", "*"): ".git/sequencer/opts (strategy = a workdir file) is not guarded",
-    ("husky", "*", "*"): "core.hooksPath and include.path targets in the workdir are not guarded",
-    ("dataloss", "nono", "*"): "copies over 1 MiB live in the runtime dir, gone before the sweep",
-    ("xfs-dataloss", "nono", "*"): "copies over 1 MiB live in the runtime dir, gone before "
-                                   "the sweep",
-    ("size-1m+1", "nono", "*"): "copies over 1 MiB live in the runtime dir, gone before the "
-                                "sweep (racy: sometimes the original survives)",
-    ("size-100m", "nono", "*"): "copies over 1 MiB live in the runtime dir, gone before the "
-                                "sweep (racy: sometimes the original survives)",
-    ("heavy-ends", "nono", "*"): "the guard cannot read its own copy of a file over 1 MiB",
-    ("tmpfs-ends", "nono", "*"): "the guard cannot read its own copy of .vscode (removed with "
-                                 "the runtime dir)",
-    ("main-ends", "*", "*"): "the sweep or the live guard reports a failure",
-    ("all-canaries", "*", "*"): "the gaps above",
-    ("size-1t", "*", "*"): "the scan reads the 1 TiB original whole: MemoryError, and the "
-                           "session refuses to start with an empty reason",
-    ("hostile-ends", "*", "*"): "a name that is not UTF-8 fails the sweep (and Landlock's live "
-                                "guard thread)",
-    ("hostile-shown", "*", "*"): "control bytes of names reach the terminal raw",
-    ("hostile-paste", "*", "*"): "the printed command quotes the workdir path twice",
+    ("tmpfs-ends", "bwrap", "root"): "the live guard cannot move a new 1100-deep hooks/ across "
+                                     "filesystems ('Directory not empty'; the end sweep does)",
 }
 
 
@@ -135,9 +113,9 @@ def tmpfs_cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
     yield from _cell(request, TMPFS, tmpfs=True)
 
 
-def _ended(cell: Cell) -> None:
+def _ended(cell: Cell, statuses: tuple[int, ...] = (0,)) -> None:
     assert not cell.timed_out, f"the session did not end in time:\n{cell.stderr[-3000:]}"
-    assert cell.status == 0, cell.stderr[-3000:]
+    assert cell.status in statuses, cell.stderr[-3000:]
     assert "Traceback" not in cell.stderr, cell.stderr[-3000:]
     failed = [x for x in cell.lines() if "failed" in x or "could not be checked" in x]
     assert failed == [], failed
@@ -233,7 +211,9 @@ def test_a_1tib_sparse_original_is_recoverable(huge_cell: Cell,
                                                request: pytest.FixtureRequest) -> None:
     """The person's 1 TiB sparse file: the session runs, changes it, the original comes back."""
     gap(request, huge_cell, "size-1t")
-    assert "size-1t" in huge_cell.planted(), huge_cell.stderr[-2000:]
+    # bwrap holds .vscode read-only: the change is refused.  An ordinary user's
+    # Landlock session has rlimits for limits: its write past 1 TiB gets SIGXFSZ.
+    _ended(huge_cell, statuses=(0, 128 + signal.SIGXFSZ))
     _survives(huge_cell, "size-1t", (".vscode/big.bin",))
 
 

@@ -182,9 +182,6 @@ def _as(user: OrdinaryUser | None, fn: Callable[[], object]) -> int:
     return user.call(call) if user is not None else call()
 
 
-@pytest.mark.xfail(strict=False, reason="issue 24 gap: a name that is not UTF-8 fails the "
-                   "sweep (UnicodeEncodeError writing sweep.log); a bare git dir planted under "
-                   ".git/objects/ is never found")
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True, phases=[Phase.generate],
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(steps=st.lists(STEP, min_size=1, max_size=5))
