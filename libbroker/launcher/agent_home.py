@@ -109,12 +109,13 @@ def prepare(
     env: Mapping[str, str],
     opted: Sequence[str] = (),
     claude_session: Mapping[str, Any] | None = None,
+    root: str = "",
 ) -> AgentHome:
-    """Make the session's private copy of the agent's config; write the manifest."""
-    parent = os.path.join(state_dir(home, env), profile.name)
-    os.makedirs(parent, mode=0o700, exist_ok=True)
-    root = os.path.join(parent, session)
-    os.mkdir(root, 0o700)
+    """Make the session's private copy of the agent's config; write the manifest.
+
+    ``root``: made already (:func:`make_root`), else made here.
+    """
+    root = root or make_root(profile, home, env, session)
     only = _workdir_only(profile, home, workdir)
 
     # A pattern without ** matches paths of its own depth only: tried on those.
@@ -157,9 +158,23 @@ def prepare(
     }
     with open(os.path.join(runtime, MANIFEST), "w") as fh:
         json.dump(manifest, fh)
+    return AgentHome(root, home_env(profile, root), report)
+
+
+def make_root(profile: Profile, home: str, env: Mapping[str, str], session: str) -> str:
+    """The session's copy's directory (0700), new: its path is known before the copy."""
+    parent = os.path.join(state_dir(home, env), profile.name)
+    os.makedirs(parent, mode=0o700, exist_ok=True)
+    root = os.path.join(parent, session)
+    os.mkdir(root, 0o700)
+    return root
+
+
+def home_env(profile: Profile, root: str) -> dict[str, str]:
+    """The agent's variables, pointing it at the copy in ``root``."""
     env_out = {var: os.path.join(root, rel) for var, rel in profile.home_env}
     env_out.update(profile.env)
-    return AgentHome(root, env_out, report)
+    return env_out
 
 
 def _session_settings(

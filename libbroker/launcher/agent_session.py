@@ -20,13 +20,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import threading
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
 from libbroker.launcher import agent_argv, agents, exported_keys, key_notice, logins, plan
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
+
+if TYPE_CHECKING:
+    from libbroker.launcher import agent_copy
 
 # The user's own CA files, which the session's bundles add to ours instead of
 # replacing: (the user's variable, the session file, our part's file name).
@@ -47,16 +53,43 @@ class Agent:
         self.env: dict[str, str] = {}
         self.root = ""  # the private copy, once prepared
         self.copy_line = ""  # what the copy took and left out, in one line
+        self._copy: threading.Thread | None = None  # the copy, until wait()
+        self._report: agent_copy.Report | None = None
+        self._error: Exception | None = None
         self.login: logins.Login | None = None  # an OAuth login held on the host
 
     def prepare(self, rt: Runtime) -> Config:
-        """Copy the agent's config into its private home; the config that grants it."""
+        """Start copying the agent's config into its private home; the config that grants it.
+
+        The copy (a walk and many small files: tens of ms for a year of use,
+        more on a busy disk) runs in a thread while the servers start, as the
+        host-run scan does; :meth:`wait` joins it before the command runs.
+        Its path, and so the grant and the agent's variables, are known now.
+        """
         from libbroker.launcher import agent_home
 
         cfg = self.cfg
         claude = _claude_session(cfg, rt) if self.profile.name == "claude" else None
         if claude is not None:  # under bwrap, mounted over the managed settings' path
             plan.write_private(_managed(rt), json.dumps({"sandbox": {"enabled": False}, **claude}))
+        try:
+            self.root = agent_home.make_root(
+                self.profile, cfg.home, os.environ, os.path.basename(rt.root)
+            )
+        except OSError as exc:
+            raise self._failed(exc) from None
+        self.env = agent_home.home_env(self.profile, self.root)
+        self._copy = threading.Thread(
+            target=self._make_copy, args=(rt, claude), name="agent-copy", daemon=True
+        )
+        self._copy.start()
+        self.cfg = cfg._replace(write=(*cfg.write, self.root))
+        return self.cfg
+
+    def _make_copy(self, rt: Runtime, claude: dict[str, object] | None) -> None:
+        from libbroker.launcher import agent_home
+
+        cfg = self.cfg
         try:
             home = agent_home.prepare(
                 self.profile,
@@ -67,20 +100,35 @@ class Agent:
                 env=os.environ,
                 opted=agents.opted_keys(self.profile, cfg.agent_write_back),
                 claude_session=claude,
+                root=self.root,
             )
-        except OSError as exc:
-            raise LaunchError(
-                f"cannot make {self.profile.name}'s private config: {exc.strerror} ({exc.filename})"
-            ) from None
-        self.env = home.env
-        self.root = home.root
-        if self.login is not None:  # before anything of the session runs
-            logins.placeholder_copy(self.login, home.root, rt.root)
-        self.copy_line = home.report.line(self.profile.name)
-        if home.report.notable():  # the user's own files the agent will not see: said
-            os.write(2, f"agent-sandbox: {self.copy_line}\n".encode())
-        self.cfg = cfg._replace(write=(*cfg.write, home.root))
-        return self.cfg
+            if self.login is not None:  # before anything of the session runs
+                logins.placeholder_copy(self.login, home.root, rt.root)
+            self._report = home.report
+        except Exception as exc:  # said, as the session's failure, by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Join the copy (before go): its failure ends the start; what it left out of the
+        user's own is said in one line."""
+        if self._copy is None:
+            return
+        self._copy.join()
+        self._copy = None
+        if self._error is not None:
+            shutil.rmtree(self.root, ignore_errors=True)  # no manifest: nothing comes back
+            error, self._error = self._error, None
+            raise self._failed(error)
+        if self._report is not None:
+            self.copy_line = self._report.line(self.profile.name)
+            if self._report.notable():  # the user's own files the agent will not see
+                os.write(2, f"agent-sandbox: {self.copy_line}\n".encode())
+
+    def _failed(self, exc: BaseException) -> LaunchError:
+        if isinstance(exc, OSError):
+            return LaunchError(f"cannot make {self.profile.name}'s private config: "
+                               f"{exc.strerror} ({exc.filename})")
+        return LaunchError(f"cannot make {self.profile.name}'s private config: {exc}")
 
     def overlays(self, rt: Runtime) -> tuple[tuple[str, str], ...]:
         """bwrap: the agent's session-only files, mounted read-only over its own paths.

@@ -212,7 +212,7 @@ class Session:
             plan.write_private(rt.secrets, plan.secrets_json(cfg))
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
-            self.cfg = cfg = agent.prepare(rt)  # traces its steps (agent_home.prepare)
+            self.cfg = cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
         if agent is not None and self.backend == "bwrap":
             self._overlays = agent.overlays(rt)
         host = plan.host_facts(os.getcwd())
@@ -252,6 +252,8 @@ class Session:
         self._log = _open_log(self.cfg)
         if self._early:
             os.write(self._log, "".join(line + "\n" for line in self._early).encode())
+        if self.agent is not None:  # its private copy, made while the servers started
+            self.agent.wait()
         snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
         for guard in self.gitdirs:
             guard.wait()
@@ -737,6 +739,9 @@ class Session:
         if self.rt is not None:
             if self.agent is not None:  # the sandbox is gone: what is safe comes back
                 from libbroker.launcher import agent_home
+
+                with contextlib.suppress(LaunchError):  # a start cut short: the copy ends first
+                    self.agent.wait()
 
                 for problem in agent_home.write_back(self.rt.root):
                     os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
