@@ -8,6 +8,7 @@ Usage:
                [--resolve=HOST:IP]... [--allow-cidr=CIDR]...
                [--upstream-ca=FILE] [--log=FILE] [--log-allowed] [--record=FILE] [--learn]
                [--idle-timeout=SECONDS] [--connect-timeout=SECONDS] [--max-conns=N]
+               [--control=PATH]
   egress-proxy -h | --help
   egress-proxy --version
 
@@ -67,6 +68,16 @@ Options:
   --idle-timeout=SECONDS     Close a connection idle this long [default: 120].
   --connect-timeout=SECONDS  Give up resolving/connecting upstream [default: 10].
   --max-conns=N              Concurrent client connections [default: 1024].
+  --control=PATH             Gateway mode (docs/gateway.md): serve many sandboxes
+                             ("tenants"), each added and removed at run time over
+                             this unix socket (0600, this uid only) with its own
+                             policy and credential; every client must send it
+                             (Proxy-Authorization: Basic, or SOCKS5
+                             username/password) and is refused (407) without.
+                             A tenant's own options (allow list, inject hosts,
+                             secrets, repos, resolve pins, address ranges,
+                             record, egress dir, token command, learn) come in
+                             its add request, not on this command line.
   -h --help                  Show this help.
   --version                  Show the version.
 
@@ -82,7 +93,12 @@ def _main(args: Args) -> int:
     # Imported after parsing so --help stays cheap.
     from libegress import app
 
-    return app.serve(app.options_from_args(args))
+    options = app.options_from_args(args)
+    if options.control is not None:
+        from libegress.gateway import serve_gateway
+
+        return serve_gateway(options)
+    return app.serve(options)
 
 
 def main() -> None:

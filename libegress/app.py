@@ -50,6 +50,7 @@ class Options:
     github_inject: tuple[str, ...] = ()  # --inject alone: the token's hosts
     repos: frozenset[str] | None = None  # --repos: the token's writes held to these
     record_file: str | None = None  # --record: one JSON line per decision
+    control: str | None = None  # --control: gateway mode, tenants added over this socket
 
 
 def read_secrets(path: str, inject: tuple[str, ...]) -> tuple[Secret, ...]:
@@ -99,8 +100,19 @@ def _seconds(value: Any, name: str, default: float) -> float:
     return seconds
 
 
+# In gateway mode these are each tenant's own (docs/gateway.md), never the process's.
+TENANT_FLAGS = ("--allow", "--egress-dir", "--token-command", "--secrets", "--repos",
+                "--resolve", "--allow-cidr", "--record", "--learn")
+
+
 def options_from_args(args: dict[str, Any]) -> Options:
     """Check docopt's ``args`` and build :class:`Options`; UsageError when wrong."""
+    control = args.get("--control")
+    if control is not None:
+        given = [f for f in TENANT_FLAGS if args.get(f)]
+        if given:
+            raise UsageError(f"{given[0]} is a tenant's option with --control: send it in "
+                             "the tenant's add request (docs/gateway.md)")
     try:
         allow = parse_patterns(args.get("--allow") or "")
         inject_text = args.get("--inject")
@@ -153,10 +165,11 @@ def options_from_args(args: dict[str, Any]) -> Options:
         log_allowed=bool(args.get("--log-allowed")),
         limits=limits,
         record_file=args.get("--record"),
+        control=control,
     )
 
 
-def _raise_fd_limit() -> None:
+def raise_fd_limit() -> None:
     """Tunnels hold two sockets each: take the hard limit of descriptors."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
@@ -165,7 +178,7 @@ def _raise_fd_limit() -> None:
 
 
 @contextlib.contextmanager
-def _log_stream(path: str | None) -> Iterator[TextIO | None]:
+def log_stream(path: str | None) -> Iterator[TextIO | None]:
     if path is None:
         yield None
         return
@@ -181,8 +194,8 @@ def _log_stream(path: str | None) -> Iterator[TextIO | None]:
 
 def serve(options: Options) -> int:
     """Run the proxy until SIGTERM/SIGINT; the exit status."""
-    _raise_fd_limit()
-    with _log_stream(options.log_file) as stream:
+    raise_fd_limit()
+    with log_stream(options.log_file) as stream:
         log = EventLog(stream, log_allowed=options.log_allowed)
         try:
             record = Recorder.open(options.record_file, options.policy)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ssl
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from libegress.addresses import IPAddress
 from libegress.ca import LeafCache
@@ -14,6 +15,9 @@ from libegress.record import Recorder
 from libegress.route import EgressPolicy
 from libegress.scope import Scope
 from libegress.tokens import SecretKeeper, TokenKeeper
+
+if TYPE_CHECKING:
+    from libegress.gateway import Gate
 
 
 @dataclass
@@ -30,6 +34,7 @@ class Services:
     pids: PidFinder = field(default_factory=PidFinder)
     scope: Scope | None = None  # --repos: the token's writes held to those repositories
     record: Recorder = field(default_factory=lambda: Recorder(None, EgressPolicy()))  # --record
+    gate: Gate | None = None  # --control: connections are served by their tenant's services
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
     def keepers(self) -> list[TokenKeeper]:

@@ -22,8 +22,11 @@ def _clean(text: str) -> str:
 class EventLog:
     """Writes log lines to a stream (stderr, or the ``--log`` file)."""
 
-    def __init__(self, stream: TextIO | None = None, *, log_allowed: bool = False) -> None:
+    def __init__(self, stream: TextIO | None = None, *, log_allowed: bool = False,
+                 tenant: str | None = None) -> None:
         self._stream = stream
+        # A gateway tenant's lines say whose they are (names are checked: no spaces).
+        self._tag = f"tenant={tenant} " if tenant else ""
         self._log_allowed = log_allowed
         self.record: Recorder | None = None  # --record: refusals and failures go there too
 
@@ -40,7 +43,7 @@ class EventLog:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         verb = "" if method is None else f"method={_clean(method[:16].decode('latin-1'))} "
         text = (
-            f"{stamp} egress-proxy {event} host={_clean(host) or '-'} port={port} "
+            f"{stamp} egress-proxy {event} {self._tag}host={_clean(host) or '-'} port={port} "
             f"pid={pid if pid is not None else '-'} {verb}reason={_clean(reason)}\n"
         )
         self._write(text)
@@ -54,14 +57,14 @@ class EventLog:
         if self._log_allowed:
             stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             self._write(
-                f"{stamp} egress-proxy allowed host={_clean(host) or '-'} port={port} "
+                f"{stamp} egress-proxy allowed {self._tag}host={_clean(host) or '-'} port={port} "
                 f"pid={pid if pid is not None else '-'} mode={_clean(mode)}\n"
             )
 
     def note(self, message: str) -> None:
         """A line about the proxy itself (token renewal, start-up)."""
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        self._write(f"{stamp} egress-proxy note {_clean(message)}\n")
+        self._write(f"{stamp} egress-proxy note {self._tag}{_clean(message)}\n")
 
     def _write(self, text: str) -> None:
         stream = self._stream or sys.stderr

@@ -41,6 +41,8 @@ def error_events(status: int, message: str, kind: str | None, *,
     ]
     if kind:
         headers.append((b"X-Proxy-Error", kind.encode()))
+    if status == 407:  # the gateway's refusal: RFC 9110 11.7.1
+        headers.append((b"Proxy-Authenticate", b'Basic realm="egress-proxy"'))
     try:
         phrase = HTTPStatus(status).phrase.encode()
     except ValueError:

@@ -75,12 +75,16 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
     client = ClientSide(raw, services.limits)
     upstream: tuple[str, int, UpstreamSide] | None = None
     host, port = "-", 0
+    gate, tenant = services.gate, None
     try:
         while True:
             try:
                 request = await client.next_request()
                 if request is None:
                     return
+                if gate is not None:  # every request names its tenant (407 if not)
+                    tenant = gate.admit_http(request.headers, tenant)
+                    services = tenant.services
                 if request.method == b"CONNECT":
                     host, port = connect_target(request)
                     await _serve_connect(services, client, raw, host, port, peer)

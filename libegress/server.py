@@ -116,7 +116,8 @@ class ProxyServer:
 
     async def _connection(self, sock: socket.socket, handler: Handler) -> None:
         try:
-            peer = self._check_peer(sock)
+            # A gateway's clients prove who they are with a credential instead.
+            peer = self._check_peer(sock) if self.services.gate is None else _any_peer(sock)
             if peer is None:
                 return
             if len(self._conns) > self.services.limits.max_connections:
@@ -168,6 +169,14 @@ class ProxyServer:
                             error_events(503, "too many connections", None))
             with contextlib.suppress(OSError):
                 await asyncio.wait_for(asyncio.get_running_loop().sock_sendall(sock, data), 1.0)
+
+
+def _any_peer(sock: socket.socket) -> Peer | None:
+    try:
+        host, port = sock.getpeername()[:2]
+    except OSError:
+        return None
+    return Peer(ipaddress.ip_address(host.split("%", 1)[0]), port)
 
 
 def announce_lines(socks: list[tuple[socket.socket, str]]) -> Callable[[], None]:

@@ -1,4 +1,4 @@
-"""The SOCKS5 listener (RFC 1928): CONNECT only, no authentication.
+"""The SOCKS5 listener (RFC 1928): CONNECT only; no authentication, or RFC 1929's in gateway mode.
 
 The wire format is parsed by the pure functions below; :func:`serve_socks`
 applies the same allow list, address rules and inject-host interception as the
@@ -15,15 +15,26 @@ import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.hosts import BadHost, canonical_host
 from libegress.intercept import serve_intercepted
+from libegress.proxyauth import (
+    AUTH_FAILED,
+    AUTH_OK,
+    USERPASS,
+    WRONG,
+    BadCredentials,
+    parse_userpass,
+)
 from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
+
+if TYPE_CHECKING:
+    from libegress.gateway import Gate
 
 T = TypeVar("T")
 
@@ -135,10 +146,13 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
         async with asyncio.timeout(limits.head_timeout):
             methods, used = await _read_until(raw, buf, parse_greeting)
             del buf[:used]
-            if NO_AUTH not in methods:
+            if services.gate is not None:
+                services = await _authenticate(services.gate, raw, buf, methods)
+            elif NO_AUTH not in methods:
                 await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
                 raise SocksError(None, "the client offers no method without authentication")
-            await raw.send(bytes([VERSION, NO_AUTH]))
+            else:
+                await raw.send(bytes([VERSION, NO_AUTH]))
             request = await _read_until(raw, buf, parse_request)
         early = bytes(buf[request.size :])
         port = request.port
@@ -185,6 +199,27 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
                           f"{limits.head_timeout:g}s", peer.pid())
     except OSError as exc:
         services.log.line("failed", host, port, f"socks: {exc.strerror or exc}", peer.pid())
+
+
+async def _authenticate(gate: Gate, raw: SocketStream, buf: bytearray,
+                        methods: frozenset[int]) -> Services:
+    """RFC 1929: the tenant whose user name and password the client sends."""
+    if USERPASS not in methods:
+        await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
+        raise SocksError(None, "the client offers no username/password authentication")
+    await raw.send(bytes([VERSION, USERPASS]))
+    try:
+        credentials, used = await _read_until(raw, buf, parse_userpass)
+        del buf[:used]
+        tenant = gate.admit(credentials)
+    except BadCredentials as exc:
+        await _send_quietly(raw, AUTH_FAILED)
+        raise SocksError(None, str(exc)) from None
+    if tenant is None:
+        await _send_quietly(raw, AUTH_FAILED)
+        raise SocksError(None, WRONG)
+    await raw.send(AUTH_OK)
+    return gate.enter(tenant)
 
 
 async def _send_quietly(raw: SocketStream, data: bytes) -> None:
