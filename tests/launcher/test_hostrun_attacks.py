@@ -29,7 +29,12 @@ MIB = 1 << 20
 FSMONITOR = "[core]\n\tfsmonitor = \"echo ran > {canary}/{name}; false\"\n"
 
 
-def git_everywhere(work: Path, canary: Path, only: tuple[str, ...] = ()) -> list[str]:
+ALL_GIT = (("status", "--short"), ("commit", "-q", "--allow-empty", "-m", "host"),
+           ("rebase", "--continue"), ("st",))
+
+
+def git_everywhere(work: Path, canary: Path, only: tuple[str, ...] = (),
+                   commands: tuple[tuple[str, ...], ...] = ALL_GIT) -> list[str]:
     """The host's git from every directory of the workdir (links not followed; loose object
     directories, which hold only objects, skipped), or ``only`` those; the canaries."""
     for top, dirs, _ in os.walk(work):
@@ -39,8 +44,7 @@ def git_everywhere(work: Path, canary: Path, only: tuple[str, ...] = ()) -> list
             dirs[:] = [d for d in dirs if len(d) != 2 or (os.listdir(os.path.join(top, d))
                        and any(os.path.isdir(os.path.join(top, d, x))
                                for x in os.listdir(os.path.join(top, d))))]
-        for args in (("status", "--short"), ("commit", "-q", "--allow-empty", "-m", "host"),
-                     ("rebase", "--continue"), ("st",)):
+        for args in commands:
             git(Path(top), "-c", "safe.directory=*", *args, check=False)
     return sorted(p.name for p in canary.iterdir())
 
@@ -318,3 +322,72 @@ def test_an_entry_replaced_by_a_special_file_or_an_unreadable_one_is_moved_aside
     assert stat.S_ISREG((work / ".git/config").lstat().st_mode)
     assert not (work / ".envrc").exists()
     assert any(".git/config" in line for line in lines)
+
+
+# --- random trees ----------------------------------------------------------------------
+
+PLACES = ["", "sub", "a", "a/b", ".git", ".git/modules", ".git/modules/m", ".git/objects",
+          ".git/refs", "sub/.git", ".git/modules/m/x"]
+
+
+def _plant(work: Path, canary: Path, op: tuple[str, int, int, str], n: int) -> None:
+    kind, i, j, name = op
+    here = work / PLACES[i % len(PLACES)]
+    there = work / PLACES[j % len(PLACES)]
+    here.mkdir(parents=True, exist_ok=True)
+    target = here / name
+    if target.exists() or target.is_symlink():
+        return
+    if kind == "bare":
+        _fsmonitor_repo(target, canary, f"bare{n}")
+        plant_hook(target / "hooks", canary, f"barehook{n}")
+    elif kind == "gitlink":
+        target.mkdir()
+        (target / ".git").write_text(f"gitdir: {os.path.relpath(there, target)}\n")
+    elif kind == "dotgit":
+        (here / ".git").exists() or (here / ".git").write_text(
+            f"gitdir: {os.path.relpath(there, here)}\n")
+    elif kind == "link":
+        os.symlink(os.path.relpath(there, here), target)
+    elif kind == "hook":
+        plant_hook(there / "hooks", canary, f"hook{n}")
+    elif kind == "chmod":
+        os.chmod(here, 0o311)
+
+
+OPS = ["bare", "gitlink", "dotgit", "link", "hook", "chmod"]
+
+
+def test_random_trees_leave_nothing_for_the_hosts_git(tmp_path_factory: pytest.TempPathFactory
+                                                     ) -> None:
+    """Random plants of bare repositories, gitlinks (to anywhere, through links), links,
+    hooks and chmods inside git dirs and out: after the sweep, the host's git from every
+    directory runs nothing."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    op = st.tuples(st.sampled_from(OPS), st.integers(0, 20), st.integers(0, 20),
+                   st.sampled_from(["r", ".git", "objects", "x y", "HEAD", "hooks"]))
+
+    template = make_work(tmp_path_factory.mktemp("template"))
+
+    @settings(max_examples=6, deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(st.lists(op, min_size=1, max_size=6))
+    def run(ops: list[tuple[str, int, int, str]]) -> None:
+        base = tmp_path_factory.mktemp("random")
+        work = base / template.name
+        shutil.copytree(template, work, symlinks=True)
+        canary = base / "canary"
+        canary.mkdir()
+
+        def attack() -> None:
+            for n, one in enumerate(ops):
+                _plant(work, canary, one, n)
+
+        sweep_after(work, attack)
+        assert git_everywhere(work, canary, commands=ALL_GIT[:2]) == [], ops
+        subprocess.run(["chmod", "-R", "u+rwX", str(base)], check=False)
+        shutil.rmtree(base, ignore_errors=True)
+
+    run()
