@@ -82,7 +82,7 @@ def _policy(raw: Any) -> dict[str, Any]:
         if key not in POLICY_KEYS:
             raise BadFrame(f"unknown policy key {key!r}; known: {', '.join(POLICY_KEYS)}")
         kind = POLICY_KEYS[key][1]
-        if key == "token_every" and isinstance(value, (int, float)) and value is not True:
+        if key == "token_every" and isinstance(value, (int, float)) and not isinstance(value, bool):
             continue
         if isinstance(value, list):
             ok = kind is list and all(isinstance(v, str) for v in value)
