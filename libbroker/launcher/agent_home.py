@@ -116,6 +116,9 @@ def prepare(
     ``root``: made already (:func:`make_root`), else made here.
     """
     root = root or make_root(profile, home, env, session)
+    # Until the copy is whole, a launcher killed now leaves only this: the
+    # janitor's write_back removes the copy and brings nothing back.
+    _write_manifest(runtime, {"root": root, "partial": True})
     only = _workdir_only(profile, home, workdir)
 
     # A pattern without ** matches paths of its own depth only: tried on those.
@@ -156,9 +159,16 @@ def prepare(
         "copy": report.line(profile.name),
         "claude_session": claude_session or {},
     }
-    with open(os.path.join(runtime, MANIFEST), "w") as fh:
-        json.dump(manifest, fh)
+    _write_manifest(runtime, manifest)
     return AgentHome(root, home_env(profile, root), report)
+
+
+def _write_manifest(runtime: str, manifest: Mapping[str, Any]) -> None:
+    """The manifest, replaced whole: the janitor reads either the old or the new one."""
+    path = os.path.join(runtime, MANIFEST)
+    with open(path + ".new", "w") as fh:
+        json.dump(manifest, fh)
+    os.replace(path + ".new", path)
 
 
 def make_root(profile: Profile, home: str, env: Mapping[str, str], session: str) -> str:
@@ -338,6 +348,12 @@ def write_back(runtime: str, *, remove: bool = True) -> list[str]:
     """Bring back what is safe from the session's copy (see the module doc); problems."""
     manifest = _read_json(os.path.join(runtime, MANIFEST))
     if not isinstance(manifest, dict):
+        return []
+    if manifest.get("partial"):  # the copy was never whole: nothing in it is the session's
+        if remove and isinstance(manifest.get("root"), str):
+            shutil.rmtree(manifest["root"], ignore_errors=True)
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(runtime, MANIFEST))
         return []
     problems: list[str] = []
     try:

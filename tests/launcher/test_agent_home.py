@@ -189,3 +189,22 @@ def test_a_huge_file_is_not_brought_back(copy: Copy, monkeypatch: pytest.MonkeyP
     assert (h / "history.jsonl").read_text() == "host-line\n"
     assert json.loads((copy.home / ".claude.json").read_text()) == {"numStartups": 1}
     assert len(problems) == 3 and all("larger than" in p for p in problems), problems
+
+
+def test_a_copy_cut_short_by_the_launchers_death_is_removed_bringing_nothing_back(
+    tmp_path: Path,
+) -> None:
+    """The janitor finds the manifest prepare() writes before copying: only the copy goes."""
+    home = tmp_path / "home"
+    (home / ".claude").mkdir(parents=True)
+    (home / ".claude" / "history.jsonl").write_text("host-line\n")
+    rt = tmp_path / "rt"
+    rt.mkdir()
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    root = agent_home.make_root(agents.CLAUDE, str(home), env, "s1")
+    agent_home._write_manifest(str(rt), {"root": root, "partial": True})
+    (Path(root) / "claude").mkdir()
+    (Path(root) / "claude" / "history.jsonl").write_text("host-line\n")  # half a copy
+    assert write_back(str(rt)) == []
+    assert not Path(root).exists() and not (rt / agent_home.MANIFEST).exists()
+    assert (home / ".claude" / "history.jsonl").read_text() == "host-line\n"
