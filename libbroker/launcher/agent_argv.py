@@ -83,9 +83,11 @@ def _gemini(cmd: list[str]) -> Argv:
         arg = opts[i]
         group = arg[1:] if arg[:1] == "-" and arg[1:2] != "-" else ""
         if arg in ("-s", "--sandbox") or arg.startswith("--sandbox="):
-            asked = asked or arg
             # A boolean flag takes a following true/false as its value.
-            i += 2 if "=" not in arg and opts[i + 1: i + 2] in (["true"], ["false"]) else 1
+            value = opts[i + 1: i + 2] if "=" not in arg else [arg.split("=", 1)[1]]
+            if value != ["false"]:  # --sandbox=false asks for what it gets: nothing to say
+                asked = asked or arg
+            i += 2 if "=" not in arg and value in (["true"], ["false"]) else 1
             continue
         if len(group) > 1 and "s" in group and set(group) <= _GEMINI_BOOLEAN_SHORT:
             asked = asked or arg  # -ys: -y stays
@@ -93,11 +95,12 @@ def _gemini(cmd: list[str]) -> Argv:
         else:
             out.append(arg)
         i += 1
+    argv = [cmd[0], *out, *cmd[1 + len(opts):]]
     if not asked:
-        return Argv(cmd)
+        return Argv(argv)
     note = (f"gemini {asked}: Gemini CLI's own sandbox (docker/podman) cannot nest in "
             "agent-sandbox's; it runs without it (the flag dropped), approvals as given")
-    return Argv([cmd[0], *out, *cmd[1 + len(opts):]], note)
+    return Argv(argv, note)
 
 
 def _options(args: Sequence[str]) -> list[str]:

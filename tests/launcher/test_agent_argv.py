@@ -79,7 +79,6 @@ def test_codex_by_its_path_is_the_agent() -> None:
         (["--sandbox", "-p", "x"], ["-p", "x"]),
         (["--sandbox=true", "-p", "x"], ["-p", "x"]),
         (["-s", "true", "-p", "x"], ["-p", "x"]),
-        (["--sandbox", "false"], []),
         (["-ys", "-p", "x"], ["-y", "-p", "x"]),
         (["-p", "x", "-s"], ["-p", "x"]),
         (["-mflash-s", "-s"], ["-mflash-s"]),  # a value, not a group of flags
@@ -90,6 +89,12 @@ def test_gemini_sandbox_flag_is_dropped_and_said(args: list[str], want: list[str
     assert got.argv == ["gemini", *want] and not got.read_only
     assert got.note.startswith("gemini -") and "cannot nest" in got.note
     assert "approvals as given" in got.note
+
+
+@pytest.mark.parametrize("args", [["--sandbox", "false"], ["--sandbox=false"], ["-s", "false"]])
+def test_gemini_sandbox_false_is_dropped_silently(args: list[str]) -> None:
+    assert session_argv(agents.GEMINI, ["gemini", *args, "-p", "x"]) == (
+        ["gemini", "-p", "x"], "", False)
 
 
 def test_gemini_without_the_flag_is_as_typed() -> None:
