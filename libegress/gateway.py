@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TextIO
@@ -24,7 +25,7 @@ from libbroker.errors import EgressError, UsageError
 from libegress import proxyauth
 from libegress.app import Options, log_stream, options_from_args, raise_fd_limit
 from libegress.ca import LeafCache, make_authority
-from libegress.context import Services
+from libegress.context import Services, upstream_context
 from libegress.control_frames import Add, policy_args
 from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
@@ -61,7 +62,14 @@ class Gate:
         self._stream = stream
         self._limits = limits
         self._check = check
+        self._upstream_tls: ssl.SSLContext | None = None
         self.tenants: dict[str, Tenant] = {}
+
+    def upstream(self) -> ssl.SSLContext:
+        """One verifying context for every tenant's inject hosts (roots load once)."""
+        if self._upstream_tls is None:
+            self._upstream_tls = upstream_context(self._options.upstream_ca)
+        return self._upstream_tls
 
     async def add(self, request: Add) -> dict[str, Any]:
         """Register a tenant; the reply's fields. UsageError/EgressError when refused."""
@@ -116,7 +124,7 @@ class Gate:
             secrets={s.host: SecretKeeper(s, log.note, bound=bound) for s in options.secrets},
             scope=(Scope(options.repos, frozenset(options.github_inject))
                    if options.repos is not None else None),
-            record=record,
+            record=record, _upstream_tls=self.upstream(),
         )
         return services, authority.cert_pem().decode("ascii")
 
@@ -199,6 +207,8 @@ def serve_gateway(options: Options) -> int:
 async def _run(options: Options, log: EventLog, stream: TextIO | None,
                listeners: list[tuple[socket.socket, str]], control: Any) -> None:
     gate = Gate(options, stream, options.limits)
+    if options.upstream_ca:
+        gate.upstream()  # as in the single-session mode: a bad CA file stops the start
     # The gateway's own services refuse everything: a connection is served
     # with its tenant's, once its credential is checked.
     base = Services(policy=EgressPolicy(allow=(), inject=()), limits=options.limits,

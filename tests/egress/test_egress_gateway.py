@@ -311,3 +311,32 @@ def test_tenant_options_on_the_command_line_are_refused_in_gateway_mode(
     assert done.returncode == 2
     assert "--allow is a tenant's option with --control" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_kept_alive_connection_stays_with_its_first_tenant(gw: Gateway) -> None:
+    from gateway_rig import basic
+
+    a, b = gw.tenants["t5"], gw.tenants["t6"]
+    with socket.create_connection(("127.0.0.1", gw.proxy.port), timeout=10) as sock:
+        reader = sock.makefile("rb")
+
+        def ask(keys: TenantKeys, host: str) -> bytes:
+            target = f"http://{host}:{gw.plain.port}/kept"
+            sock.sendall(f"GET {target} HTTP/1.1\r\nHost: {host}\r\n"
+                         f"Proxy-Authorization: {basic(keys.name, keys.password)}\r\n\r\n".encode())
+            status = reader.readline()
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reader.read(length)
+            return status
+
+        assert ask(a, "ok5.test").startswith(b"HTTP/1.1 200")
+        assert ask(a, "ok5.test").startswith(b"HTTP/1.1 200")
+        before = len(gw.proxy.log_text().splitlines())
+        # t6's own host with t6's valid credential, on t5's connection: refused.
+        assert ask(b, "ok6.test").startswith(b"HTTP/1.1 407")
+        lines = _new_lines(gw, before)
+        assert len(lines) == 1 and "proxy credentials changed" in lines[0]
+        assert reader.readline() == b""  # and the connection ends
