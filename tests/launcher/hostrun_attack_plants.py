@@ -184,6 +184,14 @@ MAIN: list[Attack] = [
            "status\"", host=[(".", ("st",))]),
     Attack("husky", "hook .husky/pre-commit husky && printf '[core]\\n\\tfsmonitor = "
            "\"echo ran > %s/husky-include; false\"\\n' \"$C\" >> tools/git.cfg", _husky),
+    # not on issue 24's list: VS Code runs these too (a dev container's initializeCommand
+    # on the host itself, a workspace file's tasks)
+    Attack("devcontainer", "mkdir .devcontainer && echo '{\"initializeCommand\": \"touch "
+           "$C/devcontainer\"}' > .devcontainer/devcontainer.json && cp "
+           ".devcontainer/devcontainer.json .devcontainer.json && echo '{\"tasks\": "
+           "{\"tasks\": [{\"label\": \"x\", \"command\": \"touch $C/workspace\", "
+           "\"runOptions\": {\"runOn\": \"folderOpen\"}}]}}' > x.code-workspace",
+           lambda repo, lib: repo.mkdir(), []),
     Attack("dataloss", "echo '{\"editor.tabSize\": 2}' > .vscode/settings.json",
            _vscode_with(random.Random(24).randbytes(2 * MiB)), []),
 ]
