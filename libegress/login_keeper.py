@@ -6,7 +6,7 @@ makes the entry), every few seconds, on the host, never in the sandbox::
     python -m libegress.login_keeper KIND FILE [--resolve=HOST:IP:PORT]... [--ca=FILE]
 
 It reads the person's own login file (``~/.claude/.credentials.json``,
-``~/.codex/auth.json``) under
+``~/.codex/auth.json``, ``~/.gemini/oauth_creds.json``) under
 an exclusive lock on its directory, and when the access token expires within
 :data:`.oauth_login.MARGIN_MS` it refreshes it at the agent's token endpoint
 and writes the rotated pair back: a temporary file in the same directory with
@@ -79,8 +79,9 @@ def _write(path: str, text: str, mode: int) -> None:
         os.close(dirfd)
 
 
-def _post(url: str, body: bytes, pins: list[str], ca: str | None) -> tuple[int, bytes]:
-    """POST ``body`` (JSON) to ``url`` over verified TLS, honouring the session's pins."""
+def _post(url: str, body: bytes, ctype: str, pins: list[str],
+          ca: str | None) -> tuple[int, bytes]:
+    """POST ``body`` to ``url`` over verified TLS, honouring the session's pins."""
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 443
     address = host
@@ -94,7 +95,7 @@ def _post(url: str, body: bytes, pins: list[str], ca: str | None) -> tuple[int, 
     conn.sock = ctx.wrap_socket(raw, server_hostname=host)
     try:
         conn.request("POST", parts.path or "/", body=body,
-                     headers={"Content-Type": "application/json", "Accept": "application/json"})
+                     headers={"Content-Type": ctype, "Accept": "application/json"})
         answer = conn.getresponse()
         return answer.status, answer.read(MAX_FILE)
     finally:
@@ -113,7 +114,7 @@ def current_token(kind: Kind, path: str, pins: list[str], ca: str | None) -> str
             return tokens.access
         try:
             status, answer = _post(kind.token_url, oauth_login.refresh_body(kind, tokens),
-                                   pins, ca)
+                                   oauth_login.content_type(kind), pins, ca)
             new_data, new = oauth_login.refreshed(kind, data, tokens, status, answer, now)
         except (LoginError, OSError, ssl.SSLError, http.client.HTTPException) as exc:
             return _still_valid(tokens, now, exc)

@@ -18,6 +18,11 @@ installed CLI), when to refresh, the refresh request, and the file after it.
   refreshed by a JSON POST to ``auth.openai.com/oauth/token`` (``client_id``,
   ``grant_type``, ``refresh_token``); the answer holds new ``id_token``,
   ``access_token`` and (rotated) ``refresh_token``.
+- Gemini CLI: ``oauth_creds.json``, flat: ``access_token``, ``refresh_token``,
+  ``expiry_date`` (ms), ``scope``; refreshed as google-auth-library does, a
+  form POST to ``oauth2.googleapis.com/token`` with Gemini CLI's installed-app
+  client id and (public) secret; Google's answer usually keeps the refresh
+  token (no rotation) and gives ``expires_in``.
 
 A refusal is a :class:`LoginError` that never holds a token.
 """
@@ -54,7 +59,12 @@ CLAUDE = Kind("claude", "https://platform.claude.com/v1/oauth/token",
               "9d1c250a-e61b-44d9-88ed-5944d1962f5e", "claudeAiOauth")
 CODEX = Kind("codex", "https://auth.openai.com/oauth/token", "app_EMoamEEZ73f0CkXaXp7hrann",
              "tokens")
-KINDS = {k.name: k for k in (CLAUDE, CODEX)}
+# An installed application's client secret is public by design (RFC 8252 8.5):
+# Gemini CLI ships it in its bundle.
+GEMINI = Kind("gemini", "https://oauth2.googleapis.com/token",
+              "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com", "")
+GEMINI_SECRET = "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"  # noqa: S105 - public, see above
+KINDS = {k.name: k for k in (CLAUDE, CODEX, GEMINI)}
 # Codex without an exp claim refreshes 8 days after last_refresh (its own rule).
 CODEX_INTERVAL_MS = 8 * 24 * 3600 * 1000
 
@@ -72,9 +82,11 @@ def parse(kind: Kind, text: str) -> tuple[dict[str, Any], Tokens]:
         data = json.loads(text)
     except (ValueError, RecursionError):
         raise LoginError(f"{kind.name}'s login file is not JSON") from None
-    login = data.get(kind.key) if isinstance(data, dict) else None
+    login = (data if not kind.key else data.get(kind.key)) if isinstance(data, dict) else None
     if not isinstance(login, dict):
-        raise LoginError(f"{kind.name}'s login file holds no {kind.key}")
+        raise LoginError(f"{kind.name}'s login file holds no {kind.key or 'login'}")
+    if kind is GEMINI:
+        return data, _flat_tokens(kind, login)
     if kind is CODEX:
         return data, _codex_tokens(data, login)
     access, refresh = login.get("accessToken"), login.get("refreshToken")
@@ -98,6 +110,19 @@ def _codex_tokens(data: Mapping[str, Any], login: Mapping[str, Any]) -> Tokens:
     if expires is None:
         expires = _iso_ms(data.get("last_refresh")) + CODEX_INTERVAL_MS
     return Tokens(access, refresh, expires, ())
+
+
+def _flat_tokens(kind: Kind, login: Mapping[str, Any]) -> Tokens:
+    access, refresh = login.get("access_token"), login.get("refresh_token")
+    expires = login.get("expiry_date")
+    if not _is_token(access) or not _is_token(refresh):
+        raise LoginError(f"{kind.name}'s login has no usable access and refresh token")
+    if isinstance(expires, bool) or not isinstance(expires, int | float):
+        raise LoginError(f"{kind.name}'s login has no expiry")
+    assert isinstance(access, str) and isinstance(refresh, str)
+    scope = login.get("scope")
+    return Tokens(access, refresh, int(expires), tuple(scope.split()) if isinstance(scope, str)
+                  else ())
 
 
 def jwt_claims(token: str) -> dict[str, Any] | None:
@@ -143,12 +168,20 @@ def needs_refresh(tokens: Tokens, now_ms: int, margin_ms: int = MARGIN_MS) -> bo
     return tokens.expires_ms - now_ms <= margin_ms
 
 
+def content_type(kind: Kind) -> str:
+    return "application/x-www-form-urlencoded" if kind is GEMINI else "application/json"
+
+
 def refresh_body(kind: Kind, tokens: Tokens) -> bytes:
     """The token request's JSON body, as the agent itself sends it."""
     body: dict[str, str] = {"grant_type": "refresh_token", "refresh_token": tokens.refresh,
                             "client_id": kind.client_id}
     if kind is CODEX:  # no scope: as Codex sends it
         return json.dumps(body).encode()
+    if kind is GEMINI:  # a form, with the installed app's public secret
+        from urllib.parse import urlencode
+
+        return urlencode({**body, "client_secret": GEMINI_SECRET}).encode()
     if tokens.scopes:
         body["scope"] = " ".join(tokens.scopes)
     return json.dumps(body).encode()
@@ -171,6 +204,8 @@ def refreshed(kind: Kind, data: Mapping[str, Any], tokens: Tokens, status: int,
     if kind is CODEX:
         return _codex_refreshed(data, got, now_ms)
     expires_in = got.get("expires_in")
+    if kind is GEMINI:
+        return _gemini_refreshed(data, got, expires_in, now_ms)
     if isinstance(expires_in, bool) or not isinstance(expires_in, int | float) \
             or not 0 < expires_in < 10**8:
         raise LoginError("the token endpoint's answer has no usable expires_in")
@@ -199,3 +234,22 @@ def _codex_refreshed(data: Mapping[str, Any], got: Mapping[str, Any],
         login["id_token"] = id_token
     out["last_refresh"] = iso_now(now_ms)
     return out, _codex_tokens(out, login)
+
+
+def _expires_in_ms(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 10**8:
+        raise LoginError("the token endpoint's answer has no usable expires_in")
+    return int(value * 1000)
+
+
+def _gemini_refreshed(data: Mapping[str, Any], got: Mapping[str, Any], expires_in: object,
+                      now_ms: int) -> tuple[dict[str, Any], Tokens]:
+    out = json.loads(json.dumps(data))
+    out["access_token"] = got["access_token"]
+    if "refresh_token" in got:
+        out["refresh_token"] = got["refresh_token"]
+    out["expiry_date"] = now_ms + _expires_in_ms(expires_in)
+    for key in ("scope", "token_type", "id_token"):
+        if isinstance(got.get(key), str):
+            out[key] = got[key]
+    return out, _flat_tokens(GEMINI, out)

@@ -1,8 +1,9 @@
 """An agent's OAuth login stays on the host: placeholders inside, the token at the proxy.
 
 Claude Code's subscription login (``~/.claude/.credentials.json``,
-``claudeAiOauth``) and Codex's ChatGPT login (``~/.codex/auth.json``,
-``tokens``) used to reach the session in its private copy: a process
+``claudeAiOauth``), Codex's ChatGPT login (``~/.codex/auth.json``,
+``tokens``) and Gemini CLI's Google login (``~/.gemini/oauth_creds.json``) used
+to reach the session in its private copy: a process
 inside could send the refresh token anywhere it may reach and keep the
 person's plan after the session.  Now, with no config to write:
 
@@ -55,14 +56,20 @@ class Login(NamedTuple):
     kind: str  # libegress.oauth_login.KINDS
     path: str  # the person's own file
     copy: str  # the file in the private copy, relative to its root
-    host: str  # the API host that gets the access token
+    hosts: tuple[str, ...]  # the hosts that get the access token (the API's first)
 
 
-_FILES = {
-    "claude": ("~/.claude/.credentials.json", "claude/.credentials.json", "api.anthropic.com"),
+_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "claude": ("~/.claude/.credentials.json", "claude/.credentials.json", ("api.anthropic.com",)),
     # Codex with a ChatGPT login talks to chatgpt.com/backend-api (codex/responses).
-    "codex": ("~/.codex/auth.json", "codex/auth.json", "chatgpt.com"),
+    "codex": ("~/.codex/auth.json", "codex/auth.json", ("chatgpt.com",)),
+    # Gemini CLI with a Google login: Code Assist, and the token's own checks at
+    # start (tokeninfo, with the bearer; userinfo when no account is cached).
+    "gemini": ("~/.gemini/oauth_creds.json", "home/.gemini/oauth_creds.json",
+               ("cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "www.googleapis.com")),
 }
+GEMINI_ACCESS = "ya29.agent-sandbox-placeholder"
+GEMINI_REFRESH = "1//agent-sandbox-placeholder"
 CODEX_REFRESH = "rt_agent-sandbox-placeholder"
 PLACEHOLDER_SIGNATURE = "agent-sandbox-placeholder"
 
@@ -71,14 +78,14 @@ def detect(profile: Profile, home: str) -> Login | None:
     """The agent's OAuth login in ``home``, or None (none, or not one we can hold)."""
     if profile.name not in _FILES:
         return None
-    where, copy, host = _FILES[profile.name]
+    where, copy, hosts = _FILES[profile.name]
     path = os.path.join(home, where[2:])
     try:
         with open(path, encoding="utf-8") as fh:
             oauth_login.parse(oauth_login.KINDS[profile.name], fh.read(1 << 20))
     except (OSError, UnicodeDecodeError, oauth_login.LoginError):
         return None
-    return Login(profile.name, path, copy, host)
+    return Login(profile.name, path, copy, hosts)
 
 
 def _every() -> int:
@@ -91,17 +98,20 @@ def take(profile: Profile, cfg: Config) -> tuple[Config, Login | None, str]:
     login = detect(profile, cfg.home)
     if login is None:
         return cfg, None, ""
-    if any(s.host == login.host for s in cfg.secrets):  # an API key is used there
+    held = {s.host for s in cfg.secrets}
+    if login.hosts[0] in held:  # an API key is used there
         return cfg, login, (f"agent-sandbox: {profile.name}'s login stays on this host "
                             "(placeholders in the session; its API host has a key already)")
     argv = [sys.executable, "-m", "libegress.login_keeper", login.kind, login.path,
             *(f"--resolve={pin}" for pin in cfg.resolve)]
     if cfg.upstream_ca:
         argv.append(f"--ca={cfg.upstream_ca}")
-    secret = Secret(login.host, "Authorization", shlex.join(argv), "Bearer {}", _every())
+    added = tuple(Secret(host, "Authorization", shlex.join(argv), "Bearer {}", _every())
+                  for host in login.hosts if host not in held and host not in cfg.inject)
     line = (f"agent-sandbox: {profile.name}'s login stays on this host: egress-proxy sends "
-            f"its token to {login.host} and refreshes it (the session holds placeholders)")
-    return cfg._replace(secrets=(*cfg.secrets, secret)), login, line
+            f"its token to {login.hosts[0]} and refreshes it (the session holds placeholders)")
+    domains = (*cfg.domains, *(s.host for s in added if s.host not in cfg.domains))
+    return cfg._replace(secrets=(*cfg.secrets, *added), domains=domains), login, line
 
 
 def _claude_placeholders(data: Any) -> dict[str, Any]:
@@ -132,6 +142,15 @@ def _codex_placeholders(data: Any) -> dict[str, Any]:
     }
 
 
+def _gemini_placeholders(data: Any) -> dict[str, Any]:
+    """Gemini CLI's oauth_creds.json: placeholders, an expiry in 2100; the id token
+    (a signed Google JWT, a credential of its own) is left out."""
+    scope = data.get("scope") if isinstance(data, dict) else None
+    return {"access_token": GEMINI_ACCESS, "refresh_token": GEMINI_REFRESH,
+            "scope": scope if isinstance(scope, str) else "", "token_type": "Bearer",
+            "expiry_date": FAR_AHEAD_MS}
+
+
 def _jwt(claims: dict[str, Any]) -> str:
     def part(value: object) -> str:
         raw = json.dumps(value, separators=(",", ":")).encode()
@@ -151,7 +170,12 @@ def placeholder_copy(login: Login, root: str, runtime: str) -> None:
             data = json.loads(fh.read(1 << 20))
     except (OSError, ValueError):
         data = {}
-    data = _codex_placeholders(data) if kind is oauth_login.CODEX else _claude_placeholders(data)
+    if kind is oauth_login.CODEX:
+        data = _codex_placeholders(data)
+    elif kind is oauth_login.GEMINI:
+        data = _gemini_placeholders(data)
+    else:
+        data = _claude_placeholders(data)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a fresh file: never the host's inode
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

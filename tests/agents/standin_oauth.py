@@ -3,7 +3,9 @@
 One HTTPS server answers for ``platform.claude.com`` (Claude's token
 endpoint, ``POST /v1/oauth/token``), ``api.anthropic.com`` (Messages),
 ``auth.openai.com`` (Codex's, ``POST /oauth/token``) and ``chatgpt.com``
-(``/backend-api/codex/responses``), the models through standin_apis' script.
+(``/backend-api/codex/responses``), ``oauth2.googleapis.com`` (Gemini CLI's
+``/token`` and ``/tokeninfo``), ``cloudcode-pa.googleapis.com`` (Code Assist)
+and ``www.googleapis.com`` (userinfo), the models through standin_apis' script.
 It holds one login of the kind asked for, as the real service would:
 
 - the API takes only the current access token (``Authorization: Bearer``;
@@ -11,7 +13,8 @@ It holds one login of the kind asked for, as the real service would:
   account's ``chatgpt-account-id``), else 401;
 - a refresh with the current refresh token and the agent's client id issues
   a new pair (Codex: JWT access and id tokens, with ``exp``) and revokes the
-  old one (the refresh token rotates); anything else is ``400 invalid_grant``;
+  old one (the refresh token rotates; Google's does not, and its access
+  tokens stay valid until they expire); anything else is ``400 invalid_grant``;
 - every request is recorded (host, path, headers, body) for the tests, and
   each rotation calls ``on_refresh`` when set.
 """
@@ -28,12 +31,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import parse_qsl
 
 import trustme
-from standin_apis import anthropic_json, anthropic_stream, openai_stream
+from standin_apis import anthropic_json, anthropic_stream, gemini_chunk, openai_stream
 
 HOSTS = ("api.anthropic.com", "platform.claude.com", "console.anthropic.com",
-         "auth.openai.com", "chatgpt.com")
+         "auth.openai.com", "chatgpt.com",
+         "oauth2.googleapis.com", "cloudcode-pa.googleapis.com", "www.googleapis.com")
+GEMINI_CLIENT_ID = "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com"
 CLIENT_ID = "9d1c250a-e61b-44d9-88ed-5944d1962f5e"
 CODEX_CLIENT_ID = "app_EMoamEEZ73f0CkXaXp7hrann"
 ACCOUNT = "acct-standin-1"
@@ -89,8 +95,15 @@ class Oauth:
         self.id_token, self.access, self.refresh = codex_pair(lifetime_s)
         self.issued = [(self.access, self.refresh)]
 
+    def gemini(self) -> None:
+        """Hold a Google login instead (Gemini CLI's; the refresh token does not rotate)."""
+        self.kind = "gemini"
+        self.access = f"ya29.real-{uuid.uuid4().hex}"
+        self.refresh = f"1//real-{uuid.uuid4().hex}"
+        self.issued = [(self.access, self.refresh)]
+
     def refreshes(self) -> list[Request]:
-        return [r for r in self.seen if r.path in ("/v1/oauth/token", "/oauth/token")]
+        return [r for r in self.seen if r.path in ("/v1/oauth/token", "/oauth/token", "/token")]
 
     def secrets(self) -> list[str]:
         return [t for pair in self.issued for t in pair]
@@ -119,6 +132,9 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
 
         def do_GET(self) -> None:
             self._record()
+            if self.path.split("?")[0] == "/oauth2/v2/userinfo" and self._authorized():
+                self._reply(200, b'{"id": "1", "email": "p@example.com"}')
+                return
             if self.path.split("?")[0] == "/backend-api/wham/accounts/check":
                 # Codex asks where the account's backend is before each turn.
                 entry = {"id": ACCOUNT, "workspace_backend_origin": "https://chatgpt.com",
@@ -131,7 +147,13 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             raw = self._record()
             path = self.path.split("?")[0]
-            if path in ("/v1/oauth/token", "/oauth/token"):
+            if path == "/token":
+                self._google_token(raw)
+            elif path == "/tokeninfo":
+                self._tokeninfo()
+            elif path.startswith("/v1internal:"):
+                self._code_assist(path, raw)
+            elif path in ("/v1/oauth/token", "/oauth/token"):
                 self._token(raw)
             elif path.endswith("/v1/messages") or path.endswith("/codex/responses"):
                 self._messages(raw)
@@ -166,6 +188,69 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
                 return
             if o.on_refresh is not None:
                 o.on_refresh()
+            self._reply(200, json.dumps(answer).encode())
+
+        def _authorized(self) -> bool:
+            """Google's way: an access token stays valid until it expires, refresh or not
+            (each of the proxy's hosts takes up the new one within a keeper's period)."""
+            auth = self.headers.get("Authorization", "")
+            return any(auth == f"Bearer {a}" for a, _ in o.issued)
+
+        def _google_token(self, raw: bytes) -> None:
+            form = dict(parse_qsl(raw.decode("ascii", "replace")))
+            with o.lock:
+                good = (form.get("grant_type") == "refresh_token"
+                        and form.get("client_id") == GEMINI_CLIENT_ID
+                        and form.get("client_secret", "").startswith("GOCSPX-")
+                        and form.get("refresh_token") == o.refresh)
+                if good:  # a new access token; Google keeps the refresh token
+                    o.access = f"ya29.real-{uuid.uuid4().hex}"
+                    o.issued.append((o.access, o.refresh))
+            if not good:
+                self._reply(400, b'{"error":"invalid_grant"}')
+                return
+            if o.on_refresh is not None:
+                o.on_refresh()
+            self._reply(200, json.dumps({
+                "access_token": o.access, "expires_in": int(o.lifetime_s), "token_type": "Bearer",
+                "scope": "https://www.googleapis.com/auth/cloud-platform"}).encode())
+
+        def _tokeninfo(self) -> None:
+            if not self._authorized():
+                self._reply(400, b'{"error":"invalid_token"}')
+                return
+            self._reply(200, json.dumps({
+                "expires_in": 3000, "email": "p@example.com", "aud": GEMINI_CLIENT_ID,
+                "scope": "https://www.googleapis.com/auth/cloud-platform"}).encode())
+
+        def _code_assist(self, path: str, raw: bytes) -> None:
+            if not self._authorized():
+                self._reply(401, b'{"error":{"code":401,"message":"invalid credentials"}}')
+                return
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {}
+            method = path.split(":", 1)[1]
+            if method == "loadCodeAssist":
+                answer: dict[str, object] = {
+                    "currentTier": {"id": "standard-tier", "name": "Standard"},
+                    "cloudaicompanionProject": "standin-project"}
+            elif method == "onboardUser":
+                answer = {"done": True, "response": {
+                    "cloudaicompanionProject": {"id": "standin-project"}}}
+            elif method == "countTokens":
+                answer = {"totalTokens": 10}
+            elif method in ("streamGenerateContent", "generateContent"):
+                chunk = {"response": gemini_chunk(body.get("request") or {})}
+                if method == "generateContent":
+                    answer = chunk
+                else:
+                    data = b"data: " + json.dumps(chunk).encode() + b"\r\n\r\n"
+                    self._reply(200, data, "text/event-stream")
+                    return
+            else:
+                answer = {}
             self._reply(200, json.dumps(answer).encode())
 
         def _messages(self, raw: bytes) -> None:

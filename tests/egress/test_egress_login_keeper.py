@@ -143,7 +143,7 @@ def test_a_missing_file_a_link_and_bad_usage(oauth: Oauth, tmp_path: Path) -> No
     (tmp_path / "link.json").symlink_to(real)
     done = keeper(oauth, tmp_path / "link.json")  # the person's file, never through a link
     assert done.returncode == 1 and done.stdout == ""
-    done = subprocess.run([sys.executable, "-m", "libegress.login_keeper", "gemini", "x"],
+    done = subprocess.run([sys.executable, "-m", "libegress.login_keeper", "aider", "x"],
                           capture_output=True, text=True, timeout=30, check=False)
     assert done.returncode == 2 and done.stderr.startswith("usage: ")
 
@@ -207,3 +207,24 @@ def test_a_due_codex_login_is_refreshed_by_its_jwt_expiry(oauth: Oauth, tmp_path
     # Not due now (the new access token's exp is hours ahead): no second refresh.
     again = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
     assert again.stdout == oauth.access + "\n" and len(oauth.refreshes()) == 1
+
+
+def test_a_due_google_login_is_refreshed_with_a_form_and_keeps_its_refresh_token(
+    oauth: Oauth, tmp_path: Path
+) -> None:
+    oauth.gemini()
+    first = (oauth.access, oauth.refresh)
+    path = tmp_path / "g" / "oauth_creds.json"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"access_token": first[0], "refresh_token": first[1],
+                                "scope": "s", "token_type": "Bearer", "id_token": "x.y.z",
+                                "expiry_date": int((time.time() + 60) * 1000)}))
+    argv = [sys.executable, "-m", "libegress.login_keeper", "gemini", str(path),
+            f"--resolve=oauth2.googleapis.com:127.0.0.1:{oauth.port}", f"--ca={oauth.ca_file}"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    assert (done.returncode, done.stdout) == (0, oauth.access + "\n"), done.stderr
+    (asked,) = oauth.refreshes()
+    assert "content-type: application/x-www-form-urlencoded" in asked.headers.lower()
+    data = json.loads(path.read_text())
+    assert (data["access_token"], data["refresh_token"]) == (oauth.access, first[1])
+    assert data["expiry_date"] > (time.time() + 28000) * 1000 and data["id_token"] == "x.y.z"

@@ -127,3 +127,28 @@ def test_codex_holds_jwts_it_can_decode_with_placeholder_signatures(tmp_path: Pa
     assert tokens["access_token"].endswith(".agent-sandbox-placeholder")
     assert agent_home.write_back(str(runtime)) == []
     assert "rt_REAL" in (home / ".codex" / "auth.json").read_text()
+
+
+def test_gemini_gets_a_secret_per_host_and_placeholders_without_the_id_token(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    (home / ".gemini").mkdir(parents=True)
+    (home / ".gemini" / "oauth_creds.json").write_text(json.dumps({
+        "access_token": "ya29.REAL", "refresh_token": "1//REAL", "scope": "s",
+        "token_type": "Bearer", "id_token": "h.p.REALSIG", "expiry_date": 1}))
+    gemini = agents.PROFILES["gemini"]
+    out, login, _ = logins.take(gemini, cfg_for(home))
+    assert login is not None
+    assert [s.host for s in out.secrets] == ["cloudcode-pa.googleapis.com",
+                                             "oauth2.googleapis.com", "www.googleapis.com"]
+    runtime = tmp_path / "rt"
+    runtime.mkdir()
+    made = agent_home.prepare(gemini, home=str(home), workdir=str(tmp_path / "w"),
+                              session="s1", runtime=str(runtime), env={})
+    logins.placeholder_copy(login, made.root, str(runtime))
+    assert json.loads(Path(made.root, login.copy).read_text()) == {
+        "access_token": logins.GEMINI_ACCESS, "refresh_token": logins.GEMINI_REFRESH,
+        "scope": "s", "token_type": "Bearer", "expiry_date": logins.FAR_AHEAD_MS}
+    assert agent_home.write_back(str(runtime)) == []
+    assert "1//REAL" in (home / ".gemini" / "oauth_creds.json").read_text()

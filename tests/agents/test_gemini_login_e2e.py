@@ -1,0 +1,135 @@
+"""Gemini CLI's Google login stays on the host: the real CLI, both backends.
+
+The home holds a Google login (``~/.gemini/oauth_creds.json``) issued by a
+stand-in Google token endpoint, tokeninfo and Code Assist API
+(``oauth2.googleapis.com``, ``cloudcode-pa.googleapis.com``; TLS on
+loopback, the config's ``resolve`` pins).  No config for it: the launcher
+sees the login (libbroker.launcher.logins).
+
+A turn completes; the access token comes due mid-session and is refreshed on
+the host (Google's refresh token does not rotate), and the next turn works
+with the new access token; the new access token and expiry
+are in the person's file after the session, with its mode; no real token is
+found inside; only the host's refresh carries the refresh token; a process
+inside posting the placeholder refresh token gets ``invalid_grant``.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+from agents_world import Home, need
+from inside_scan import SCAN, split
+from standin_oauth import GEMINI_CLIENT_ID, HOSTS, Oauth, start
+
+BACKENDS = ("bwrap", "nono")
+MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
+PLACEHOLDER = "agent-sandbox-placeholder"
+
+
+@pytest.fixture()
+def oauth(tmp_path: Path) -> Iterator[Oauth]:
+    found, server = start(tmp_path)
+    yield found
+    server.shutdown()
+    server.server_close()
+
+
+def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
+    o.gemini()
+    gem = w.home / ".gemini"
+    (gem / "settings.json").write_text(
+        json.dumps({"security": {"auth": {"selectedType": "oauth-personal"}}}))
+    (gem / "google_accounts.json").write_text(json.dumps({"active": "p@example.com", "old": []}))
+    creds = gem / "oauth_creds.json"
+    creds.write_text(json.dumps({
+        "access_token": o.access, "refresh_token": o.refresh, "token_type": "Bearer",
+        "scope": "https://www.googleapis.com/auth/cloud-platform",
+        "id_token": "eyJhbGciOiJSUzI1NiJ9.eyJlbWFpbCI6InBAZXhhbXBsZS5jb20ifQ.IDSIG-real",
+        "expiry_date": int((time.time() + expires_in_s) * 1000)}))
+    creds.chmod(0o640)
+    return creds
+
+
+def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedProcess[str]:
+    cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
+                   upstream_ca=str(o.ca_file))
+    env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
+    env.pop("GEMINI_API_KEY")  # the login alone
+    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
+            "--agent=gemini", "--", "sh", "-c", script]
+    return subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
+                          timeout=180, stdin=subprocess.DEVNULL, check=False)
+
+
+SESSION = """
+gemini --skip-trust -p hello || exit 1
+i=0; while [ ! -e refreshed ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+[ -e refreshed ] || { echo NO-REFRESH; exit 1; }
+gemini --skip-trust --yolo -p 'RUN<<python3 scan.py>>'
+"""
+LEARN = "import json\nEXTRA_PARTS = [tuple(p) for p in json.load(open('refreshed'))]\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    need("gemini")
+    w, o = world, oauth
+    creds = login(w, o, MARGIN_S + 20)  # Gemini CLI takes seconds to start
+    first = [*o.secrets(), "IDSIG-real"]
+    flag = w.workdir / "refreshed"
+    o.on_refresh = lambda: flag.write_text(json.dumps(split(*o.secrets())))
+    (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
+    done = run(w, o, backend, SESSION)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr[-3000:]
+    assert "pong" in out and "RESULT<<" in out and "SCANNED" in out, out + done.stderr[-2000:]
+    assert "FOUND" not in out, out
+    assert ("agent-sandbox: gemini's login stays on this host: egress-proxy sends its token "
+            "to cloudcode-pa.googleapis.com and refreshes it (the session holds placeholders)"
+            in done.stderr)
+    (refresh,) = o.refreshes()
+    assert f"client_id={GEMINI_CLIENT_ID}" in refresh.body and first[1] in unquote(refresh.body)
+    held = json.loads(creds.read_text())
+    assert (held["access_token"], held["refresh_token"]) == (o.access, o.refresh)
+    assert o.access != first[0] and held["expiry_date"] > (time.time() + 3600) * 1000
+    assert creds.stat().st_mode & 0o777 == 0o640
+    turns = [r for r in o.seen if r.path.startswith("/v1internal:streamGenerateContent")]
+    assert f"Bearer {first[0]}" in turns[0].headers and f"Bearer {o.access}" in turns[-1].headers
+    for r in o.seen:
+        carried = {t for t in o.secrets() if t in r.headers + unquote(r.body)}
+        if r.path == "/token":
+            assert carried == {o.refresh}
+        else:
+            assert all(f"Bearer {t}" in r.headers and t not in r.body for t in carried), r
+        assert "1//" + PLACEHOLDER not in r.headers + unquote(r.body)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_placeholder_refresh_token_gets_nothing_usable(
+    world: Home, oauth: Oauth, backend: str
+) -> None:
+    w, o = world, oauth
+    creds = login(w, o, 8 * 3600)
+    before = creds.read_text()
+    # oauth2.googleapis.com is a host egress-proxy sets the token on (tokeninfo):
+    # curl meets the proxy's certificate, which the session trusts.
+    post = ("curl -sS https://oauth2.googleapis.com/token "
+            f"-d grant_type=refresh_token -d client_id={GEMINI_CLIENT_ID} "
+            "-d client_secret=GOCSPX-x --data-urlencode \"refresh_token=$(python3 -c "
+            "'import json, os; print(json.load(open(os.environ[\"GEMINI_CLI_HOME\"] + "
+            "\"/.gemini/oauth_creds.json\"))[\"refresh_token\"])')\"")
+    done = run(w, o, backend, post)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
+    (tried,) = o.refreshes()
+    assert PLACEHOLDER in tried.body and o.refresh not in unquote(tried.body) + tried.headers
+    assert creds.read_text() == before and len(o.secrets()) == 2
