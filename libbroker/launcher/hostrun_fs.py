@@ -25,6 +25,7 @@ O_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 MAX_OPEN = 48  # directory fds a Chain holds; deeper ones are reopened by name
 CHUNK = 1 << 20  # bytes read at a time
 FICLONE = 0x40049409  # linux/fs.h: _IOW(0x94, 9, int)
+MAX_RETRIES = 1000  # directories found not empty again while removing a tree
 
 
 def join(rel: str, name: str) -> str:
@@ -266,6 +267,7 @@ def remove_tree(dfd: int, name: str) -> None:
     except IsADirectoryError:
         pass
     stack: list[tuple[str, ...]] = [(name,)]
+    retries = 0
     with Chain(dfd, fix=True) as chain:
         while stack:
             parts = stack[-1]
@@ -279,8 +281,14 @@ def remove_tree(dfd: int, name: str) -> None:
             if subdirs:
                 stack += subdirs
                 continue
+            try:
+                _as_owner(chain.fd(parts[:-1]), os.rmdir, parts[-1])
+            except OSError as exc:  # something appeared meanwhile (a live session): again
+                retries += 1
+                if exc.errno != errno.ENOTEMPTY or retries > MAX_RETRIES:
+                    raise
+                continue
             stack.pop()
-            _as_owner(chain.fd(parts[:-1]), os.rmdir, parts[-1])
 
 
 def _as_owner(dfd: int, remove: Callable[..., None], name: str) -> None:

@@ -96,8 +96,12 @@ class Sweeper:
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
-                copy_tree(pfd, name, qfd, qname)  # another filesystem: copy, then remove
-                remove_tree(pfd, name)
+                # Another filesystem: off its path first (one rename: what a live
+                # session still writes by that path is not in the copy, and not lost),
+                # then copied, then removed.
+                staged = _stage(pfd, name)
+                copy_tree(pfd, staged, qfd, qname)
+                remove_tree(pfd, staged)
         finally:
             os.close(qfd)
         return os.path.join(self.quarantine, os.path.dirname(rel), qname)
@@ -267,6 +271,15 @@ class Sweeper:
             return f"a link to {quote(os.readlink(name, dir_fd=pfd))}"
         return "a directory" if stat.S_ISDIR(st.st_mode) else "a file" if stat.S_ISREG(
             st.st_mode) else "a special file"
+
+
+def _stage(pfd: int, name: str) -> str:
+    """Rename ``name`` to a fresh hidden name beside it; that name."""
+    import secrets
+
+    staged = f".agent-sandbox-aside-{secrets.token_hex(6)}"
+    os.rename(name, staged, src_dir_fd=pfd, dst_dir_fd=pfd)
+    return staged
 
 
 def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
