@@ -9,7 +9,7 @@ Requests (see docs/gateway.md)::
 ``policy`` holds a tenant's own egress-proxy options under their flag names
 without dashes (``allow``, ``allow_cidr``, ``resolve``, ``inject``,
 ``secrets``, ``repos``, ``record``, ``egress_dir``, ``token_command``,
-``token_every``, ``learn``); :func:`policy_args` turns it into the argument
+``token_every``, ``learn``, ``max_conns``); :func:`policy_args` turns it into the argument
 dictionary the command line gives, so a tenant's options are checked by the
 very code that checks the flags.  Every reply is ``{"ok": true, ...}`` or
 ``{"ok": false, "error": TEXT}``; a malformed line gets the latter and the
@@ -39,6 +39,7 @@ POLICY_KEYS: dict[str, tuple[str, type]] = {
     "token_command": ("--token-command", str),
     "token_every": ("--token-every", str),
     "learn": ("--learn", bool),
+    "max_conns": ("--max-conns", str),
 }
 
 
@@ -82,7 +83,8 @@ def _policy(raw: Any) -> dict[str, Any]:
         if key not in POLICY_KEYS:
             raise BadFrame(f"unknown policy key {key!r}; known: {', '.join(POLICY_KEYS)}")
         kind = POLICY_KEYS[key][1]
-        if key == "token_every" and isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key in ("token_every", "max_conns") and number:
             continue
         if isinstance(value, list):
             ok = kind is list and all(isinstance(v, str) for v in value)
@@ -130,7 +132,7 @@ def policy_args(policy: dict[str, Any], listen: str) -> dict[str, Any]:
     args: dict[str, Any] = {"--listen": listen}
     for key, value in policy.items():
         flag = POLICY_KEYS[key][0]
-        args[flag] = str(value) if key == "token_every" else value
+        args[flag] = str(value) if key in ("token_every", "max_conns") else value
     return args
 
 

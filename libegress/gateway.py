@@ -31,7 +31,7 @@ from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
 from libegress.heads import HttpError
 from libegress.limits import Limits
-from libegress.proxyauth import BadCredentials, Credentials
+from libegress.proxyauth import BadCredentials, Credentials, TenantFull
 from libegress.record import Recorder
 from libegress.route import EgressPolicy
 from libegress.scope import Scope
@@ -49,6 +49,7 @@ class Tenant:
     name: str
     digest: bytes
     services: Services
+    max_connections: int = 1024  # its share of the proxy's --max-conns ("max_conns")
     keeper: asyncio.Task[None] | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -81,7 +82,9 @@ class Gate:
         options = self._check(policy_args(request.policy, f"{listen.host}:{listen.port}"))
         services, ca_pem = self._services(request.tenant, options)
         password = request.password or proxyauth.mint_password()
-        tenant = Tenant(request.tenant, proxyauth.digest(password), services)
+        share = (options.limits.max_connections if "max_conns" in request.policy
+                 else self._limits.max_connections)
+        tenant = Tenant(request.tenant, proxyauth.digest(password), services, share)
         try:
             await start_all(services.keepers())
         except BaseException:
@@ -161,6 +164,9 @@ class Gate:
         """Count the running connection task as ``tenant``'s; its services."""
         task = asyncio.current_task()
         if task is not None and task not in tenant.tasks:
+            if len(tenant.tasks) >= tenant.max_connections:
+                raise TenantFull(f"more than {tenant.max_connections} connections of this "
+                                 "tenant")
             tenant.tasks.add(task)
             task.add_done_callback(tenant.tasks.discard)
         return tenant.services
@@ -181,7 +187,10 @@ class Gate:
             raise HttpError(407, proxyauth.WRONG, "proxy-auth")
         if bound is not None and tenant is not bound:
             raise HttpError(407, proxyauth.CHANGED, "proxy-auth")
-        self.enter(tenant)
+        try:
+            self.enter(tenant)
+        except TenantFull as exc:
+            raise HttpError(503, str(exc)) from None
         return tenant
 
 

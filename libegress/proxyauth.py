@@ -45,6 +45,10 @@ class BadCredentials(ValueError):
     """A credential that cannot be read; the message is one of the fixed texts."""
 
 
+class TenantFull(Exception):
+    """A tenant holds as many connections as it may (its ``max_conns``): refuse one more."""
+
+
 @dataclass(frozen=True)
 class Credentials:
     user: str

@@ -27,6 +27,7 @@ from libegress.proxyauth import (
     USERPASS,
     WRONG,
     BadCredentials,
+    TenantFull,
     parse_userpass,
 )
 from libegress.route import Refused, Route, route
@@ -219,7 +220,10 @@ async def _authenticate(gate: Gate, raw: SocketStream, buf: bytearray,
         await _send_quietly(raw, AUTH_FAILED)
         raise SocksError(None, WRONG)
     await raw.send(AUTH_OK)
-    return gate.enter(tenant)
+    try:
+        return gate.enter(tenant)
+    except TenantFull as exc:
+        raise SocksError(GENERAL_FAILURE, str(exc)) from None
 
 
 async def _send_quietly(raw: SocketStream, data: bytes) -> None:

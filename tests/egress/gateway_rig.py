@@ -48,7 +48,8 @@ class Gateway:
     def request(self, frame: dict[str, Any]) -> dict[str, Any]:
         return control_request(self.control, frame)
 
-    def add(self, name: str, index: int, *, allow_echo: bool = False) -> TenantKeys:
+    def add(self, name: str, index: int, *, allow_echo: bool = False,
+            **more: Any) -> TenantKeys:
         """Tenant ``name``: may reach ok<index>.test and echo.test only; sec<index>.test
         gets its own canary in x-canary."""
         canary = f"CANARY-{name}-{os.urandom(8).hex()}"
@@ -64,6 +65,7 @@ class Gateway:
             "record": str(record),
             "resolve": [f"ok{index}.test:127.0.0.1", "echo.test:127.0.0.1",
                         f"sec{index}.test:127.0.0.1:{self.tls.port}"],
+            **more,
         }
         answer = self.request({"op": "add", "tenant": name, "policy": policy})
         assert answer["ok"], answer

@@ -340,3 +340,31 @@ def test_a_kept_alive_connection_stays_with_its_first_tenant(gw: Gateway) -> Non
         lines = _new_lines(gw, before)
         assert len(lines) == 1 and "proxy credentials changed" in lines[0]
         assert reader.readline() == b""  # and the connection ends
+
+
+def test_a_tenant_over_its_max_conns_is_refused_and_the_others_are_not(gw: Gateway) -> None:
+    capped = gw.add("capped", TENANTS + 35, allow_echo=True, max_conns=2)
+    held = [open_tunnel(gw, capped.name, capped.password) for _ in range(2)]
+    assert all(status.startswith(b"HTTP/1.1 200") for _, status in held)
+    before = len(gw.proxy.log_text().splitlines())
+    extra, status = open_tunnel(gw, capped.name, capped.password)
+    extra.close()
+    assert status.startswith(b"HTTP/1.1 503"), status
+    lines = _new_lines(gw, before)
+    assert len(lines) == 1 and "limit" in lines[0] and "more than 2 connections" in lines[0]
+    socks_done = curl(gw, f"http://echo.test:{gw.echo_port}/", socks=True,
+                      user=f"capped:{capped.password}")
+    assert socks_done.returncode != 0
+    other = gw.tenants["t7"]
+    assert codes(curl(gw, f"http://ok7.test:{gw.plain.port}/",
+                      user=f"t7:{other.password}"))[0] == "200"
+    held[0][0].close()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # the proxy notices the close
+        again, status = open_tunnel(gw, capped.name, capped.password)
+        again.close()
+        if status.startswith(b"HTTP/1.1 200"):
+            break
+        time.sleep(0.05)
+    assert status.startswith(b"HTTP/1.1 200")
+    held[1][0].close()
