@@ -65,6 +65,7 @@ class Gate:
         self._check = check
         self._upstream_tls: ssl.SSLContext | None = None
         self.tenants: dict[str, Tenant] = {}
+        self._adding: set[str] = set()  # names whose add awaits its first reads
 
     def upstream(self) -> ssl.SSLContext:
         """One verifying context for every tenant's inject hosts (roots load once)."""
@@ -74,30 +75,32 @@ class Gate:
 
     async def add(self, request: Add) -> dict[str, Any]:
         """Register a tenant; the reply's fields. UsageError/EgressError when refused."""
-        if request.tenant in self.tenants:
-            raise UsageError(f"tenant {request.tenant} exists: remove it first")
-        if len(self.tenants) >= MAX_TENANTS:
+        name = request.tenant
+        if name in self.tenants or name in self._adding:
+            raise UsageError(f"tenant {name} exists: remove it first")
+        if len(self.tenants) + len(self._adding) >= MAX_TENANTS:
             raise UsageError(f"at most {MAX_TENANTS} tenants")
         listen = self._options.listen
         options = self._check(policy_args(request.policy, f"{listen.host}:{listen.port}"))
-        services, ca_pem = self._services(request.tenant, options)
+        services, ca_pem = self._services(name, options)
         password = request.password or proxyauth.mint_password()
         share = (options.limits.max_connections if "max_conns" in request.policy
                  else self._limits.max_connections)
-        tenant = Tenant(request.tenant, proxyauth.digest(password), services, share)
+        tenant = Tenant(name, proxyauth.digest(password), services, share)
+        # The name is held while the first token and secret reads run, so a second
+        # add of it (another control client) is refused rather than raced.
+        self._adding.add(name)
         try:
             await start_all(services.keepers())
         except BaseException:
             services.record.close()
             raise
-        if request.tenant in self.tenants:  # added meanwhile by another control client
-            services.record.close()
-            raise UsageError(f"tenant {request.tenant} exists: remove it first")
+        finally:
+            self._adding.discard(name)
         tenant.keeper = asyncio.create_task(keep_all(services.keepers()))
-        self.tenants[request.tenant] = tenant
+        self.tenants[name] = tenant
         services.log.note("tenant added")
-        reply: dict[str, Any] = {"tenant": request.tenant, "user": request.tenant,
-                                 "ca_pem": ca_pem}
+        reply: dict[str, Any] = {"tenant": name, "user": name, "ca_pem": ca_pem}
         if request.password is None:
             reply["password"] = password  # minted: the caller's only copy
         return reply

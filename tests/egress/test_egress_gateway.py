@@ -368,3 +368,16 @@ def test_a_tenant_over_its_max_conns_is_refused_and_the_others_are_not(gw: Gatew
         time.sleep(0.05)
     assert status.startswith(b"HTTP/1.1 200")
     held[1][0].close()
+
+
+def test_two_adds_of_one_name_at_once_make_one_tenant(gw: Gateway) -> None:
+    slow = gw.tmp / "slow.secrets.json"
+    slow.write_text(json.dumps([{"host": "slow.test", "header": "x-canary",
+                                 "command": "sh -c 'sleep 0.5; echo SLOW'"}]))
+    frame = {"op": "add", "tenant": "twice", "policy": {"inject": "", "secrets": str(slow)}}
+    with ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda _: gw.request(frame), range(2)))
+    assert sorted(a["ok"] for a in answers) == [False, True], answers
+    refused = next(a for a in answers if not a["ok"])
+    assert refused["error"] == "tenant twice exists: remove it first"
+    assert gw.request({"op": "remove", "tenant": "twice"})["ok"]
