@@ -29,6 +29,7 @@ import threading
 from typing import Any
 
 from libbroker.launcher import hostrun_gitconfig as gitconfig
+from libbroker.launcher import hostrun_gitmerge as gitmerge
 from libbroker.launcher import inotify
 from libbroker.launcher.hostrun_backlog import Backlog
 from libbroker.launcher.hostrun_fingerprint import Snapshot, parent_of
@@ -36,39 +37,25 @@ from libbroker.launcher.hostrun_newrepo import check_new_gitlink, check_new_repo
 from libbroker.launcher.hostrun_sweep import Sweeper
 from libbroker.launcher.hostrun_walk import _GIT_SKIP as GIT_SKIP
 from libbroker.launcher.hostrun_walk import _is_git_dir as is_git_dir
+from libbroker.launcher.hostrun_watches import GIT_MARKS, O_DIR, Watches, join
 from libbroker.shellquote import shown
 from libpolicy.hostrun import NESTED_GIT
 
-_O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-_MASK = (inotify.CREATE | inotify.MOVED_TO | inotify.MOVED_FROM | inotify.DELETE
-         | inotify.MODIFY | inotify.CLOSE_WRITE | inotify.ATTRIB | inotify.DELETE_SELF
-         | inotify.MOVE_SELF | inotify.EXCL_UNLINK)
-_GIT_MARKS = frozenset({"HEAD", "objects", "refs", "commondir"})  # a directory may turn git dir
 
-
-class Watcher:
+class Watcher(Watches):
     """One session's live guard; :meth:`start` before go, :meth:`stop` on every path."""
 
-    def __init__(self, snap: Snapshot, state: str, configs: gitconfig.LiveConfigs) -> None:
-        self.snap = snap
+    def __init__(self, snap: Snapshot, state: str, configs: gitmerge.LiveConfigs) -> None:
         self.configs = configs
         self.by_rel = {repo.rel: repo for repo in configs.repos}
         self.sweeper = Sweeper(snap, state)
-        self.table = snap.table
-        self.names = self.table.first_names | {".git"} | _GIT_MARKS
-        self.git_names = frozenset(e.parts[0] for e in self.table.git) | set(NESTED_GIT)
-        self.dirs: dict[int, tuple[str, str]] = {}  # wd -> (relpath, "tree" | "git" | "inside")
-        self.git_dirs: set[str] = set(snap.repos)
-        self.unwatched = 0
+        super().__init__(snap)
         self.overflows = 0
         self.handled = 0  # entries judged (for the bench)
         self.errors: list[str] = []
         self._logged = 0  # sweeper.lines already in sweep.log
-        self._pending: dict[str, None] = {}  # paths to judge at the end of the batch
         self._seen_repos: dict[str, tuple[object, ...]] = {}  # new repo -> state judged
-        self._ino = inotify.Inotify()
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._root = os.open(snap.workdir, _O_DIR)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
 
@@ -79,7 +66,7 @@ class Watcher:
         servers' start); :meth:`wait_ready` before anything of the session runs."""
         # Opened now: the two threads' moves aside share it (its lazy open would race).
         os.makedirs(self.sweeper.quarantine, mode=0o700, exist_ok=True)
-        self.sweeper.qfd = os.open(self.sweeper.quarantine, _O_DIR)
+        self.sweeper.qfd = os.open(self.sweeper.quarantine, O_DIR)
         self._backlog = Backlog(lambda exc: self.errors.append(f"{type(exc).__name__}: {exc}"))
         # The fast lane must not wait the default 5 ms for the GIL while the backlog
         # parses a config in Python: 0.5 ms (restored at stop).
@@ -103,89 +90,6 @@ class Watcher:
         finally:
             self._ready.set()
         self._loop()
-
-    def _watch_path(self, path: str, rel: str) -> None:
-        fd = os.open(path, _O_DIR)
-        try:
-            self.dirs[self._ino.add(fd, _MASK)] = (rel, "inside")
-        finally:
-            os.close(fd)
-
-    def _watch_tree(self, top: int, top_rel: str, *, judge: bool) -> None:
-        """Watch ``top`` and every directory below; ``judge``: a tree that appeared in the
-        session, whose host-run entries are judged as found.
-
-        Iterative, depth first, and a directory's fd stays open only while children of
-        it wait (a shared count): the fds held follow the depth, not the width (a
-        node_modules/ of 10k entries).  A directory that cannot be opened or watched
-        (EMFILE a thousand levels down, EACCES, the watch limit) is counted, and said.
-        """
-        stack: list[tuple[list[int], str, str]] = [([os.dup(top), 1], "", top_rel)]
-        while stack:
-            parent, name, rel = stack.pop()
-            try:
-                fd = os.open(name, _O_DIR, dir_fd=parent[0]) if name else os.dup(parent[0])
-            except OSError:
-                fd = -1
-                self.unwatched += 1
-            finally:
-                parent[1] -= 1
-                if parent[1] == 0:
-                    os.close(parent[0])
-            if fd < 0:
-                continue
-            subdirs = self._watch_one(fd, rel, judge=judge)
-            if not subdirs:
-                os.close(fd)
-                continue
-            ref = [fd, len(subdirs)]
-            stack += [(ref, sub, _join(rel, sub)) for sub in subdirs]
-
-    def _watch_one(self, fd: int, rel: str, *, judge: bool) -> list[str]:
-        """Watch the directory ``fd``; the subdirectories of it to watch too."""
-        kind = self._kind(rel)
-        try:
-            self.dirs[self._ino.add(fd, _MASK)] = (rel, kind)
-            with os.scandir(fd) as it:  # d_type: no open() tried on a file
-                items = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
-        except OSError:
-            self.unwatched += 1
-            return []
-        names = [name for name, _ in items]
-        if judge:  # judged once the batch is read (_drain), each entry once
-            for name in names:
-                if self._relevant(rel, kind, name):
-                    self._pending[_join(rel, name)] = None
-        subdirs = {name for name, is_dir in items if is_dir}
-        return [name for name in self._descend(rel, kind, names) if name in subdirs]
-
-    def _kind(self, rel: str) -> str:
-        if rel in self.git_dirs or rel.endswith("/.git") or rel == ".git":
-            return "git"
-        return "tree"
-
-    def _descend(self, rel: str, kind: str, names: list[str]) -> list[str]:
-        """The subdirectories worth watching: in a git dir only hooks, modules, worktrees."""
-        if kind == "git":
-            return [n for n in names if n in ("hooks", *NESTED_GIT)]
-        if _GIT_MARKS & set(names) >= {"HEAD"} and is_git_dir(set(names)):
-            self.git_dirs.add(rel)  # a bare repository: as a git dir
-            return [n for n in names if n in ("hooks", *NESTED_GIT)]
-        skip = GIT_SKIP if "/.git/" in f"/{rel}/" else ()
-        return [n for n in names if n not in skip]
-
-    def _relevant(self, dir_rel: str, kind: str, name: str) -> bool:
-        if kind == "git":
-            return name in self.git_names
-        if name in self.names or "/.git/" in f"/{dir_rel}/" or dir_rel in self.git_dirs:
-            return True  # a hook, or something inside modules/ worktrees/
-        return self.table.match(_join(dir_rel, name)) is not None or self._in_git(dir_rel)
-
-    def _in_git(self, dir_rel: str) -> bool:
-        """Whether ``dir_rel`` lies in a git dir (a bare one's hooks/, say)."""
-        return self._git_dir_of(dir_rel) is not None
-
-    # --- the loop -----------------------------------------------------------------
 
     def _loop(self) -> None:
         poller = select.poll()
@@ -232,7 +136,7 @@ class Watcher:
                 continue
             if not ev.name:
                 continue
-            path = _join(rel, ev.name)
+            path = join(rel, ev.name)
             if ev.mask & inotify.ISDIR and ev.mask & (inotify.CREATE | inotify.MOVED_TO):
                 self._new_dir(rel, kind, ev.name)
             if self._relevant(rel, kind, ev.name):
@@ -254,7 +158,7 @@ class Watcher:
                 if git is not None and git not in self.snap.repos:
                     new_repos[git] = None
                     if path in (f"{git}/config", f"{git}/config.worktree"):  # the payload
-                        self._guard(path, gitconfig.clean_new, self.configs, self._root, path)
+                        self._guard(path, gitmerge.clean_new, self.configs, self._root, path)
                 else:
                     keys[self._recorded_above(path) or path] = None
             # Redirects (a commondir, a gitlink, a config: one rename or merge) before
@@ -286,7 +190,7 @@ class Watcher:
                 except OSError:
                     out.append(name)
             with contextlib.suppress(OSError):
-                hfd = os.open("hooks", _O_DIR, dir_fd=gfd)
+                hfd = os.open("hooks", O_DIR, dir_fd=gfd)
                 try:
                     with os.scandir(hfd) as it:
                         for item in it:
@@ -302,15 +206,15 @@ class Watcher:
             return
         if "/.git/" in f"/{rel}/" and name in GIT_SKIP:
             return
-        with parent_of(self._root, _join(rel, name)) as (pfd, last):
+        with parent_of(self._root, join(rel, name)) as (pfd, last):
             if pfd < 0:
                 return
             try:
-                fd = os.open(last, _O_DIR, dir_fd=pfd)
+                fd = os.open(last, O_DIR, dir_fd=pfd)
             except OSError:
                 return
             try:
-                self._watch_tree(fd, _join(rel, name), judge=True)
+                self._watch_tree(fd, join(rel, name), judge=True)
             finally:
                 os.close(fd)
 
@@ -329,11 +233,11 @@ class Watcher:
         self.handled += 1
         if path.startswith("inside:"):
             self._backlog.submit(path, functools.partial(
-                gitconfig.sync, self.configs, self.by_rel[path[len("inside:"):]]))
+                gitmerge.sync, self.configs, self.by_rel[path[len("inside:"):]]))
             return
         repo = self.by_rel.get(path)
         if repo is not None and not repo.swapped:  # Landlock: the plant itself, at once
-            self._guard(repo.rel, gitconfig.neutralize, self.configs, repo)
+            self._guard(repo.rel, gitmerge.neutralize, self.configs, repo)
             return
         if repo is not None:
             self._config(repo)
@@ -349,7 +253,7 @@ class Watcher:
             return
         entry = self.table.match(path)
         if entry is None:
-            if path.rsplit("/", 1)[-1] in _GIT_MARKS:
+            if path.rsplit("/", 1)[-1] in GIT_MARKS:
                 self._maybe_new_git_dir(path.rpartition("/")[0])
             return
         if path.endswith(".git") and entry.rule == "git-dir":
@@ -358,7 +262,7 @@ class Watcher:
         else:
             self._guard(path, self.sweeper.check, self._root, path, entry.rule, None)
 
-    def _config(self, repo: gitconfig.Repo) -> None:
+    def _config(self, repo: gitmerge.Repo) -> None:
         # bwrap: the link must stay; anything else in its place goes aside, the link back.
         ours = os.path.join(self.configs.host_dir(repo), "config")
         with parent_of(self._root, repo.rel) as (gfd, name):
@@ -378,23 +282,6 @@ class Watcher:
             os.rename(tmp, name, src_dir_fd=gfd, dst_dir_fd=gfd)
             self.sweeper.say(repo.rel, "git-config", "replaced in the session; moved aside, "
                              "the session's config is its private copy", "")
-
-    def _git_dir_of(self, path: str) -> str | None:
-        """The git dir ``path`` lies in (or is), by the names on its way; None outside one."""
-        parts = path.split("/")
-        for i in range(len(parts), 0, -1):
-            head = "/".join(parts[:i])
-            if head in self.git_dirs:
-                return head
-        return None
-
-    def _recorded_above(self, path: str) -> str | None:
-        parts = path.split("/")
-        for i in range(len(parts), 0, -1):
-            head = "/".join(parts[:i])
-            if head in self.snap.entries and head not in self.snap.repos:
-                return head
-        return None
 
     def _maybe_new_git_dir(self, rel: str) -> None:
         with parent_of(self._root, rel + "/x") as (gfd, _):
@@ -443,10 +330,6 @@ class Watcher:
                          "judged every entry again")
         lines += [f"agent-sandbox: the live guard failed once: {e}" for e in self.errors]
         return lines
-
-
-def _join(rel: str, name: str) -> str:
-    return f"{rel}/{name}" if rel else name
 
 
 def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watcher:
