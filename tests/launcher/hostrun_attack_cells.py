@@ -85,7 +85,11 @@ class Cell:
         """The person's git after the session, as listed by the attack; the canaries it wrote."""
         for where, argv in attack.host:
             if (self.work / attack.name / where).is_dir():  # (a plant cut short: gone)
-                git(self.work / attack.name / where, *argv, check=False, prefix=self.prefix)
+                try:
+                    git(self.work / attack.name / where, *argv, check=False,
+                        prefix=self.prefix, timeout=20)
+                except subprocess.TimeoutExpired:  # blocked on something the session left
+                    (self.canary / f"{attack.name}-hang").touch()
         return self.ran(attack.name)
 
 

@@ -41,13 +41,13 @@ deep() { i=0; while [ $i -lt "$2" ]; do mkdir d && cd d || return 1; i=$((i+1));
 """
 
 
-def git(cwd: Path, *args: str, check: bool = True,
-        prefix: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+def git(cwd: Path, *args: str, check: bool = True, prefix: tuple[str, ...] = (),
+        timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """The host's real git, as the person (``prefix``: run as another user)."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, **GIT_ENV}
     env["HOME"] = str(cwd.anchor)
     return subprocess.run([*prefix, "git", "-c", "protocol.file.allow=always", *args],
-                          cwd=cwd, env=env, capture_output=True, text=True, timeout=60,
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=check)
 
 
@@ -199,7 +199,13 @@ MAIN: list[Attack] = [
 
 # Hostile names in printed lines: a session of their own (a name that is not UTF-8
 # must not cost the other attacks' lines).
-NAMES: list[Attack] = [Attack("hostile", _hostile_plant(), _hostile_setup, [])]
+# FIFOs where git and the guard read files: neither may block (git would hang on the
+# person's next command).
+FIFO = ("mkfifo .envrc && { mkdir .vscode && mkfifo .vscode/settings.json; "
+        "mkfifo .git/hooks/pre-commit; mkdir sub && mkfifo sub/.git; mkfifo .git/commondir; "
+        "rm -f .git/config && mkfifo .git/config; true; }")
+NAMES: list[Attack] = [Attack("hostile", _hostile_plant(), _hostile_setup, []),
+                       Attack("fifo", FIFO, host=_status_commit(".", "sub"))]
 
 
 def plant_script(attacks: list[Attack]) -> str:

@@ -276,6 +276,16 @@ def test_the_names_session_ends_cleanly(names_cell: Cell,
     _ended(names_cell)
 
 
+def test_fifos_left_by_the_session_block_nothing(names_cell: Cell,
+                                                 request: pytest.FixtureRequest) -> None:
+    """The session ended (the guard did not block on a FIFO), and the person's git neither
+    hangs nor runs anything afterwards."""
+    gap(request, names_cell, "fifo")
+    _ended(names_cell)
+    assert names_cell.host_git(next(a for a in NAMES if a.name == "fifo")) == []
+    _named(names_cell, "fifo")
+
+
 def test_printed_lines_carry_no_control_bytes(names_cell: Cell,
                                               request: pytest.FixtureRequest) -> None:
     gap(request, names_cell, "hostile-shown")
