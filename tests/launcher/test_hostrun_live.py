@@ -305,3 +305,38 @@ def test_the_config_bound(tmp_path: Path, size: int) -> None:
     finally:
         os.close(fd)
     assert got == (b"#" * size if size <= MAX_CONFIG else None)
+
+
+def test_without_a_mount_namespace_the_file_is_watched_and_cleaned(tmp_path: Path) -> None:
+    """Landlock where user namespaces are refused: no private copy; each write of the
+    config is merged at once, the refused keys rewritten away under git's lock."""
+    import subprocess
+
+    from libbroker.launcher import hostrun_live, hostrun_scan
+    from libpolicy.hostrun import Table
+
+    work = tmp_path / "work"
+    work.mkdir()
+    git(work, "init", "-q")
+    snap = hostrun_scan.scan(str(work), Table())
+    watcher = hostrun_live.begin(snap, str(tmp_path / "state"), "", swap=False)
+    watcher.start()
+    watcher.wait_ready()
+    try:
+        for key, value in (("core.fsmonitor", "touch ran"), ("user.email", "e@example.com"),
+                           ("alias.x", "!sh"), ("remote.o.url", "./x")):
+            for _ in range(20):  # git fails at once when the guard holds config.lock
+                if subprocess.run(["git", "config", key, value], cwd=work,
+                                  capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.05)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and b"fsmonitor" in (work / ".git/config").read_bytes():
+            time.sleep(0.01)
+        time.sleep(0.2)
+        listed = git(work, "config", "--list", "--local").stdout.splitlines()
+    finally:
+        lines = hostrun_live.end(watcher, snap)
+    assert "user.email=e@example.com" in listed and "remote.o.url=./x" in listed
+    assert not any(x.startswith(("core.fsmonitor", "alias.x")) for x in listed), listed
+    assert any("core.fsmonitor" in line and "alias.x" in line for line in lines), lines
