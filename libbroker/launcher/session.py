@@ -736,20 +736,16 @@ class Session:
             child.close()
         self.children = []
         _trace("children ended")
-        if self.rt is not None:
-            if self.agent is not None:  # the sandbox is gone: what is safe comes back
-                from libbroker.launcher import agent_home
+        if self.rt is not None and self.agent is not None:
+            # The sandbox is gone: what is safe of the agent's config comes back.
+            from libbroker.launcher import agent_home
 
-                with contextlib.suppress(LaunchError):  # a start cut short: the copy ends first
-                    self.agent.wait()
+            with contextlib.suppress(LaunchError):  # a start cut short: the copy ends first
+                self.agent.wait()
 
-                for problem in agent_home.write_back(self.rt.root):
-                    os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
-                _trace(f"{self.agent.profile.name}'s config written back")
-            runtime.remove(self.rt)
-        if self.janitor is not None:
-            self.janitor.dismiss()
-            self.janitor = None
+            for problem in agent_home.write_back(self.rt.root):
+                os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
+            _trace(f"{self.agent.profile.name}'s config written back")
         if self.subreaper:  # what escaped the command's process group is ours now
             from libbroker.sandbox import reaper
 
@@ -779,6 +775,14 @@ class Session:
             _trace("host-run files swept")
         while self.gitdirs:  # a worktree's common dir, a submodule's git dir
             self.gitdirs.pop().finish()
+        # Only now may the janitor go, and the runtime dir that holds the scan's
+        # snapshot: a launcher killed during the merge or the sweep above leaves
+        # both, and the janitor finishes from the snapshot (each step idempotent).
+        if self.rt is not None:
+            runtime.remove(self.rt)
+        if self.janitor is not None:
+            self.janitor.dismiss()
+            self.janitor = None
         if self._log != 2:
             os.close(self._log)
             self._log = 2
