@@ -154,7 +154,7 @@ class Watcher(Watches):
             keys: dict[str, None] = {}
             new_repos: dict[str, None] = {}
             for path in paths:
-                git = None if path.startswith("inside:") else self._git_dir_of(path)
+                git = None if path.startswith("inside:") else self._git_of(path)
                 if git is not None and git not in self.snap.repos:
                     new_repos[git] = None
                     if path in (f"{git}/config", f"{git}/config.worktree"):  # the payload
@@ -242,7 +242,7 @@ class Watcher(Watches):
         if repo is not None:
             self._config(repo)
             return
-        git = self._git_dir_of(path)
+        git = self._git_of(path)
         if git is not None and git not in self.snap.repos:
             self._guard(git, check_new_repo, self.sweeper, self._root, git)
             return
@@ -261,6 +261,25 @@ class Watcher(Watches):
             self._maybe_new_git_dir(path)
         else:
             self._guard(path, self.sweeper.check, self._root, path, entry.rule, None)
+
+    def _git_of(self, path: str) -> str | None:
+        """The git dir ``path`` lies in: a known one, or a ``.git`` directory being made.
+
+        ``git init`` and ``git clone`` write the templates (hooks/, info/) and
+        the config before HEAD, objects and refs make the directory a git dir
+        by git's own test: an entry under a ``.git`` that is no recorded
+        repository is judged as the new repository it becomes (sample hooks and
+        safe keys stay), never as a recorded entry that appeared (moved aside
+        whole, which broke every clone into the workdir).
+        """
+        known = self._git_dir_of(path)
+        if known is not None:
+            return known
+        parts = path.split("/")
+        for i in range(len(parts) - 1, 0, -1):  # the innermost .git with something below it
+            if parts[i - 1] == ".git":
+                return "/".join(parts[:i])
+        return None
 
     def _config(self, repo: gitmerge.Repo) -> None:
         # bwrap: the link must stay; anything else in its place goes aside, the link back.

@@ -340,3 +340,32 @@ def test_without_a_mount_namespace_the_file_is_watched_and_cleaned(tmp_path: Pat
     assert "user.email=e@example.com" in listed and "remote.o.url=./x" in listed
     assert not any(x.startswith(("core.fsmonitor", "alias.x")) for x in listed), listed
     assert any("core.fsmonitor" in line and "alias.x" in line for line in lines), lines
+
+
+def _clone(canary: Path) -> str:
+    # The plants may be gone before the next line runs (the live guard): no set -e there.
+    return ("git clone -q ./remote.git fresh && git -C fresh status --short && "
+            "git init -q made && echo cloned; "
+            f"printf '#!/bin/sh\\ntouch {canary}\\n' > made/.git/hooks/pre-commit; "
+            f"chmod +x made/.git/hooks/pre-commit; git -C made config core.fsmonitor "
+            f"'touch {canary}'; true")
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_a_clone_or_init_in_the_workdir_works_and_its_plants_do_not_stay(
+        world: World, tmp_path: Path, backend: str) -> None:
+    """git init and clone write a new .git's templates and config before it is a git dir by
+    git's own test: the live guard judges them as the new repository (samples and safe keys
+    stay), so the clone succeeds; a hook or a command key planted in it is still gone."""
+    work = _repo(world)
+    canary = tmp_path / "canary"
+    done = world.run("sh", "-c", _clone(canary), sandbox=backend)
+    assert done.returncode == 0 and "cloned" in done.stdout, done.stderr
+    assert git(work / "fresh", "remote", "get-url", "origin").stdout.strip().endswith("remote.git")
+    assert (work / "fresh/.git/hooks/pre-commit.sample").exists()
+    assert not (work / "made/.git/hooks/pre-commit").exists()
+    (work / "made/a").write_text("a\n")
+    git(work / "made", "add", "a")
+    git(work / "made", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "x")
+    git(work / "made", "status")
+    assert not canary.exists()
