@@ -1,0 +1,8 @@
+"""tests/deploy: the Kubernetes manifests and the gateway image's entry command."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))

@@ -1,0 +1,183 @@
+"""deploy/kubernetes renders with kustomize and every object would be accepted.
+
+`kubectl kustomize` renders the base and the agent-sandbox overlay; every
+object is validated offline (k8s_schemas: kubernetes-validate for built-in
+kinds, the vendored agent-sandbox CRD schemas for theirs), and broken objects
+are shown refused.  The policies are checked to fit each other: sandbox pods
+reach the gateway's pods on its ports and nothing else, DNS included.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from k8s_schemas import DEPLOY, K8S_VERSIONS, SCHEMAS, Invalid, crd_schema, validate
+
+KUBECTL = shutil.which("kubectl")
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl not installed (just setup-dev installs it); "
+                            "the render cannot be checked")
+TARGETS = ("base", "overlays/agent-sandbox")
+
+
+def render(target: str) -> list[dict[str, Any]]:
+    assert KUBECTL is not None
+    out = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / target)], capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def overlay() -> list[dict[str, Any]]:
+    return render("overlays/agent-sandbox")
+
+
+def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    [obj] = [o for o in objs if o["kind"] == kind]
+    return obj
+
+
+@needs_kubectl
+@pytest.mark.parametrize("version", K8S_VERSIONS)
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_rendered_object_validates(target: str, version: str) -> None:
+    objs = render(target)
+    assert objs
+    for obj in objs:
+        validate(obj, version)
+
+
+@needs_kubectl
+def test_the_overlay_holds_the_gateway_and_the_agent_sandbox_objects(
+        overlay: list[dict[str, Any]]) -> None:
+    kinds = sorted(o["kind"] for o in overlay)
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "SandboxTemplate",
+                     "SandboxWarmPool", "Service"]
+    assert {o["metadata"].get("namespace") for o in overlay if o["kind"] != "Namespace"} == {
+        "agent-sandboxes"}
+    image = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert image == "localhost/agent-sandbox:0.1.0"
+
+
+def test_the_examples_validate() -> None:
+    for path in sorted((DEPLOY / "examples").glob("*.yaml")):
+        for obj in yaml.safe_load_all(path.read_text()):
+            validate(obj)
+
+
+@needs_kubectl
+def test_sandbox_pods_reach_only_the_gateway(overlay: list[dict[str, Any]]) -> None:
+    template = by_kind(overlay, "SandboxTemplate")["spec"]
+    gateway_pod = by_kind(overlay, "Deployment")["spec"]["template"]
+    service = by_kind(overlay, "Service")
+    assert template["networkPolicyManagement"] == "Managed"
+    proxy_ports = {p["port"] for p in service["spec"]["ports"]}
+    rules = template["networkPolicy"]["egress"]
+    assert rules, "an empty egress list would be no rule at all"
+    for rule in rules:
+        # Every peer is the gateway's pods (no ipBlock, no namespaceSelector),
+        # every port one of its proxy ports: no DNS, nothing else.
+        assert rule["to"] and all(set(peer) == {"podSelector"} for peer in rule["to"])
+        for peer in rule["to"]:
+            wanted = peer["podSelector"]["matchLabels"].items()
+            assert wanted <= gateway_pod["metadata"]["labels"].items()
+        assert {(p["protocol"], p["port"]) for p in rule["ports"]} <= {
+            ("TCP", port) for port in proxy_ports}
+    assert template["networkPolicy"]["ingress"] == []
+    # ... and the gateway lets exactly those pods in.
+    policy = by_kind(overlay, "NetworkPolicy")["spec"]
+    [allowed_in] = policy["ingress"]
+    [peer] = allowed_in["from"]
+    assert peer["podSelector"]["matchLabels"].items() <= (
+        template["podTemplate"]["metadata"]["labels"].items())
+    assert template["podTemplate"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_the_vendored_schemas_are_noted_with_their_upstream_commit() -> None:
+    note = (SCHEMAS / "UPSTREAM").read_text()
+    assert "commit: 2fd412d55ecae90861a101a5424a75473de97c36" in note
+    assert sorted(p.name for p in SCHEMAS.glob("*.json")) == [
+        "agents.x-k8s.io_v1beta1_Sandbox.json",
+        "extensions.agents.x-k8s.io_v1beta1_SandboxClaim.json",
+        "extensions.agents.x-k8s.io_v1beta1_SandboxTemplate.json",
+        "extensions.agents.x-k8s.io_v1beta1_SandboxWarmPool.json",
+    ]
+    for path in SCHEMAS.glob("*.json"):
+        group, version, kind = path.stem.split("_")
+        assert crd_schema(group, version, kind)["type"] == "object"
+
+
+def _source(name: str) -> dict[str, Any]:
+    obj: dict[str, Any] = yaml.safe_load((DEPLOY / name).read_text())
+    return obj
+
+
+def _broken() -> list[tuple[str, dict[str, Any], str]]:
+    cases: list[tuple[str, dict[str, Any], str]] = []
+    dep = _source("base/gateway-deployment.yaml")
+    bad = copy.deepcopy(dep)
+    bad["spec"]["replicas"] = "one"
+    cases.append(("replicas not an integer", bad, "replicas"))
+    bad = copy.deepcopy(dep)
+    container = bad["spec"]["template"]["spec"]["containers"][0]
+    container["comand"] = container.pop("command")
+    cases.append(("misspelt field", bad, "comand"))
+    bad = copy.deepcopy(dep)
+    del bad["spec"]["selector"]
+    cases.append(("required field missing", bad, "selector"))
+    tpl = _source("overlays/agent-sandbox/sandboxtemplate.yaml")
+    bad = copy.deepcopy(tpl)
+    bad["spec"]["networkPolicy"]["egres"] = bad["spec"]["networkPolicy"].pop("egress")
+    cases.append(("CRD: misspelt field", bad, "egres"))
+    bad = copy.deepcopy(tpl)
+    bad["spec"]["podTemplate"]["spec"]["containers"][0]["ports"] = [{"containerPort": "x"}]
+    cases.append(("CRD: wrong type deep in the pod template", bad, "containerPort"))
+    bad = copy.deepcopy(tpl)
+    bad["spec"]["networkPolicyManagement"] = "Sometimes"
+    cases.append(("CRD: value not in its enum", bad, "Sometimes"))
+    pool = _source("overlays/agent-sandbox/sandboxwarmpool.yaml")
+    bad = copy.deepcopy(pool)
+    del bad["spec"]["sandboxTemplateRef"]
+    cases.append(("CRD: required field missing", bad, "sandboxTemplateRef"))
+    bad = copy.deepcopy(pool)
+    bad["apiVersion"] = "extensions.agents.x-k8s.io/v9"
+    cases.append(("CRD version not vendored", bad, "no vendored schema"))
+    bad = copy.deepcopy(pool)
+    bad["apiVersion"], bad["kind"] = "example.com/v1", "Widget"
+    cases.append(("unknown kind", bad, "Widget"))
+    return cases
+
+
+@pytest.mark.parametrize(("what", "obj", "said"), _broken(), ids=lambda c: c
+                         if isinstance(c, str) and " " in c else "")
+def test_a_broken_object_is_refused(what: str, obj: dict[str, Any], said: str) -> None:
+    with pytest.raises(Invalid) as caught:
+        validate(obj)
+    assert said in str(caught.value), str(caught.value)
+
+
+@pytest.mark.parametrize("name", ["base/gateway-deployment.yaml",
+                                  "overlays/agent-sandbox/sandboxtemplate.yaml",
+                                  "overlays/agent-sandbox/sandboxwarmpool.yaml"])
+def test_the_unbroken_sources_pass(name: str) -> None:
+    validate(_source(name))
+
+
+def test_kustomize_files_list_only_existing_resources() -> None:
+    for kfile in DEPLOY.rglob("kustomization.yaml"):
+        for res in yaml.safe_load(kfile.read_text()).get("resources", []):
+            assert (kfile.parent / res).exists(), f"{kfile}: {res}"
+
+
+def test_no_secret_value_is_committed() -> None:
+    for path in DEPLOY.rglob("*.yaml"):
+        for obj in yaml.safe_load_all(path.read_text()):
+            if path.parent.name != "schemas" and obj:
+                assert obj.get("kind") != "Secret", f"{path}: create Secrets out of band"
+    assert Path(DEPLOY / "examples" / "egress-gateway-secrets.json").is_file()
