@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class Cell:
     timed_out: bool = False
     mounts: list[Path] = field(default_factory=list)
     digests: dict[str, tuple[int, str]] = field(default_factory=dict)  # the originals
+    ended_at: float = 0.0  # time.monotonic() when the launcher exited
 
     @property
     def home(self) -> Path:
@@ -116,8 +118,10 @@ _USER: list[OrdinaryUser] = []
 
 
 def the_user() -> OrdinaryUser:
-    if not _USER:
-        _USER.append(ordinary_user())
+    for _ in range(5):  # (its scan of /proc races with processes that end meanwhile)
+        if not _USER:
+            with contextlib.suppress(FileNotFoundError):
+                _USER.append(ordinary_user())
     return _USER[0]
 
 
@@ -177,6 +181,7 @@ def run_cell(cell: Cell, attacks: list[Attack], timeout: float = 120,
             os.killpg(proc.pid, signal.SIGKILL)
         cell.stdout, cell.stderr = proc.communicate()
     cell.status = proc.returncode
+    cell.ended_at = time.monotonic()
     return cell
 
 

@@ -192,6 +192,12 @@ MAIN: list[Attack] = [
            "{\"tasks\": [{\"label\": \"x\", \"command\": \"touch $C/workspace\", "
            "\"runOptions\": {\"runOn\": \"folderOpen\"}}]}}' > x.code-workspace",
            lambda repo, lib: repo.mkdir(), []),
+    # a process that outlives the command (setsid, deaf to TERM/HUP) plants after 4 s
+    Attack("late", "C=\"$C\" setsid sh -c 'trap \"\" TERM HUP INT; sleep 4; "
+           "git init -q nr && printf \"#!/bin/sh\\necho ran > %s/late\\n\" \"$C\" "
+           "> nr/.git/hooks/pre-commit && chmod +x nr/.git/hooks/pre-commit' "
+           "</dev/null >/dev/null 2>&1 & true", lambda repo, lib: repo.mkdir(),
+           _status_commit("nr")),
     Attack("dataloss", "echo '{\"editor.tabSize\": 2}' > .vscode/settings.json",
            _vscode_with(random.Random(24).randbytes(2 * MiB)), []),
 ]

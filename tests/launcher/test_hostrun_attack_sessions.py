@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -146,6 +147,7 @@ def test_the_plants_run_when_nothing_guards(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     planted = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("PLANTED")}
     assert planted == {a.name for a in attacks}, done.stdout
+    time.sleep(6)  # "late" plants 4 s after its command ended
     ran = {a.name: cell.host_git(a) for a in attacks}
     assert {name for name, canaries in ran.items() if not canaries} == set(), ran
     os.chmod(cell.work / "chmod/.git", 0o755)
@@ -165,8 +167,12 @@ def test_no_plant_runs_on_the_host(main_cell: Cell, name: str,
                                    request: pytest.FixtureRequest) -> None:
     gap(request, main_cell, name)
     attack = next(a for a in MAIN if a.name == name)
+    if name == "late":  # what outlived the session has had its time to plant
+        time.sleep(max(0.0, main_cell.ended_at + 6 - time.monotonic()))
+        assert not (main_cell.work / "late/nr").exists(), "a process outlived the session"
     assert main_cell.host_git(attack) == []
-    _named(main_cell, name)
+    if name != "late":
+        _named(main_cell, name)
 
 
 def test_a_new_task_next_to_5001_files_is_moved_aside(main_cell: Cell,
