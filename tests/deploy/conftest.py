@@ -6,3 +6,5 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+from gateway_pod import gateway, upstream  # noqa: F401 - the fixtures, for every test here

@@ -57,12 +57,29 @@ def test_every_rendered_object_validates(target: str, version: str) -> None:
 def test_the_overlay_holds_the_gateway_and_the_agent_sandbox_objects(
         overlay: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in overlay)
-    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "SandboxTemplate",
-                     "SandboxWarmPool", "Service"]
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "Role", "RoleBinding",
+                     "SandboxTemplate", "SandboxWarmPool", "Service", "ServiceAccount"]
     assert {o["metadata"].get("namespace") for o in overlay if o["kind"] != "Namespace"} == {
         "agent-sandboxes"}
-    image = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]["containers"][0]["image"]
-    assert image == "localhost/agent-sandbox:0.1.0"
+    pod = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]
+    assert {c["image"] for c in pod["containers"]} == {"localhost/agent-sandbox:0.1.0"}
+
+
+@needs_kubectl
+def test_only_the_controller_container_holds_an_api_token(
+        overlay: list[dict[str, Any]]) -> None:
+    pod = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    assert by_kind(overlay, "ServiceAccount")["automountServiceAccountToken"] is False
+    token_volumes = {v["name"] for v in pod["volumes"] if "projected" in v}
+    holders = {c["name"] for c in pod["containers"]
+               for m in c["volumeMounts"] if m["name"] in token_volumes}
+    assert holders == {"claims-controller"}
+    rules = by_kind(overlay, "Role")["rules"]
+    assert {(r["apiGroups"][0], r["resources"][0], v) for r in rules for v in r["verbs"]} == {
+        ("extensions.agents.x-k8s.io", "sandboxclaims", "get"),
+        ("extensions.agents.x-k8s.io", "sandboxclaims", "list"),
+        ("", "secrets", "list"), ("", "secrets", "create")}
 
 
 def test_the_examples_validate() -> None:
