@@ -40,7 +40,7 @@ EXAMPLES = int(os.environ.get("HOSTRUN_RANDOM_EXAMPLES", "8"))
 NAMES = ["a", "b c", "-x", "n\nl", "\udcff\udcfe", ".git", "modules", "hooks", "objects", "g"]
 MODES = [0o000, 0o311, 0o111, 0o555, 0o700]
 ANCHORS = ["", ".git/modules", ".git/modules/m", ".git/.git/modules", "sub/.git/modules",
-           ".git/objects", "sub", "m"]
+           ".git/worktrees", ".git/objects", "sub", "m"]
 
 _name = st.sampled_from(NAMES)
 _path = st.tuples(st.sampled_from(ANCHORS), st.lists(_name, min_size=1, max_size=3))
