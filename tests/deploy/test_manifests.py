@@ -198,3 +198,27 @@ def test_no_secret_value_is_committed() -> None:
             if path.parent.name != "schemas" and obj:
                 assert obj.get("kind") != "Secret", f"{path}: create Secrets out of band"
     assert Path(DEPLOY / "examples" / "egress-gateway-secrets.json").is_file()
+
+
+@needs_kubectl
+def test_every_pod_meets_the_restricted_pod_security_profile(
+        overlay: list[dict[str, Any]]) -> None:
+    # The namespace enforces "restricted": a pod that misses one of these is refused
+    # at admission, which no offline schema check would show.
+    assert by_kind(overlay, "Namespace")["metadata"]["labels"][
+        "pod-security.kubernetes.io/enforce"] == "restricted"
+    pods = [by_kind(overlay, "Deployment")["spec"]["template"]["spec"],
+            by_kind(overlay, "SandboxTemplate")["spec"]["podTemplate"]["spec"]]
+    for pod in pods:
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert "hostNetwork" not in pod and "hostPID" not in pod
+        for c in pod["containers"] + pod.get("initContainers", []):
+            ctx = c["securityContext"]
+            assert ctx["allowPrivilegeEscalation"] is False, c["name"]
+            assert ctx["capabilities"]["drop"] == ["ALL"], c["name"]
+            assert "add" not in ctx["capabilities"] and not ctx.get("privileged"), c["name"]
+        allowed = {"emptyDir", "secret", "configMap", "projected", "downwardAPI",
+                   "persistentVolumeClaim", "ephemeral", "csi"}
+        for volume in pod.get("volumes", []):
+            assert set(volume) - {"name"} <= allowed, volume
