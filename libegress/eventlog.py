@@ -11,6 +11,8 @@ import datetime
 import sys
 from typing import TYPE_CHECKING, TextIO
 
+from libegress.outcome import Mode, Outcome
+
 if TYPE_CHECKING:
     from libegress.record import Recorder
 
@@ -30,35 +32,36 @@ class EventLog:
         self._log_allowed = log_allowed
         self.record: Recorder | None = None  # --record: refusals and failures go there too
 
-    def line(self, event: str, host: str, port: int | str, reason: str,
-             pid: int | None, method: bytes | None = None) -> None:
-        """``event`` (refused/failed/limit) for ``host``:``port`` and why.
+    def report(self, outcome: Outcome, pid: int | None) -> None:
+        """A refused, failed or limited connection or request: a line, and the record's.
 
-        ``method`` is the refused request's, when one was read (plain HTTP and
-        inside an inject host's tunnel); a tunnel is refused before any.
+        ``outcome.method`` is the refused request's, when one was read (plain
+        HTTP and inside an inject host's tunnel); a tunnel is refused before any.
         """
         if self.record is not None:
-            self.record.event(event, host, port if isinstance(port, int) else 0, reason=reason,
-                              method=method)
+            self.record.event(outcome)
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        method = outcome.method
         verb = "" if method is None else f"method={_clean(method[:16].decode('latin-1'))} "
         text = (
-            f"{stamp} egress-proxy {event} {self._tag}host={_clean(host) or '-'} port={port} "
-            f"pid={pid if pid is not None else '-'} {verb}reason={_clean(reason)}\n"
+            f"{stamp} egress-proxy {outcome.verdict} {self._tag}"
+            f"host={_clean(outcome.host) or '-'} port={outcome.port} "
+            f"pid={pid if pid is not None else '-'} {verb}reason={_clean(outcome.text)}\n"
         )
         self._write(text)
 
-    def allowed(self, host: str, port: int, mode: str, pid: int | None) -> None:
+    def allowed(self, host: str, port: int, mode: Mode, pid: int | None) -> None:
         """With ``--log-allowed``: a connection to ``host``:``port`` was let through.
 
-        ``mode`` is ``raw`` (CONNECT tunnel), ``socks`` (SOCKS tunnel),
-        ``intercept`` (TLS terminated, token set) or ``http`` (plain HTTP).
+        The line says ``mode.log_word``: ``raw`` (CONNECT tunnel), ``socks``
+        (SOCKS tunnel), ``intercept`` (TLS terminated, token set) or ``http``
+        (plain HTTP).
         """
         if self._log_allowed:
             stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
             self._write(
                 f"{stamp} egress-proxy allowed {self._tag}host={_clean(host) or '-'} port={port} "
-                f"pid={pid if pid is not None else '-'} mode={_clean(mode)}\n"
+                f"pid={pid if pid is not None else '-'} mode={mode.log_word}\n"
             )
 
     def note(self, message: str) -> None:

@@ -24,6 +24,7 @@ from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
 from libegress.intercept import serve_intercepted
+from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
@@ -63,12 +64,6 @@ async def _dial(services: Services, host: str, port: int) -> socket.socket:
         raise HttpError(exc.status, str(exc)) from None
 
 
-def _event_of(status: int) -> str:
-    if status in (408, 431, 503):
-        return "limit"
-    return "failed" if status >= 500 else "refused"
-
-
 async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> None:
     """Serve one client connection of the HTTP listener until it ends."""
     raw = SocketStream(sock)
@@ -97,7 +92,7 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                     upstream = (host, port, UpstreamSide(
                         SocketStream(await _dial(services, host, port)),
                         services.limits.response_timeout))
-                    services.log.allowed(host, port, "http", peer.pid())
+                    services.log.allowed(host, port, Mode.PLAIN, peer.pid())
                 # RFC 9112 3.2.2: the target URI names the host, not a Host field
                 # the client may have set to something else.
                 headers = [(n, v) for n, v in forward_headers(list(request.headers),
@@ -110,7 +105,7 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                 try:
                     await exchange(client, upstream[2], outgoing, moved)
                 finally:
-                    services.record.request("plain", host, port, request.method, target,
+                    services.record.request(Mode.PLAIN, host, port, request.method, target,
                                             moved, started)
             except Refused as exc:
                 await _answer(services, client, HttpError(403, str(exc), exc.kind), host, port,
@@ -125,7 +120,8 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
                 _close(upstream[2])
                 upstream = None
     except (OSError, h11.LocalProtocolError, ssl.SSLError) as exc:
-        services.log.line("failed", host, port, str(exc) or type(exc).__name__, peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port, str(exc) or type(exc).__name__),
+                            peer.pid())
     finally:
         if upstream is not None:
             _close(upstream[2])
@@ -133,8 +129,8 @@ async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> Non
 
 async def _answer(services: Services, client: ClientSide, exc: HttpError, host: str,
                   port: int, peer: Peer) -> None:
-    services.log.line(_event_of(exc.status), host, port, f"{exc.status} {exc}", peer.pid(),
-                      client.method)
+    services.log.report(Outcome.answered(exc.status, str(exc), host, port, client.method),
+                        peer.pid())
     await client.refuse(exc)
 
 
@@ -142,13 +138,13 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
                          port: int, peer: Peer) -> None:
     how = route(services.policy, host, port, tls=True)
     if how is Route.INTERCEPT:
-        services.log.allowed(host, port, "intercept", peer.pid())
+        services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
         await client.send(ESTABLISHED)
         await serve_intercepted(services, raw, client.switched_data(), host, port, peer)
         return
     started = time.monotonic()
     upstream = await _dial(services, host, port)
-    services.log.allowed(host, port, "raw", peer.pid())
+    services.log.allowed(host, port, Mode.TUNNEL, peer.pid())
     moved = (0, 0)
     try:
         await client.send(ESTABLISHED)
@@ -158,12 +154,12 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
         moved = await relay(raw.sock, upstream)
         moved = (moved[0] + len(early), moved[1])
     except OSError as exc:
-        services.log.line("failed", host, port,
-                          f"tunnel: {exc.strerror or exc}", peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port,
+                                    f"tunnel: {exc.strerror or exc}"), peer.pid())
     finally:
         upstream.close()
-        services.record.event("allowed", host, port, "tunnel", started=started, up=moved[0],
-                              down=moved[1])
+        services.record.event(Outcome(Verdict.ALLOWED, host, port, mode=Mode.TUNNEL),
+                              started=started, up=moved[0], down=moved[1])
 
 
 def _close(upstream: UpstreamSide) -> None:

@@ -23,6 +23,7 @@ from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import authorization, forward_headers, host_header, same_host
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
+from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused
 from libegress.scope_guard import Dialer, admit, framed
 from libegress.streams import SocketStream, TlsStream
@@ -82,7 +83,8 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
         ctx = services.leaves.context_for(host)
         tls = await asyncio.wait_for(TlsStream.server(raw, ctx, early), limits.head_timeout)
     except (ssl.SSLError, OSError, TimeoutError) as exc:
-        services.log.line("failed", host, port, f"client TLS handshake: {_why(exc)}", peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port,
+                                    f"client TLS handshake: {_why(exc)}"), peer.pid())
         return
     client = ClientSide(tls, limits)
     upstream: UpstreamSide | None = None
@@ -109,14 +111,11 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                 try:
                     await exchange(side, upstream, outgoing, moved, trailers=False)
                 finally:  # --record: method, path (no query), status, bytes; never a header
-                    services.record.request("injected", host, port, request.method, target,
+                    services.record.request(Mode.INTERCEPT, host, port, request.method, target,
                                             moved, started)
             except HttpError as exc:
-                event = "limit" if exc.status in (408, 431) else "refused"
-                if exc.status >= 500:
-                    event = "failed"
-                services.log.line(event, host, port, f"{exc.status} {exc}", peer.pid(),
-                                  client.method)
+                services.log.report(Outcome.answered(exc.status, str(exc), host, port,
+                                                     client.method), peer.pid())
                 await client.refuse(exc)
                 return
             if not client.next_cycle():
@@ -125,7 +124,7 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
                 await _close(upstream)
                 upstream = None
     except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
-        services.log.line("failed", host, port, _why(exc), peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port, _why(exc)), peer.pid())
     finally:
         if upstream is not None:
             await _close(upstream)

@@ -21,6 +21,7 @@ import time
 
 from libegress.allowlist import allowed
 from libegress.http1 import Exchanged
+from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import EgressPolicy
 
 _PATH_MAX = 256
@@ -65,25 +66,28 @@ class Recorder:
         return (policy.learn and host not in policy.inject
                 and not allowed(policy.allow, host, port))
 
-    def event(self, verdict: str, host: str, port: int, kind: str | None = None, *,
-              reason: str = "", started: float | None = None, up: int | None = None,
-              down: int | None = None, method: bytes | None = None,
-              target: bytes | None = None, status: int | None = None) -> None:
-        """One line; ``started`` is a ``time.monotonic()`` for the duration."""
+    def event(self, outcome: Outcome, *, started: float | None = None, up: int | None = None,
+              down: int | None = None, target: bytes | None = None) -> None:
+        """One line; ``started`` is a ``time.monotonic()`` for the duration.
+
+        ``status`` is written for an allowed request only (the upstream's
+        answer); a refusal's own status leads its reason, as in the log line.
+        """
         if self._fd is None:
             return
+        host, port = outcome.host, outcome.port
         entry: dict[str, object] = {"ev": "egress", "host": _clean(host) or "-", "port": port}
-        if kind is not None:
-            entry["kind"] = kind
-        entry["verdict"] = verdict
-        if reason:
-            entry["reason"] = _clean(reason)
-        if method is not None:
-            entry["method"] = _clean(method.decode("ascii", "replace"), 16)
+        if outcome.mode is not None:
+            entry["kind"] = outcome.mode.record_word
+        entry["verdict"] = str(outcome.verdict)
+        if outcome.text:
+            entry["reason"] = _clean(outcome.text)
+        if outcome.method is not None:
+            entry["method"] = _clean(outcome.method.decode("ascii", "replace"), 16)
         if target is not None:
             entry["path"] = request_path(target)
-        if status is not None:
-            entry["status"] = status
+        if outcome.status is not None and outcome.verdict is Verdict.ALLOWED:
+            entry["status"] = outcome.status
         if up is not None:
             entry["up"] = up
         if down is not None:
@@ -98,13 +102,13 @@ class Recorder:
             # The reader is gone (the launcher died): the proxy ends with it anyway.
             self.failed = exc.strerror or str(exc)
 
-    def request(self, kind: str, host: str, port: int, method: bytes, target: bytes,
+    def request(self, mode: Mode, host: str, port: int, method: bytes, target: bytes,
                 moved: Exchanged, started: float) -> None:
         """One HTTP request through the proxy (inject hosts, plain HTTP), allowed."""
         if self._fd is not None:
-            self.event("allowed", host, port, kind, started=started, up=moved.up,
-                       down=moved.down, method=method, target=target,
-                       status=moved.status or None)
+            outcome = Outcome(Verdict.ALLOWED, host, port, mode=mode,
+                              status=moved.status or None, method=method)
+            self.event(outcome, started=started, up=moved.up, down=moved.down, target=target)
 
     def close(self) -> None:
         if self._fd is not None:

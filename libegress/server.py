@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from libbroker.errors import EgressError
 from libegress.context import Peer, Services
+from libegress.outcome import Outcome, Verdict
 from libegress.peers import is_loopback, peer_socket
 from libegress.tokens import keep_all, start_all
 
@@ -127,8 +128,9 @@ class ProxyServer:
         except asyncio.CancelledError:
             pass
         except Exception as exc:
-            self.services.log.line("failed", "-", 0, f"internal error: {type(exc).__name__}: {exc}",
-                                   None)
+            self.services.log.report(
+                Outcome(Verdict.FAILED, "-", 0, f"internal error: {type(exc).__name__}: {exc}"),
+                None)
         finally:
             sock.close()
 
@@ -143,22 +145,26 @@ class ProxyServer:
         our_ip = ipaddress.ip_address(our_host.split("%", 1)[0])
         peer = Peer(peer_ip, peer_port, finder=self.services.pids)
         if not is_loopback(peer_ip):
-            self.services.log.line("refused", "-", 0, f"peer {peer_ip} is not on loopback", None)
+            self._refuse(f"peer {peer_ip} is not on loopback", None)
             return None
         found = peer_socket((peer_ip, peer_port), (our_ip, our_port))
         if found is None:
-            self.services.log.line("refused", "-", 0, "peer socket not found in the kernel's table",
-                                   None)
+            self._refuse("peer socket not found in the kernel's table", None)
             return None
         peer.inode = found.inode
         if found.uid != os.getuid():
-            self.services.log.line("refused", "-", 0, f"peer owned by uid {found.uid}", peer.pid())
+            self._refuse(f"peer owned by uid {found.uid}", peer.pid())
             return None
         return peer
 
+    def _refuse(self, why: str, pid: int | None) -> None:
+        """A peer this listener does not serve: logged before any request is read."""
+        self.services.log.report(Outcome(Verdict.REFUSED, "-", 0, why), pid)
+
     async def _over_capacity(self, sock: socket.socket, handler: Handler, peer: Peer) -> None:
         limit = self.services.limits.max_connections
-        self.services.log.line("limit", "-", 0, f"503 more than {limit} connections", peer.pid())
+        self.services.log.report(Outcome.answered(503, f"more than {limit} connections", "-", 0),
+                                 peer.pid())
         if handler is serve_http:
             import h11
 

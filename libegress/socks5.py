@@ -21,6 +21,7 @@ from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.hosts import BadHost, canonical_host
 from libegress.intercept import serve_intercepted
+from libegress.outcome import Mode, Outcome, Verdict
 from libegress.proxyauth import (
     AUTH_FAILED,
     AUTH_OK,
@@ -164,13 +165,13 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             raise SocksError(HOST_UNREACHABLE, str(exc)) from None
         how = route(services.policy, host, port, tls=True)
         if how is Route.INTERCEPT:
-            services.log.allowed(host, port, "intercept", peer.pid())
+            services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
             return
         started = time.monotonic()
         upstream = await dial(services.policy, host, port, limits.connect_timeout)
-        services.log.allowed(host, port, "socks", peer.pid())
+        services.log.allowed(host, port, Mode.SOCKS, peer.pid())
         moved = (0, 0)
         try:
             await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))
@@ -180,26 +181,29 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             moved = (moved[0] + len(early), moved[1])
         finally:
             upstream.close()
-            services.record.event("allowed", host, port, "socks", started=started,
-                                  up=moved[0], down=moved[1])
+            services.record.event(Outcome(Verdict.ALLOWED, host, port, mode=Mode.SOCKS),
+                                  started=started, up=moved[0], down=moved[1])
     except Refused as exc:
-        services.log.line("refused", host, port, f"socks {exc.kind}: {exc}", peer.pid())
+        services.log.report(Outcome(Verdict.REFUSED, host, port, f"socks {exc.kind}: {exc}"),
+                            peer.pid())
         await _send_quietly(raw, reply(NOT_ALLOWED))
     except UpstreamFailed as exc:
         code = TTL_EXPIRED if exc.status == 504 else HOST_UNREACHABLE
         if "refused" in str(exc).lower():
             code = CONNECTION_REFUSED
-        services.log.line("failed", host, port, f"socks: {exc}", peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port, f"socks: {exc}"), peer.pid())
         await _send_quietly(raw, reply(code))
     except SocksError as exc:
-        services.log.line("refused", host, port, f"socks: {exc}", peer.pid())
+        services.log.report(Outcome(Verdict.REFUSED, host, port, f"socks: {exc}"), peer.pid())
         if exc.code is not None:
             await _send_quietly(raw, reply(exc.code))
     except TimeoutError:
-        services.log.line("limit", host, port, "socks: the handshake was not complete within "
-                          f"{limits.head_timeout:g}s", peer.pid())
+        services.log.report(Outcome(Verdict.LIMIT, host, port,
+                                    "socks: the handshake was not complete within "
+                                    f"{limits.head_timeout:g}s"), peer.pid())
     except OSError as exc:
-        services.log.line("failed", host, port, f"socks: {exc.strerror or exc}", peer.pid())
+        services.log.report(Outcome(Verdict.FAILED, host, port, f"socks: {exc.strerror or exc}"),
+                            peer.pid())
 
 
 async def _authenticate(gate: Gate, raw: SocketStream, buf: bytearray,

@@ -41,7 +41,7 @@ PURE = {
     "libbroker.sandbox.limits",
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",
-        "graphql", "oauth_login", "proxyauth", "control_frames",
+        "graphql", "oauth_login", "proxyauth", "control_frames", "outcome",
     )),
 }  # fmt: skip
 IMPURE_IN_LIBPOLICY = {"libpolicy.hook"}  # the rest of libpolicy is pure
