@@ -36,6 +36,7 @@ PURE = {
     "libbroker.broker.exchange",
     "libbroker.broker.profile",
     "libbroker.sandbox.shape",
+    "libbroker.sandbox.kinds",
     "libbroker.sandbox.bwrap",
     "libbroker.signing.args",
     "libbroker.sandbox.limits",

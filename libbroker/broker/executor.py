@@ -17,8 +17,7 @@ from collections.abc import Mapping
 
 from libbroker.broker.profile import Profile
 from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
-
-SANDBOX_KINDS = ("auto", "nono", "bwrap")
+from libbroker.sandbox.kinds import AUTO_ORDER, not_a_kind
 
 
 class Child(ABC):
@@ -71,20 +70,19 @@ def make_executor(
 ) -> Executor:
     """The executor for ``--sandbox=kind``; ``auto`` says on stderr what it picked.
 
-    ``auto`` prefers bwrap (namespaces hide more than Landlock can: other
-    processes, unix sockets, /proc) and falls back to Landlock.  There is no
+    ``auto`` (:mod:`libbroker.sandbox.kinds`) is the first of AUTO_ORDER whose
+    executor can be built here: bwrap, then Landlock.  There is no
     unsandboxed fallback: if nothing works, SandboxUnavailable.
     """
-    if kind not in SANDBOX_KINDS:
-        raise UsageError(f"--sandbox must be one of {', '.join(SANDBOX_KINDS)}, not {kind!r}")
-    if kind == "bwrap":
-        return _bwrap(profile, workdir, server_env)
-    if kind == "nono":
-        return _landlock(profile, workdir, server_env)
+    problem = not_a_kind(kind)
+    if problem is not None:
+        raise UsageError(f"--sandbox {problem}")
+    if kind in _BUILDERS:
+        return _BUILDERS[kind](profile, workdir, server_env)
     reasons = []
-    for build in (_bwrap, _landlock):
+    for backend in AUTO_ORDER:
         try:
-            executor = build(profile, workdir, server_env)
+            executor = _BUILDERS[backend](profile, workdir, server_env)
         except (SandboxUnavailable, ConfigError) as exc:
             reasons.append(str(exc))
             continue
@@ -103,6 +101,9 @@ def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executo
     from libbroker.broker.landlock_executor import LandlockExecutor
 
     return LandlockExecutor(profile, workdir, env)
+
+
+_BUILDERS = {"bwrap": _bwrap, "nono": _landlock}
 
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -20,6 +20,7 @@ from libbroker.launcher import egress_values, exported_keys, grants
 from libbroker.launcher.egress_values import Secret
 from libbroker.launcher.origins import Origins
 from libbroker.paths import under
+from libbroker.sandbox.kinds import AUTO, not_a_kind
 from libbroker.sandbox.limits import Limits, LimitsError
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
 
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
     from libbroker.launcher.gitfacts import Located
     from libpolicy.hostrun import Table
-
-SANDBOX_KINDS = ("auto", "bwrap", "nono")
 
 # GitHub's hosts (git, API, release and raw downloads) and the agent's own API.
 DEFAULT_DOMAINS = (
@@ -73,7 +72,7 @@ class Config(NamedTuple):
     workdir: str
     workdir_why: str = ""  # how the workdir was chosen (doctor says it)
     git_dirs: tuple[str, ...] = ()  # the workdir repository's git dirs outside it, granted too
-    sandbox: str = "auto"
+    sandbox: str = AUTO
     domains: tuple[str, ...] = DEFAULT_DOMAINS
     inject: tuple[str, ...] = DEFAULT_INJECT
     token_command: str = ""
@@ -237,11 +236,10 @@ def from_mapping(
         git_dirs = gitfacts.outside_git_dirs(facts.repo, workdir, facts.home)
     except ValueError as exc:
         raise ConfigError(f"{where('workdir')}: {exc}") from None
-    sandbox = get.string("sandbox", "auto")
-    if sandbox not in SANDBOX_KINDS:
-        raise ConfigError(
-            f"{where('sandbox')}: must be one of {', '.join(SANDBOX_KINDS)}, not {sandbox!r}"
-        )
+    sandbox = get.string("sandbox", AUTO)
+    problem = not_a_kind(sandbox)
+    if problem is not None:
+        raise ConfigError(f"{where('sandbox')}: {problem}")
     domains = egress_values.domains(get.strings("domains", DEFAULT_DOMAINS), where("domains"))
     inject = egress_values.hosts(get.strings("inject", DEFAULT_INJECT), where("inject"))
     secrets = egress_values.secrets(data.get("secret", []), where.secret, inject,

@@ -157,8 +157,8 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
     the same rule over the session's grants, here, names the key instead.
     """
     from libbroker.launcher.plan import host_facts as install_facts
-    from libbroker.launcher.prestart import choose_backend
     from libbroker.paths import under
+    from libbroker.sandbox.kinds import choose_backend
     from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES
 
     if not cfg.deny or choose_backend(cfg.sandbox) != "nono":

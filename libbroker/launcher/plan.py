@@ -20,8 +20,8 @@ from libbroker.launcher.boot import encode_args as encode_args
 from libbroker.launcher.boot import project_dir as project_dir
 from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
-from libbroker.launcher.prestart import choose_backend as choose_backend
 from libbroker.launcher.runtime import Runtime
+from libbroker.sandbox.kinds import choose_backend as choose_backend
 
 if TYPE_CHECKING:
     from libpolicy.model import Policy

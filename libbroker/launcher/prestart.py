@@ -20,12 +20,12 @@ stay light: every ms spent importing before the spawn delays the session.
 from __future__ import annotations
 
 import os
-import shutil  # already imported by site's .pth processing
 
 from libbroker.errors import LaunchError
 from libbroker.launcher import boot
 from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.trace import trace
+from libbroker.sandbox.kinds import AUTO, choose_backend
 
 # What each server imports before its arguments arrive: everything it needs
 # up to its ``listening`` line.  The backend's modules are a guess from the
@@ -59,13 +59,6 @@ class Servers:
         self.proxy = proxy
         self.broker = broker
         self.taken = False  # a session owns them from then on
-
-
-def choose_backend(kind: str) -> str:
-    """``auto`` is bwrap when installed, else Landlock (nono)."""
-    if kind != "auto":
-        return kind
-    return "bwrap" if shutil.which("bwrap") else "nono"
 
 
 def _words(argv: list[str]) -> list[tuple[str, str]]:
@@ -142,7 +135,7 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
 def backend_hint(argv: list[str]) -> str:
     """The backend the command line names, else the one ``auto`` picks here."""
     named = [value for opt, value in _words(argv) if opt == "--sandbox"]
-    return choose_backend(named[-1] if named else "auto")
+    return choose_backend(named[-1] if named else AUTO)
 
 
 def start(backend: str) -> Servers:

@@ -1,0 +1,36 @@
+"""The sandbox backends there are, and what ``auto`` means: one definition for launcher and broker.
+
+``auto`` is the first backend of :data:`AUTO_ORDER` that works here: bwrap
+(namespaces hide more than Landlock can: other processes, unix sockets,
+/proc), then Landlock (``nono``).  Never no sandbox.  Each side tells
+"works" its own way, at its own cost: the launcher, before anything
+starts, by bwrap being installed (:func:`choose_backend`); the broker by building
+each backend's executor in turn (``libbroker.broker.executor``).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+AUTO = "auto"
+AUTO_ORDER = ("bwrap", "nono")
+SANDBOX_KINDS = (AUTO, *AUTO_ORDER)
+_PROGRAM = {"bwrap": "bwrap"}  # a backend that needs a program on PATH; Landlock is the kernel's
+
+
+def not_a_kind(kind: str) -> str | None:
+    """Why ``kind`` is no sandbox kind (``must be one of ..., not 'vm'``), else None."""
+    if kind in SANDBOX_KINDS:
+        return None
+    return f"must be one of {', '.join(SANDBOX_KINDS)}, not {kind!r}"
+
+
+def choose_backend(kind: str) -> str:
+    """The backend ``kind`` names: itself, or for ``auto`` the first installed of AUTO_ORDER."""
+    if kind != AUTO:
+        return kind
+    for backend in AUTO_ORDER:
+        program = _PROGRAM.get(backend)
+        if program is None or shutil.which(program):
+            return backend
+    return AUTO_ORDER[-1]
