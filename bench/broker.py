@@ -90,7 +90,7 @@ class Server:
 
 def spawn_cost(sandbox: str, workdir: str, runs: int) -> tuple[float, float]:
     """Median ms of spawn+wait of `true`: in-process executor vs a plain posix_spawn."""
-    from libbroker.broker.executor import make_executor
+    from libbroker.broker.executor_choice import make_executor
 
     executor = make_executor(sandbox, default_profile(), workdir, os.environ)
     null = os.open(os.devnull, os.O_RDWR)

@@ -1,4 +1,4 @@
-"""One interface over the sandbox backends, and the choice between them.
+"""One interface over the sandbox backends (the choice between them: :mod:`.executor_choice`).
 
 An :class:`Executor` starts one command in a fresh sandbox with the three
 stdio fds it is given and returns a :class:`Child`.  The server owns the
@@ -11,13 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-
-from libbroker.broker.profile import Profile
-from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
-from libbroker.sandbox.kinds import AUTO_ORDER, not_a_kind
 
 
 class Child(ABC):
@@ -63,47 +57,6 @@ def killpg_quietly(pgid: int, signum: int) -> None:
     """``killpg`` that ignores a group already gone (and a signal number the kernel refuses)."""
     with contextlib.suppress(OSError):
         os.killpg(pgid, signum)
-
-
-def make_executor(
-    kind: str, profile: Profile, workdir: str, server_env: Mapping[str, str]
-) -> Executor:
-    """The executor for ``--sandbox=kind``; ``auto`` says on stderr what it picked.
-
-    ``auto`` (:mod:`libbroker.sandbox.kinds`) is the first of AUTO_ORDER whose
-    executor can be built here: bwrap, then Landlock.  There is no
-    unsandboxed fallback: if nothing works, SandboxUnavailable.
-    """
-    problem = not_a_kind(kind)
-    if problem is not None:
-        raise UsageError(f"--sandbox {problem}")
-    if kind in _BUILDERS:
-        return _BUILDERS[kind](profile, workdir, server_env)
-    reasons = []
-    for backend in AUTO_ORDER:
-        try:
-            executor = _BUILDERS[backend](profile, workdir, server_env)
-        except (SandboxUnavailable, ConfigError) as exc:
-            reasons.append(str(exc))
-            continue
-        sys.stderr.write(f"broker-server: sandbox auto: using {executor.describe()}\n")
-        return executor
-    raise SandboxUnavailable("no sandbox backend works here: " + "; ".join(reasons))
-
-
-def _bwrap(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.broker.bwrap_executor import BwrapExecutor
-
-    return BwrapExecutor(profile, workdir, env)
-
-
-def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.broker.landlock_executor import LandlockExecutor
-
-    return LandlockExecutor(profile, workdir, env)
-
-
-_BUILDERS = {"bwrap": _bwrap, "nono": _landlock}
 
 
 _RESET_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

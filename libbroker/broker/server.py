@@ -137,7 +137,7 @@ def run_server(
     import shutil
 
     from libbroker.broker.audit import AuditLog
-    from libbroker.broker.executor import make_executor
+    from libbroker.broker.executor_choice import make_executor
     from libbroker.broker.ops import sign_key_problem
     from libbroker.broker.profile import default_profile, load_profile, with_env_allow
     from libbroker.errors import ConfigError

@@ -36,6 +36,7 @@ BROKER_WARM = (
     "libbroker.broker.profile",
     "libbroker.broker.audit",
     "libbroker.broker.executor",
+    "libbroker.broker.executor_choice",
 )
 BACKEND_WARM = {
     "bwrap": ("libbroker.broker.bwrap_executor",),

@@ -5,7 +5,7 @@
 /proc), then Landlock (``nono``).  Never no sandbox.  Each side tells
 "works" its own way, at its own cost: the launcher, before anything
 starts, by bwrap being installed (:func:`choose_backend`); the broker by building
-each backend's executor in turn (``libbroker.broker.executor``).
+each backend's executor in turn (``libbroker.broker.executor_choice``).
 """
 
 from __future__ import annotations
