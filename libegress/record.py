@@ -15,10 +15,10 @@ path is cut), so lines on a pipe never interleave.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from libbroker.server_lines import event_line
 from libegress.allowlist import allowed
 from libegress.http1 import Exchanged
 from libegress.outcome import Mode, Outcome, Verdict
@@ -97,7 +97,7 @@ class Recorder:
         if host != "-" and self.would_refuse(host, port):
             entry["learn"] = LEARN_MARK
         try:
-            os.write(self._fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
+            os.write(self._fd, event_line(entry).encode())
         except OSError as exc:
             # The reader is gone (the launcher died): the proxy ends with it anyway.
             self.failed = exc.strerror or str(exc)

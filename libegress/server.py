@@ -19,6 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from libbroker.errors import EgressError
+from libbroker.server_lines import listening_line
 from libegress.context import Peer, Services
 from libegress.outcome import Outcome, Verdict
 from libegress.peers import is_loopback, peer_socket
@@ -189,7 +190,7 @@ def announce_lines(socks: list[tuple[socket.socket, str]]) -> Callable[[], None]
     """Print ``listening URL`` for each listener, flushed."""
     def announce() -> None:
         for sock, scheme in socks:
-            sys.stdout.write(f"listening {url_of(sock, scheme)}\n")
+            sys.stdout.write(listening_line(url_of(sock, scheme)))
         sys.stdout.flush()
     return announce
 

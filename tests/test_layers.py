@@ -30,7 +30,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("libbroker", "libpolicy", "libegress", "bin")
 
-BASE = {"libbroker.errors", "libbroker.paths", "libbroker.cli", "libbroker.shellquote"}
+BASE = {
+    "libbroker.errors", "libbroker.paths", "libbroker.cli", "libbroker.shellquote",
+    "libbroker.server_lines",
+}  # fmt: skip
 PURE = {
     "libbroker.wire",
     "libbroker.broker.exchange",

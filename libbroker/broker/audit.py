@@ -6,11 +6,12 @@ cwd, exit or refusal, duration), never the command's input or output.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
 from typing import TextIO
+
+from libbroker.server_lines import event_line
 
 
 class AuditLog:
@@ -40,7 +41,7 @@ class AuditLog:
             )
         if self._file is not None:
             try:
-                self._file.write(json.dumps(entry, separators=(",", ":")) + "\n")
+                self._file.write(event_line(entry))
                 self._file.flush()
             except OSError as exc:
                 self.broken = exc.strerror or str(exc)

@@ -19,6 +19,7 @@ import sys
 
 from libbroker.broker.connection import Connection, Settings
 from libbroker.errors import SocketInUse
+from libbroker.server_lines import listening_line
 
 SHUTDOWN_GRACE = 5.0
 ACCEPT_BACKOFF = 0.1
@@ -107,7 +108,7 @@ async def serve(path: str, settings: Settings) -> None:
 
     try:
         loop.add_reader(sock.fileno(), accept)
-        sys.stdout.write(f"listening unix:{path}\n")
+        sys.stdout.write(listening_line(f"unix:{path}"))
         sys.stdout.flush()
         await stopping.wait()
         loop.remove_reader(sock.fileno())

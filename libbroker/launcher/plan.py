@@ -22,6 +22,7 @@ from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
 from libbroker.sandbox.kinds import choose_backend as choose_backend
+from libbroker.server_lines import listening_url
 
 if TYPE_CHECKING:
     from libpolicy.model import Policy
@@ -214,10 +215,9 @@ def write_private(path: str, data: str) -> None:
 
 
 def parse_listening(name: str, line: str, found: Listening) -> None:
-    words = line.split()
-    if len(words) != 2 or words[0] != "listening":
+    addr = listening_url(line)
+    if addr is None:
         return
-    addr = words[1]
     if name == "broker-server" and addr.startswith("unix:"):
         found.broker = addr[5:]
     elif addr.startswith(("http://", "socks5://")):

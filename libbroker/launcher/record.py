@@ -38,6 +38,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from libbroker.server_lines import parse_event
+
 GENESIS = "agent-sandbox session record v1\n"
 SUFFIX = ".jsonl"
 _SERVER_EVENTS = {"egress-proxy": ("egress",)}
@@ -151,13 +153,8 @@ def from_server(name: str, line: str) -> tuple[str, dict[str, Any]] | None:
     ping (a health check) is skipped.  Anything else (the ``listening`` line)
     is not an event.
     """
-    if not line.startswith("{") or len(line) > _MAX_LINE:
-        return None
-    try:
-        obj = json.loads(line)
-    except ValueError:
-        return None
-    if not isinstance(obj, dict):
+    obj = parse_event(line, _MAX_LINE)
+    if obj is None:
         return None
     if name == "egress-proxy":
         ev = obj.pop("ev", None)

@@ -28,6 +28,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
+from libbroker import server_lines
 from libbroker.errors import LaunchError, SandboxUnavailable
 from libbroker.launcher import (
     agent_sandbox,
@@ -600,7 +601,7 @@ class Session:
         self._pending[fd] = rest
         out = [line.decode(errors="replace") for line in lines]
         for line in out:
-            if kind == "out" and self.record is not None and line.startswith("{"):
+            if kind == "out" and self.record is not None and server_lines.is_event(line):
                 # A server's event (libbroker.launcher.record): into the record, not the tail.
                 if self.record.server(child.name, line) is False and child.name == "broker-server":
                     self._stop_audit(fd)  # the broker fails closed: its audit pipe is gone
