@@ -13,6 +13,7 @@ timed-out session left and removes the tree without recursion.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import os
@@ -89,7 +90,8 @@ class Cell:
             if (self.work / attack.name / where).is_dir():  # (a plant cut short: gone)
                 try:
                     git(self.work / attack.name / where, *argv, check=False,
-                        prefix=self.prefix, timeout=20)
+                        prefix=self.prefix, timeout=20,
+                        env={"PRE_COMMIT_HOME": str(self.base / "pre-commit")})
                 except subprocess.TimeoutExpired:  # blocked on something the session left
                     (self.canary / f"{attack.name}-hang").touch()
         return self.ran(attack.name)
@@ -128,14 +130,13 @@ def the_user() -> OrdinaryUser:
 def new_cell(backend: str, who: str) -> Cell:
     base = Path(tempfile.mkdtemp(prefix="as-hra-", dir="/tmp"))
     cell = Cell(backend, who, base, the_user() if who == "user" else None)
-    for d in (cell.home / ".config", cell.work, cell.canary, base / "rt", base / "work"):
+    for d in (cell.home / ".config", cell.work, cell.canary, base / "rt", base / "work",
+              base / "pre-commit"):
         d.mkdir(parents=True, exist_ok=True)
     (cell.home / ".config/token").write_text("tok\n")
     (base / "work/decoy").write_text("a path cut at the space would name this\n")
     (base / "rt").chmod(0o700)
     cell.canary.chmod(0o777)
-    lib = base / "lib"
-    commits(lib, 1)
     return cell
 
 
@@ -151,8 +152,8 @@ def tmpfs_state(cell: Cell) -> None:
 def run_cell(cell: Cell, attacks: list[Attack], timeout: float = 120,
              before: Callable[[Cell], None] | None = None,
              address_space: int = ADDRESS_SPACE) -> Cell:
+    _copy_tree(_template(attacks), cell.work)
     for a in attacks:
-        a.setup(cell.work / a.name, cell.base / "lib")
         for rel in (".vscode/big.bin", ".vscode/settings.json"):
             if (cell.work / a.name / rel).is_file():
                 cell.digests[f"{a.name}/{rel}"] = content_digest(cell.work / a.name / rel)
@@ -183,6 +184,29 @@ def run_cell(cell: Cell, attacks: list[Attack], timeout: float = 120,
     cell.status = proc.returncode
     cell.ended_at = time.monotonic()
     return cell
+
+
+_TEMPLATES: dict[tuple[str, ...], Path] = {}
+
+
+def _template(attacks: list[Attack]) -> Path:
+    """Every attack's directory as the person had it, built once per list (each cell
+    copies it: git's own commands are most of a cell's set-up)."""
+    key = tuple(a.name for a in attacks)
+    if key not in _TEMPLATES:
+        top = Path(tempfile.mkdtemp(prefix="as-hra-tpl-", dir="/tmp"))
+        atexit.register(remove_tree, top)
+        commits(top / "lib", 1)
+        (top / "work").mkdir()
+        for a in attacks:
+            a.setup(top / "work" / a.name, top / "lib")
+        _TEMPLATES[key] = top / "work"
+    return _TEMPLATES[key]
+
+
+def _copy_tree(src: Path, dst: Path) -> None:
+    """``cp -a``: links as links, sparse files stay sparse, modes and times kept."""
+    subprocess.run(["cp", "-a", "--sparse=always", f"{src}/.", str(dst)], check=True)
 
 
 def _toml(value: object) -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,10 +43,12 @@ deep() { i=0; while [ $i -lt "$2" ]; do mkdir d && cd d || return 1; i=$((i+1));
 
 
 def git(cwd: Path, *args: str, check: bool = True, prefix: tuple[str, ...] = (),
-        timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        timeout: float = 60, env: dict[str, str] | None = None
+        ) -> subprocess.CompletedProcess[str]:
     """The host's real git, as the person (``prefix``: run as another user)."""
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, **GIT_ENV}
-    env["HOME"] = str(cwd.anchor)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GIT_")}, **GIT_ENV,
+           **(env or {})}
+    env.setdefault("HOME", str(cwd.anchor))
     return subprocess.run([*prefix, "git", "-c", "protocol.file.allow=always", *args],
                           cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
                           check=check)
@@ -147,6 +150,38 @@ def _hostile_setup(repo: Path, _lib: Path) -> None:
     (repo / "v;touch PWNED;w/.vscode/settings.json").write_text('{"person": 1}\n')
 
 
+PRE_COMMIT_CONFIG = """repos:
+- repo: local
+  hooks:
+  - id: check
+    name: check
+    entry: "true"
+    language: system
+    always_run: true
+    pass_filenames: false
+"""
+
+
+def _pre_commit(repo: Path, _lib: Path) -> None:
+    """The person uses pre-commit (https://pre-commit.com): its hook in .git/hooks runs
+    the commands .pre-commit-config.yaml names, a tracked file of the worktree."""
+    commits(repo, 1)
+    (repo / ".pre-commit-config.yaml").write_text(PRE_COMMIT_CONFIG)
+    git(repo, "add", ".")
+    git(repo, "commit", "-q", "-m", "pre-commit")
+    tool = shutil.which("pre-commit")
+    if tool is not None:
+        subprocess.run([tool, "install"], cwd=repo, check=True, capture_output=True,
+                       env={**os.environ, "PRE_COMMIT_HOME": str(repo.parent / ".pc")})
+
+
+# not on issue 24's list: the agent commits its own pre-commit entry (--no-verify inside)
+PRE_COMMIT = Attack(
+    "precommit", "sed -i \"s|entry: \\\"true\\\"|entry: sh -c 'echo ran > $C/precommit'|\" "
+    ".pre-commit-config.yaml && grep -q precommit .pre-commit-config.yaml "
+    "&& git commit -q --no-verify -am 'lint config'", _pre_commit)
+
+
 MAIN: list[Attack] = [
     Attack("nested", "bare .git/modules/m/x/g nested && mkdir sub "
            "&& echo 'gitdir: ../.git/modules/m/x/g' > sub/.git",
@@ -198,6 +233,7 @@ MAIN: list[Attack] = [
            "> nr/.git/hooks/pre-commit && chmod +x nr/.git/hooks/pre-commit' "
            "</dev/null >/dev/null 2>&1 & true", lambda repo, lib: repo.mkdir(),
            _status_commit("nr")),
+    PRE_COMMIT,
     Attack("dataloss", "echo '{\"editor.tabSize\": 2}' > .vscode/settings.json",
            _vscode_with(random.Random(24).randbytes(2 * MiB)), []),
 ]

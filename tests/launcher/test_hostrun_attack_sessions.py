@@ -12,13 +12,17 @@ the guard's lines.  Three sessions per cell: the main list, the heavy files
 (0 B to a 1 TiB sparse one), and one with the quarantine on a tmpfs (every
 move aside a copy across filesystems, through 1100-deep directories).
 
-The guard is being completed in parallel (issue 24): a case that still
-succeeds on main is marked xfail (strict=False) in GAPS with its reason.
+Beyond the issue's list: FIFOs where git and the guard read, a process that
+outlives the command and plants later, VS Code's dev container and workspace
+files, and pre-commit's tracked config (when pre-commit is installed).  A
+case that still succeeds on main is marked xfail (strict=False) in GAPS with
+its reason.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -56,6 +60,8 @@ CELLS = [pytest.param((b, w), id=f"{b}-{w}") for b in ("bwrap", "nono") for w in
 
 # (attack, backend, who) -> why it is still open on main; "*" matches any.
 GAPS: dict[tuple[str, str, str], str] = {
+    ("precommit", "*", "*"): "not on the host-run list: pre-commit's hook runs what the "
+                             "tracked .pre-commit-config.yaml names (hostrun_add can add it)",
     ("devcontainer", "*", "*"): "not on the host-run list (libpolicy.hostrun): .devcontainer/, "
                                 ".devcontainer.json, *.code-workspace",
 }
@@ -138,7 +144,7 @@ def test_the_plants_run_when_nothing_guards(tmp_path: Path) -> None:
     from hostrun_attack_plants import commits
 
     commits(tmp_path / "lib", 1)
-    attacks = [a for a in MAIN if a.host]
+    attacks = [a for a in MAIN if a.host and (a.name != "precommit" or shutil.which("pre-commit"))]
     for a in attacks:
         a.setup(cell.work / a.name, tmp_path / "lib")
     script = f"C='{cell.canary}'\n" + plant_script(attacks)
@@ -165,6 +171,8 @@ def test_the_main_session_ends_cleanly(main_cell: Cell, request: pytest.FixtureR
 @pytest.mark.parametrize("name", [a.name for a in MAIN if a.host])
 def test_no_plant_runs_on_the_host(main_cell: Cell, name: str,
                                    request: pytest.FixtureRequest) -> None:
+    if name == "precommit" and shutil.which("pre-commit") is None:
+        pytest.skip("pre-commit (https://pre-commit.com) is not installed")
     gap(request, main_cell, name)
     attack = next(a for a in MAIN if a.name == name)
     if name == "late":  # what outlived the session has had its time to plant
@@ -329,9 +337,11 @@ def test_every_printed_command_is_safe_to_paste(names_cell: Cell,
             assert f.read() == f"export N={n}\n".encode(), name
 
 
-def test_no_canary_at_all(main_cell: Cell, request: pytest.FixtureRequest) -> None:
-    """After every host command of the main list: nothing ran, whatever its name."""
-    gap(request, main_cell, "all-canaries")
+def test_no_canary_at_all(main_cell: Cell) -> None:
+    """After every host command of the main list: nothing ran, whatever its name (but the
+    attacks still open, marked in GAPS)."""
+    open_ = {name for name, b, w in GAPS if b in ("*", main_cell.backend)
+             and w in ("*", main_cell.who)}
     for attack in MAIN:
         main_cell.host_git(attack)
-    assert main_cell.ran() == []
+    assert [c for c in main_cell.ran() if not c.startswith(tuple(open_))] == []
