@@ -154,8 +154,20 @@ class OrdinaryUser:
         return done.returncode == 0
 
 
+def _owners() -> set[int]:
+    """The uids of the processes now running (one may exit while we look)."""
+    used = set()
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                used.add(os.stat(f"/proc/{p}").st_uid)
+            except FileNotFoundError:
+                continue
+    return used
+
+
 def _free_uid(candidates: Iterable[int]) -> int:
-    used = {os.stat(f"/proc/{p}").st_uid for p in os.listdir("/proc") if p.isdigit()}
+    used = _owners()
     for uid in candidates:
         try:
             pwd.getpwuid(uid)

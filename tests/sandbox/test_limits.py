@@ -249,7 +249,11 @@ def test_a_runaway_stops_at_its_limits(world: tuple[Cell, Path, OrdinaryUser | N
     bomb = got["bomb"]
     assert isinstance(bomb, dict)
     assert bomb["error"] == "EAGAIN", got
-    assert 0 < bomb["forked"] < 64, got  # other tasks of the sandbox count too
+    # The refusal (EAGAIN) at or before the 64th child is the limit at work.  Other
+    # tasks of the sandbox usually count too (fewer than 64 then), but as an
+    # ordinary user under the broker's bwrap a run with exactly 64 was seen (about
+    # one in seven): which of bwrap's own tasks are still counted varies.
+    assert 0 < bomb["forked"] <= 64, got
     assert got["hog"] in (-9, 3), got  # killed in its cgroup, or refused (MemoryError)
     if cell.backend == "bwrap":
         tmp = got["tmp"]
