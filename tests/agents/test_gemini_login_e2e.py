@@ -41,6 +41,12 @@ def oauth(tmp_path: Path) -> Iterator[Oauth]:
     server.server_close()
 
 
+# The id token's signature, which the scan inside must not find.  Spelled in two
+# parts: this file is readable inside the session (the checkout is), and a
+# checkout under /tmp (CI's clone) is within the scan's walk.
+ID_SIGNATURE = "IDSIG-" + "real"
+
+
 def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
     o.gemini()
     gem = w.home / ".gemini"
@@ -51,7 +57,7 @@ def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
     creds.write_text(json.dumps({
         "access_token": o.access, "refresh_token": o.refresh, "token_type": "Bearer",
         "scope": "https://www.googleapis.com/auth/cloud-platform",
-        "id_token": "eyJhbGciOiJSUzI1NiJ9.eyJlbWFpbCI6InBAZXhhbXBsZS5jb20ifQ.IDSIG-real",
+        "id_token": "eyJhbGciOiJSUzI1NiJ9.eyJlbWFpbCI6InBAZXhhbXBsZS5jb20ifQ." + ID_SIGNATURE,
         "expiry_date": int((time.time() + expires_in_s) * 1000)}))
     creds.chmod(0o640)
     return creds
@@ -84,7 +90,7 @@ def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
     need("gemini")
     w, o = world, oauth
     creds = login(w, o, MARGIN_S + 20)  # Gemini CLI takes seconds to start
-    first = [*o.secrets(), "IDSIG-real"]
+    first = [*o.secrets(), ID_SIGNATURE]
     flag = w.workdir / "refreshed"
     o.on_refresh = lambda: flag.write_text(json.dumps(split(*o.secrets())))
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
