@@ -88,6 +88,10 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("vscode", ".vscode/", "tree",
           "VS Code runs its tasks and launch configurations, and extensions read it"),
     Entry("idea", ".idea/", "tree", "JetBrains IDEs run its run configurations and tools"),
+    Entry("devcontainer", ".devcontainer/", "tree",
+          "VS Code and the devcontainer CLI run its initializeCommand on the host"),
+    Entry("devcontainer-json", ".devcontainer.json", "tree",
+          "VS Code and the devcontainer CLI run its initializeCommand on the host"),
     # --- shell and environment ---
     Entry("envrc", ".envrc", "tree", "direnv runs it when a shell enters the directory"),
     Entry("bashrc", ".bashrc", "tree", "bash runs it at start"),
