@@ -221,11 +221,11 @@ MAIN: list[Attack] = [
            "\"echo ran > %s/husky-include; false\"\\n' \"$C\" >> tools/git.cfg", _husky),
     # not on issue 24's list: VS Code runs these too (a dev container's initializeCommand
     # on the host itself, a workspace file's tasks)
-    Attack("devcontainer", "mkdir .devcontainer && echo '{\"initializeCommand\": \"touch "
-           "$C/devcontainer\"}' > .devcontainer/devcontainer.json && cp "
-           ".devcontainer/devcontainer.json .devcontainer.json && echo '{\"tasks\": "
-           "{\"tasks\": [{\"label\": \"x\", \"command\": \"touch $C/workspace\", "
-           "\"runOptions\": {\"runOn\": \"folderOpen\"}}]}}' > x.code-workspace",
+    Attack("devcontainer", "echo '{\"tasks\": {\"tasks\": [{\"label\": \"x\", \"command\": "
+           "\"touch $C/workspace\", \"runOptions\": {\"runOn\": \"folderOpen\"}}]}}' "
+           "> x.code-workspace; echo '{\"initializeCommand\": \"touch $C/devcontainer\"}' "
+           "> .devcontainer.json; mkdir .devcontainer && cp .devcontainer.json .devcontainer/"
+           "devcontainer.json; test -f x.code-workspace",
            lambda repo, lib: repo.mkdir(), []),
     # a process that outlives the command (setsid, deaf to TERM/HUP) plants after 4 s
     Attack("late", "C=\"$C\" setsid sh -c 'trap \"\" TERM HUP INT; sleep 4; "
