@@ -22,18 +22,21 @@ It holds one login of the kind asked for, as the real service would:
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import ssl
+import subprocess
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qsl
 
 import trustme
+from agents_world import Home
 from standin_apis import anthropic_json, anthropic_stream, gemini_chunk, openai_stream
 
 HOSTS = ("api.anthropic.com", "platform.claude.com", "console.anthropic.com",
@@ -291,3 +294,29 @@ def start(tmp: Path) -> tuple[Oauth, ThreadingHTTPServer]:
     o.port = server.server_address[1]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return o, server
+
+
+@contextlib.contextmanager
+def serving(tmp: Path) -> Iterator[Oauth]:
+    """The stand-in token endpoints and APIs for one test, shut down after it."""
+    found, server = start(tmp)
+    try:
+        yield found
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run_logged_in(w: Home, o: Oauth, backend: str, agent: str, key_var: str, script: str,
+                  timeout: float) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` in a session of ``agent`` whose only login is its OAuth file:
+    the hosts pinned to the stand-in, the keeper's cycle shortened to 1 s, and the
+    agent's exported key (``key_var``) removed."""
+    cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
+                   upstream_ca=str(o.ca_file))
+    env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
+    env.pop(key_var)  # the login alone
+    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
+            f"--agent={agent}", "--", "sh", "-c", script]
+    return subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, check=False)

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, split
-from standin_oauth import ACCOUNT, HOSTS, Oauth, start
+from standin_oauth import ACCOUNT, Oauth, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
 MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
@@ -35,10 +35,8 @@ PLACEHOLDER = "agent-sandbox-placeholder"
 
 @pytest.fixture()
 def oauth(tmp_path: Path) -> Iterator[Oauth]:
-    found, server = start(tmp_path)
-    yield found
-    server.shutdown()
-    server.server_close()
+    with serving(tmp_path) as found:
+        yield found
 
 
 def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
@@ -54,14 +52,7 @@ def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
 
 
 def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedProcess[str]:
-    cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
-                   upstream_ca=str(o.ca_file))
-    env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
-    env.pop("OPENAI_API_KEY")  # the login alone
-    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
-            "--agent=codex", "--", "sh", "-c", script]
-    return subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
-                          timeout=180, stdin=subprocess.DEVNULL, check=False)
+    return run_logged_in(w, o, backend, "codex", "OPENAI_API_KEY", script, timeout=180)
 
 
 SESSION = """
