@@ -1,10 +1,11 @@
 """Who is on the other end of a loopback TCP connection.
 
 The proxy adds the person's token, so it serves that person's processes and no
-other account on the machine.  For a loopback peer the kernel's socket table
-(``/proc/net/tcp`` and ``tcp6``) names the uid owning the peer's socket: the
-row whose local address is the peer's and whose remote address is ours.  A
-peer whose row cannot be found is refused, like one of another uid.
+other account on the machine.  The kernel names the uid owning the peer's
+socket: asked for that one socket (sock_diag), else in its socket table
+(``/proc/net/tcp`` and ``tcp6``, read by :mod:`libbroker.proc_tcp`, which the
+broker's door shares).  A peer whose row cannot be found is refused, like one
+of another uid.
 """
 
 from __future__ import annotations
@@ -13,52 +14,12 @@ import ipaddress
 import os
 import socket
 import struct
-import sys
 import time
-from dataclasses import dataclass
 
+from libbroker.proc_tcp import PeerSocket, find_peer, peer_in_tables
 from libegress.addresses import IPAddress
 
-
-@dataclass(frozen=True)
-class PeerSocket:
-    """The owner (uid) and socket inode of a connection's far end."""
-
-    uid: int
-    inode: int
-
-
-def _hex_address(address: IPAddress) -> str:
-    """``address`` as /proc/net/tcp prints it: 32-bit words in host byte order."""
-    packed = address.packed
-    words = [packed[i : i + 4] for i in range(0, len(packed), 4)]
-    return "".join(
-        int.from_bytes(w, "little" if sys.byteorder == "little" else "big")
-        .to_bytes(4, "big")
-        .hex()
-        .upper()
-        for w in words
-    )
-
-
-def _endpoint(address: IPAddress, port: int, six: bool) -> str:
-    if six and address.version == 4:
-        address = ipaddress.IPv6Address("::ffff:" + str(address))
-    return f"{_hex_address(address)}:{port:04X}"
-
-
-def find_peer(
-    table: str, peer: tuple[IPAddress, int], ours: tuple[IPAddress, int], six: bool
-) -> PeerSocket | None:
-    """The peer's row in one socket table's text (pure)."""
-    want_local = _endpoint(peer[0], peer[1], six)
-    want_remote = _endpoint(ours[0], ours[1], six)
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) < 10 or fields[1] != want_local or fields[2] != want_remote:
-            continue
-        return PeerSocket(uid=int(fields[7]), inode=int(fields[9]))
-    return None
+__all__ = ["PeerSocket", "PidFinder", "find_peer", "is_loopback", "peer_socket", "socket_owners"]
 
 
 _NETLINK_SOCK_DIAG = 4
@@ -117,17 +78,7 @@ def peer_socket(
         return found
     except OSError:
         pass
-    for name, six in (("tcp", False), ("tcp6", True)):
-        if not six and (peer[0].version == 6 or ours[0].version == 6):
-            continue
-        try:
-            with open(f"{proc}/net/{name}", encoding="ascii") as fh:
-                found = find_peer(fh.read(), peer, ours, six)
-        except OSError:
-            continue
-        if found is not None:
-            return found
-    return None
+    return peer_in_tables(peer, ours, proc)
 
 
 def _unmap(address: IPAddress) -> IPAddress:

@@ -32,7 +32,7 @@ PACKAGES = ("libbroker", "libpolicy", "libegress", "bin")
 
 BASE = {
     "libbroker.errors", "libbroker.paths", "libbroker.cli", "libbroker.shellquote",
-    "libbroker.server_lines",
+    "libbroker.server_lines", "libbroker.proc_tcp",
 }  # fmt: skip
 PURE = {
     "libbroker.wire",

@@ -14,7 +14,8 @@ every descriptor but stdio when it starts a shell (Claude Code does), which
 would leave broker-client without a way in.  A variable survives that.
 
 The port is on the host's loopback, so any local user could connect: each
-connection is checked against the kernel's TCP table (``/proc/net/tcp``) and
+connection is checked against the kernel's TCP table (``/proc/net/tcp``, read
+by :mod:`libbroker.proc_tcp`, as the egress proxy's peer check does) and
 served only if the peer's socket belongs to our own uid, as broker-server
 does with SO_PEERCRED.  The broker sees the launcher (same uid) as its peer.
 Everything from the sandbox is hostile: the door leads to one place only,
@@ -25,30 +26,25 @@ from __future__ import annotations
 
 import _socket
 import contextlib
+import ipaddress
 import os
 import sys
 import threading
 
+from libbroker import proc_tcp
 from libbroker.launcher.relay import accept_each
 from libbroker.sandbox.forwarder import pump
+
+_LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 
 
 def tcp_owner(local: tuple[str, int], remote: tuple[str, int], table: str) -> int | None:
     """The uid owning the IPv4 socket bound at ``local`` and connected to ``remote``.
 
-    ``table`` is ``/proc/net/tcp``'s text: addresses are hex, in host byte
-    order for the address and big-endian for the port (``0100007F:1F90``).
+    ``table`` is ``/proc/net/tcp``'s text (:mod:`libbroker.proc_tcp` reads it).
     """
-    def encode(addr: tuple[str, int]) -> str:
-        packed = _socket.inet_aton(addr[0])
-        return f"{int.from_bytes(packed, sys.byteorder):08X}:{addr[1]:04X}"
-
-    want_local, want_remote = encode(local), encode(remote)
-    for line in table.splitlines()[1:]:
-        fields = line.split()
-        if len(fields) > 7 and fields[1] == want_local and fields[2] == want_remote:
-            return int(fields[7]) if fields[7].isdigit() else None
-    return None
+    row = proc_tcp.find_row(table, proc_tcp.endpoint(*local), proc_tcp.endpoint(*remote))
+    return row.uid if row is not None else None
 
 
 class Door:
@@ -77,11 +73,10 @@ class Door:
 
     def _serve(self, conn: _socket.socket, peer: tuple[str, int]) -> None:
         """Check the peer, connect to the broker, relay; ``conn`` is ours to close."""
-        try:
-            with open("/proc/net/tcp") as fh:
-                owner = tcp_owner(peer, ("127.0.0.1", self.port), fh.read())
-        except OSError:
-            owner = None
+        found = proc_tcp.peer_in_tables(
+            (ipaddress.IPv4Address(peer[0]), peer[1]), (_LOOPBACK, self.port)
+        )
+        owner = found.uid if found is not None else None
         if owner != os.getuid():
             sys.stderr.write(
                 f"agent-sandbox: broker door: refused a connection from port {peer[1]} "
