@@ -3,7 +3,9 @@
 :class:`ClientSide` reads requests from the sandbox through
 :class:`~libegress.heads.RequestReader` (head limits and screening on head bytes
 only, then h11) and adds the reads and their deadlines.  :class:`UpstreamSide`
-is h11's client role.  :func:`exchange` relays one request and its response, the
+is h11's client role.  :func:`keep_alive` is the one request loop of a client
+connection (the plain-HTTP listener and the inject path each bring a
+:class:`Exchanges`).  :func:`exchange` relays one request and its response, the
 request body and the response in two tasks (``Expect: 100-continue`` and early
 responses need both at once), never holding a whole body: one read at a time
 moves through, so memory stays bounded whatever the body's size.
@@ -15,7 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from http import HTTPStatus
-from typing import Any
+from typing import Any, Protocol
 
 import h11
 
@@ -168,6 +170,40 @@ class UpstreamSide:
             self.conn.start_next_cycle()
             return True
         return False
+
+
+class Exchanges(Protocol):
+    """What one client connection does with its requests (see :func:`keep_alive`)."""
+
+    async def serve(self, request: h11.Request) -> bool:
+        """Serve ``request`` whole; False when the connection is no longer HTTP (CONNECT)."""
+
+    async def refuse(self, error: HttpError) -> None:
+        """Log ``error`` and answer it; the connection then ends."""
+
+    async def cycle_done(self) -> None:
+        """One request and its response are through: drop an upstream that cannot be reused."""
+
+
+async def keep_alive(client: ClientSide, exchanges: Exchanges) -> None:
+    """Serve request after request on ``client`` until one of them ends the connection.
+
+    It ends when the client closes while idle, when a request switches the
+    connection away from HTTP, after any refusal (answered while a response
+    can still be sent), and when h11 says no further request may follow.
+    Transport errors propagate to the caller, which logs them.
+    """
+    while True:
+        try:
+            request = await client.next_request()
+            if request is None or not await exchanges.serve(request):
+                return
+        except HttpError as exc:
+            await exchanges.refuse(exc)
+            return
+        if not client.next_cycle():
+            return
+        await exchanges.cycle_done()
 
 
 async def _pump_request_body(client: ClientSide, upstream: UpstreamSide,

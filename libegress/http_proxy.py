@@ -14,6 +14,7 @@ import contextlib
 import socket
 import ssl
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 import h11
@@ -22,12 +23,22 @@ from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
-from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
+from libegress.http1 import (
+    ClientSide,
+    Exchanged,
+    HttpError,
+    UpstreamSide,
+    exchange,
+    keep_alive,
+)
 from libegress.intercept import serve_intercepted
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
+
+if TYPE_CHECKING:
+    from libegress.gateway import Tenant
 
 ESTABLISHED = h11.Response(status_code=200, headers=[], reason=b"Connection established")
 
@@ -67,64 +78,81 @@ async def _dial(services: Services, host: str, port: int) -> socket.socket:
 async def serve_http(services: Services, sock: socket.socket, peer: Peer) -> None:
     """Serve one client connection of the HTTP listener until it ends."""
     raw = SocketStream(sock)
-    client = ClientSide(raw, services.limits)
-    upstream: tuple[str, int, UpstreamSide] | None = None
-    host, port = "-", 0
-    gate, tenant = services.gate, None
+    plain = _PlainHttp(services, ClientSide(raw, services.limits), raw, peer)
     try:
-        while True:
-            try:
-                request = await client.next_request()
-                if request is None:
-                    return
-                if gate is not None:  # every request names its tenant (407 if not)
-                    tenant = gate.admit_http(request.headers, tenant)
-                    services = tenant.services
-                if request.method == b"CONNECT":
-                    host, port = connect_target(request)
-                    await _serve_connect(services, client, raw, host, port, peer)
-                    return
-                host, port, target = absolute_target(request)
-                route(services.policy, host, port, tls=False)
-                if upstream is None or upstream[:2] != (host, port):
-                    if upstream is not None:
-                        _close(upstream[2])
-                    upstream = (host, port, UpstreamSide(
-                        SocketStream(await _dial(services, host, port)),
-                        services.limits.response_timeout))
-                    services.log.allowed(host, port, Mode.PLAIN, peer.pid())
-                # RFC 9112 3.2.2: the target URI names the host, not a Host field
-                # the client may have set to something else.
-                headers = [(n, v) for n, v in forward_headers(list(request.headers),
-                                                              drop_auth=False)
-                           if n.lower() != b"host"]
-                authority = format_authority(host, port).removesuffix(":80")
-                headers.insert(0, (b"Host", authority.encode("ascii")))
-                outgoing = h11.Request(method=request.method, target=target, headers=headers)
-                moved, started = Exchanged(), time.monotonic()
-                try:
-                    await exchange(client, upstream[2], outgoing, moved)
-                finally:
-                    services.record.request(Mode.PLAIN, host, port, request.method, target,
-                                            moved, started)
-            except Refused as exc:
-                await _answer(services, client, HttpError(403, str(exc), exc.kind), host, port,
-                              peer)
-                return
-            except HttpError as exc:
-                await _answer(services, client, exc, host, port, peer)
-                return
-            if not client.next_cycle():
-                return
-            if not upstream[2].reusable():
-                _close(upstream[2])
-                upstream = None
+        await keep_alive(plain.client, plain)
     except (OSError, h11.LocalProtocolError, ssl.SSLError) as exc:
-        services.log.report(Outcome(Verdict.FAILED, host, port, str(exc) or type(exc).__name__),
-                            peer.pid())
+        plain.services.log.report(Outcome(Verdict.FAILED, plain.host, plain.port,
+                                          str(exc) or type(exc).__name__), peer.pid())
     finally:
-        if upstream is not None:
-            _close(upstream[2])
+        plain.drop_upstream()
+
+
+class _PlainHttp:
+    """The requests of one HTTP-listener connection: its tenant and its upstream."""
+
+    def __init__(self, services: Services, client: ClientSide, raw: SocketStream,
+                 peer: Peer) -> None:
+        self.services = services  # the tenant's, once the gateway has admitted one
+        self.client = client
+        self.raw = raw
+        self.peer = peer
+        self.upstream: tuple[str, int, UpstreamSide] | None = None
+        self.host, self.port = "-", 0
+        self.gate = services.gate  # the listener's: a tenant's own services have none
+        self.tenant: Tenant | None = None
+
+    async def serve(self, request: h11.Request) -> bool:
+        try:
+            return await self._serve(request)
+        except Refused as exc:
+            raise HttpError(403, str(exc), exc.kind) from None
+
+    async def _serve(self, request: h11.Request) -> bool:
+        if self.gate is not None:  # every request names its tenant (407 if not)
+            self.tenant = self.gate.admit_http(request.headers, self.tenant)
+            self.services = self.tenant.services
+        services = self.services
+        if request.method == b"CONNECT":
+            self.host, self.port = connect_target(request)
+            await _serve_connect(services, self.client, self.raw, self.host, self.port,
+                                 self.peer)
+            return False
+        host, port, target = absolute_target(request)
+        self.host, self.port = host, port
+        route(services.policy, host, port, tls=False)
+        if self.upstream is None or self.upstream[:2] != (host, port):
+            self.drop_upstream()
+            self.upstream = (host, port, UpstreamSide(
+                SocketStream(await _dial(services, host, port)),
+                services.limits.response_timeout))
+            services.log.allowed(host, port, Mode.PLAIN, self.peer.pid())
+        # RFC 9112 3.2.2: the target URI names the host, not a Host field
+        # the client may have set to something else.
+        headers = [(n, v) for n, v in forward_headers(list(request.headers), drop_auth=False)
+                   if n.lower() != b"host"]
+        authority = format_authority(host, port).removesuffix(":80")
+        headers.insert(0, (b"Host", authority.encode("ascii")))
+        outgoing = h11.Request(method=request.method, target=target, headers=headers)
+        moved, started = Exchanged(), time.monotonic()
+        try:
+            await exchange(self.client, self.upstream[2], outgoing, moved)
+        finally:
+            services.record.request(Mode.PLAIN, host, port, request.method, target,
+                                    moved, started)
+        return True
+
+    async def refuse(self, error: HttpError) -> None:
+        await _answer(self.services, self.client, error, self.host, self.port, self.peer)
+
+    async def cycle_done(self) -> None:
+        if self.upstream is not None and not self.upstream[2].reusable():
+            self.drop_upstream()
+
+    def drop_upstream(self) -> None:
+        if self.upstream is not None:
+            _close(self.upstream[2])
+            self.upstream = None
 
 
 async def _answer(services: Services, client: ClientSide, exc: HttpError, host: str,

@@ -22,7 +22,14 @@ import h11
 from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import authorization, forward_headers, host_header, same_host
-from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange
+from libegress.http1 import (
+    ClientSide,
+    Exchanged,
+    HttpError,
+    UpstreamSide,
+    exchange,
+    keep_alive,
+)
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused
 from libegress.scope_guard import Dialer, admit, framed
@@ -86,50 +93,65 @@ async def serve_intercepted(services: Services, raw: SocketStream, early: bytes,
         services.log.report(Outcome(Verdict.FAILED, host, port,
                                     f"client TLS handshake: {_why(exc)}"), peer.pid())
         return
-    client = ClientSide(tls, limits)
-    upstream: UpstreamSide | None = None
-    secret = services.secrets.get(host)
-    drop = secret.lower_name if secret is not None else b"authorization"
+    inject = _Injected(services, ClientSide(tls, limits), host, port, peer)
     try:
-        while True:
-            try:
-                request = await client.next_request()
-                if request is None:
-                    return
-                if request.method == b"CONNECT":
-                    raise HttpError(405, "CONNECT inside a tunnel is refused")
-                target = inner_target(request, host, port)
-                side = client
-                if services.scope is not None and services.scope.applies(host):
-                    side = await admit(services.scope, client, request, target, host, port,
-                                       _dialer(services))
-                if upstream is None:
-                    upstream = await _open_upstream(services, host, port)
-                outgoing = framed(side, upstream_request(request, target,
-                                                         credential_for(services, host), drop))
-                moved, started = Exchanged(), time.monotonic()
-                try:
-                    await exchange(side, upstream, outgoing, moved, trailers=False)
-                finally:  # --record: method, path (no query), status, bytes; never a header
-                    services.record.request(Mode.INTERCEPT, host, port, request.method, target,
-                                            moved, started)
-            except HttpError as exc:
-                services.log.report(Outcome.answered(exc.status, str(exc), host, port,
-                                                     client.method), peer.pid())
-                await client.refuse(exc)
-                return
-            if not client.next_cycle():
-                return
-            if not upstream.reusable():
-                await _close(upstream)
-                upstream = None
+        await keep_alive(inject.client, inject)
     except (OSError, ssl.SSLError, h11.LocalProtocolError) as exc:
         services.log.report(Outcome(Verdict.FAILED, host, port, _why(exc)), peer.pid())
     finally:
-        if upstream is not None:
-            await _close(upstream)
+        await inject.drop_upstream()
         with contextlib.suppress(OSError, ssl.SSLError):
             await asyncio.wait_for(tls.shutdown(), 1.0)
+
+
+class _Injected:
+    """The requests inside one inject host's tunnel: held to the host, credential set."""
+
+    def __init__(self, services: Services, client: ClientSide, host: str, port: int,
+                 peer: Peer) -> None:
+        self.services = services
+        self.client = client
+        self.host, self.port = host, port
+        self.peer = peer
+        self.upstream: UpstreamSide | None = None
+        secret = services.secrets.get(host)
+        self.drop = secret.lower_name if secret is not None else b"authorization"
+
+    async def serve(self, request: h11.Request) -> bool:
+        services, host, port = self.services, self.host, self.port
+        if request.method == b"CONNECT":
+            raise HttpError(405, "CONNECT inside a tunnel is refused")
+        target = inner_target(request, host, port)
+        side = self.client
+        if services.scope is not None and services.scope.applies(host):
+            side = await admit(services.scope, self.client, request, target, host, port,
+                               _dialer(services))
+        if self.upstream is None:
+            self.upstream = await _open_upstream(services, host, port)
+        outgoing = framed(side, upstream_request(request, target,
+                                                 credential_for(services, host), self.drop))
+        moved, started = Exchanged(), time.monotonic()
+        try:
+            await exchange(side, self.upstream, outgoing, moved, trailers=False)
+        finally:  # --record: method, path (no query), status, bytes; never a header
+            services.record.request(Mode.INTERCEPT, host, port, request.method, target,
+                                    moved, started)
+        return True
+
+    async def refuse(self, error: HttpError) -> None:
+        self.services.log.report(Outcome.answered(error.status, str(error), self.host,
+                                                  self.port, self.client.method),
+                                 self.peer.pid())
+        await self.client.refuse(error)
+
+    async def cycle_done(self) -> None:
+        if self.upstream is not None and not self.upstream.reusable():
+            await self.drop_upstream()
+
+    async def drop_upstream(self) -> None:
+        if self.upstream is not None:
+            upstream, self.upstream = self.upstream, None
+            await _close(upstream)
 
 
 def _dialer(services: Services) -> Dialer:
