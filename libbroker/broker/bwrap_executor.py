@@ -24,6 +24,7 @@ from libbroker.broker.executor import Child, Executor, killpg_quietly
 from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import bwrap, cgroups, seccomp
+from libbroker.sandbox.kinds import BWRAP
 from libbroker.sandbox.shape import Shape
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def bwrap_args(
 class BwrapExecutor(Executor):
     """Runs each command under a fresh bwrap."""
 
-    name = "bwrap"
+    name = BWRAP
 
     def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
         found = shutil.which("bwrap")

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from libbroker.broker.executor import Executor
 from libbroker.broker.profile import Profile
 from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
-from libbroker.sandbox.kinds import AUTO_ORDER, not_a_kind
+from libbroker.sandbox.kinds import AUTO_ORDER, BWRAP, LANDLOCK, not_a_kind
 
 
 def make_executor(
@@ -55,4 +55,4 @@ def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executo
     return LandlockExecutor(profile, workdir, env)
 
 
-_BUILDERS = {"bwrap": _bwrap, "nono": _landlock}
+_BUILDERS = {BWRAP: _bwrap, LANDLOCK: _landlock}

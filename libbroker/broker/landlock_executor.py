@@ -38,6 +38,7 @@ from libbroker.broker.profile import Profile, command_environment
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import cgroups, enter, landlock, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
+from libbroker.sandbox.kinds import LANDLOCK
 from libbroker.sandbox.shape import Shape
 
 SETUP_FAILED = 125
@@ -60,7 +61,7 @@ def landlock_rules(profile: Profile, workdir: str, tmp: str = "") -> landlock.Ru
 class LandlockExecutor(Executor):
     """Forks the (single-threaded) server; the child applies Landlock and execs."""
 
-    name = "nono"
+    name = LANDLOCK
 
     def __init__(self, profile: Profile, workdir: str, server_env: Mapping[str, str]) -> None:
         try:

@@ -158,10 +158,10 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
     """
     from libbroker.launcher.plan import host_facts as install_facts
     from libbroker.paths import under
-    from libbroker.sandbox.kinds import choose_backend
+    from libbroker.sandbox.kinds import LANDLOCK, choose_backend
     from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES
 
-    if not cfg.deny or choose_backend(cfg.sandbox) != "nono":
+    if not cfg.deny or choose_backend(cfg.sandbox) != LANDLOCK:
         return
     host = install_facts(cfg.workdir)
     grants = (*SYSTEM_READ, "/proc", *host.python_dirs, host.project_dir, *cfg.read,
@@ -171,7 +171,8 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
             continue
         for grant in grants:
             if under(deny, grant) and not any(under(grant, d) for d in cfg.deny):
-                backend = "--sandbox=nono" if cfg.sandbox == "nono" else "auto (no bwrap here)"
+                named = cfg.sandbox == LANDLOCK
+                backend = f"--sandbox={LANDLOCK}" if named else "auto (no bwrap here)"
                 raise ConfigError(
                     f"{where('deny')}: {deny} is inside the granted {grant}, and Landlock "
                     f"({backend}) cannot deny part of a grant; use --sandbox=bwrap"

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.launcher.config import Config, resolve_sign_key
+from libbroker.sandbox.kinds import AUTO_ORDER, BWRAP, LANDLOCK
 
 if TYPE_CHECKING:
     from libbroker.launcher.agents import Profile
@@ -130,11 +131,10 @@ def check_landlock() -> Check:
 
 def check_backend(kind: str) -> list[Check]:
     """The chosen backend must work; under auto, one of them."""
-    if kind == "bwrap":
-        return [check_bwrap()]
-    if kind == "nono":
-        return [check_landlock()]
-    found = [check_bwrap(), check_landlock()]
+    checks = {BWRAP: check_bwrap, LANDLOCK: check_landlock}
+    if kind in checks:
+        return [checks[kind]()]
+    found = [checks[backend]() for backend in AUTO_ORDER]
     if found[0].level != OK:
         # auto picks bwrap whenever it is installed; only its absence falls back.
         if shutil.which("bwrap") or found[1].level != OK:

@@ -25,7 +25,7 @@ from libbroker.errors import LaunchError
 from libbroker.launcher import boot
 from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, choose_backend
+from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
 
 # What each server imports before its arguments arrive: everything it needs
 # up to its ``listening`` line.  The backend's modules are a guess from the
@@ -39,8 +39,8 @@ BROKER_WARM = (
     "libbroker.broker.executor_choice",
 )
 BACKEND_WARM = {
-    "bwrap": ("libbroker.broker.bwrap_executor",),
-    "nono": ("libbroker.broker.landlock_executor",),
+    BWRAP: ("libbroker.broker.bwrap_executor",),
+    LANDLOCK: ("libbroker.broker.landlock_executor",),
 }
 # run's options that take a value (docopt also accepts it as the next word).
 _VALUED = ("--config", "--workdir", "--sandbox", "--agent", "--limit")

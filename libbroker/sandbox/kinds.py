@@ -13,9 +13,11 @@ from __future__ import annotations
 import shutil
 
 AUTO = "auto"
-AUTO_ORDER = ("bwrap", "nono")
+BWRAP = "bwrap"
+LANDLOCK = "nono"  # the name users type (--sandbox=nono), after the library it first used
+AUTO_ORDER = (BWRAP, LANDLOCK)
 SANDBOX_KINDS = (AUTO, *AUTO_ORDER)
-_PROGRAM = {"bwrap": "bwrap"}  # a backend that needs a program on PATH; Landlock is the kernel's
+_PROGRAM = {BWRAP: "bwrap"}  # a backend that needs a program on PATH; Landlock is the kernel's
 
 
 def not_a_kind(kind: str) -> str | None:
