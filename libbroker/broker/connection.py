@@ -30,8 +30,8 @@ import socket
 import struct
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, assert_never
 
 from libbroker.broker.exchange import (
     AuditBroken,
@@ -41,6 +41,7 @@ from libbroker.broker.exchange import (
     ClientGone,
     Close,
     CloseStdin,
+    Command,
     DeliverSignal,
     Event,
     Exchange,
@@ -92,7 +93,6 @@ class Settings:
     audit: AuditLog
     sign_keys: frozenset[str] = frozenset()
     gpg: str | None = None
-    connections: set[Connection] = field(default_factory=set)
     splice: bool = True  # cleared if the kernel refuses splice between pipe and socket
 
 
@@ -140,15 +140,8 @@ class Connection:
         self.done = self.loop.create_future()
         self.timers: list[asyncio.TimerHandle] = []
         self.overtime = ""  # set when the wall-clock limit ended the command
-        self._commands: dict[type, Callable[[Any], None]] = {
-            Spawn: self._spawn, Refuse: self._refuse, DeliverSignal: self._deliver_signal,
-            CloseStdin: lambda _: self._close_stdin(), SendExit: self._send_exit,
-            KillGroup: self._kill_group, AuditLine: self._audit_line,
-            HalfClose: self._end_output, Close: lambda _: self._close_socket(),
-        }  # fmt: skip
 
     def start(self) -> None:
-        self.s.connections.add(self)
         fmt = "3i"
         pid, uid, _ = struct.unpack(
             fmt, self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize(fmt))
@@ -161,8 +154,31 @@ class Connection:
     def _event(self, event: Event) -> None:
         """Report ``event`` to the exchange and carry out what it commands, in order."""
         for command in self.exchange.handle(event):
-            self._commands[type(command)](command)
+            self._carry_out(command)
         self._maybe_done()
+
+    def _carry_out(self, command: Command) -> None:
+        match command:
+            case Spawn():
+                self._spawn(command)
+            case Refuse():
+                self._refuse(command)
+            case DeliverSignal():
+                self._deliver_signal(command)
+            case CloseStdin():
+                self._close_stdin()
+            case SendExit():
+                self._send_exit(command)
+            case KillGroup():
+                self._kill_group(command)
+            case AuditLine():
+                self._audit_line(command)
+            case HalfClose():
+                self._end_output(command)
+            case Close():
+                self._close_socket()
+            case _:
+                assert_never(command)
 
     # --- reading the socket -------------------------------------------------
 
@@ -599,5 +615,4 @@ class Connection:
                 timer.cancel()
             if self.watchdog is not None:
                 self.watchdog.cancel()
-            self.s.connections.discard(self)
             self.done.set_result(None)

@@ -38,7 +38,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import assert_never
 
 from libbroker.errors import ProtocolError, RequestRefused
 from libbroker.wire import Channel, Data, Frame, Payload, Request, decode_signal, parse_request
@@ -248,18 +248,40 @@ class Exchange:
         self._started = clock()
         self._peer = (0, 0)
         self._audit_broken: str | None = None
-        self._handlers: dict[type, Callable[[Any], list[Command]]] = {
-            Opened: self._opened, RequestFrame: self._request, StdinData: self._stdin_data,
-            StdinEof: self._stdin_eof, SignalFrame: self._signal, BadFrame: self._bad_frame,
-            AuditBroken: self._audit_broken_now, Spawned: self._spawned,
-            SpawnFailed: self._spawn_failed, ChildExited: self._child_exited,
-            ClientGone: self._client_gone, RequestTimeout: self._request_timeout,
-            Shutdown: self._shutdown, InternalError: self._internal_error,
-        }  # fmt: skip
 
     def handle(self, event: Event) -> list[Command]:
         """The commands ``event`` calls for, in the order they are to be carried out."""
-        return self._handlers[type(event)](event)
+        match event:
+            case Opened():
+                return self._opened(event)
+            case RequestFrame():
+                return self._request(event)
+            case StdinData():
+                return self._stdin_data(event)
+            case StdinEof():
+                return self._stdin_eof(event)
+            case SignalFrame():
+                return self._signal(event)
+            case BadFrame():
+                return self._bad_frame(event)
+            case AuditBroken():
+                return self._audit_broken_now(event)
+            case Spawned():
+                return self._spawned(event)
+            case SpawnFailed():
+                return self._spawn_failed(event)
+            case ChildExited():
+                return self._child_exited(event)
+            case ClientGone():
+                return self._client_gone(event)
+            case RequestTimeout():
+                return self._request_timeout(event)
+            case Shutdown():
+                return self._shutdown(event)
+            case InternalError():
+                return self._internal_error(event)
+            case _:
+                assert_never(event)
 
     @property
     def talking(self) -> bool:

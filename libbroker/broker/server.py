@@ -3,8 +3,10 @@
 The I/O shell around :mod:`libbroker.broker.connection`: binds the socket (0600,
 replacing a stale one, never a live one), accepts connections until SIGTERM
 or SIGINT, then ends every running command, waits for each to be reaped and
-removes the socket.  Single-threaded on purpose: the Landlock backend forks
-this process for every command, which is only sound without other threads.
+removes the socket.  The server owns every connection it starts
+(:class:`Connections`) and awaits them on every path out.  Single-threaded on
+purpose: the Landlock backend forks this process for every command, which is
+only sound without other threads.
 """
 
 from __future__ import annotations
@@ -78,6 +80,35 @@ def remove_own_socket(path: str, identity: tuple[int, int]) -> None:
             os.unlink(path)
 
 
+class Connections:
+    """The server's live connections: it starts each one and owns its end.
+
+    Trio's rule (whoever starts a handler owns its end on every path): a
+    connection is the server's from :meth:`start` until its ``done`` resolves,
+    and :meth:`close` stops and awaits every one still live, whatever ended
+    the serving (a signal, an error, a cancellation).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.live: set[Connection] = set()
+
+    def start(self, sock: socket.socket) -> None:
+        conn = Connection(sock, self.settings)
+        self.live.add(conn)
+        conn.done.add_done_callback(lambda _: self.live.discard(conn))
+        conn.start()
+
+    async def close(self, grace: float) -> None:
+        """End every running command; wait up to ``grace`` seconds for each to be reaped."""
+        for conn in list(self.live):
+            if not conn.done.done():
+                conn.stop()
+        pending = [conn.done for conn in self.live if not conn.done.done()]
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+
+
 async def serve(path: str, settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT; then end every command and remove the socket."""
     loop = asyncio.get_running_loop()
@@ -87,6 +118,8 @@ async def serve(path: str, settings: Settings) -> None:
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
+    connections = Connections(settings)
+
     def accept() -> None:
         while True:
             try:
@@ -100,10 +133,10 @@ async def serve(path: str, settings: Settings) -> None:
                 loop.remove_reader(sock.fileno())
                 loop.call_later(ACCEPT_BACKOFF, resume)
                 return
-            Connection(conn, settings).start()
+            connections.start(conn)
 
     def resume() -> None:
-        if not stopping.is_set():
+        if not stopping.is_set() and sock.fileno() >= 0:  # not once serving has ended
             loop.add_reader(sock.fileno(), accept)
 
     try:
@@ -111,17 +144,15 @@ async def serve(path: str, settings: Settings) -> None:
         sys.stdout.write(listening_line(f"unix:{path}"))
         sys.stdout.flush()
         await stopping.wait()
+    finally:
         loop.remove_reader(sock.fileno())
         sock.close()
-        for conn in list(settings.connections):
-            conn.stop()
-        pending = [conn.done for conn in settings.connections]
-        if pending:
-            await asyncio.wait(pending, timeout=SHUTDOWN_GRACE)
-    finally:
-        remove_own_socket(path, identity)
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(signum)
+        try:
+            await connections.close(SHUTDOWN_GRACE)
+        finally:
+            remove_own_socket(path, identity)
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                loop.remove_signal_handler(signum)
 
 
 def run_server(
