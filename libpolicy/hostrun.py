@@ -21,7 +21,9 @@ subdirectory runs its files as soon as the person works there.
 - ``home`` entries only relative to the home directory (the agents' own config
   there: Claude Code starts ``~/.claude.json``'s MCP servers and plugins).
 
-A trailing ``/`` marks a directory: it and everything beneath it.
+A trailing ``/`` marks a directory: it and everything beneath it.  A
+component may start with ``*`` (a suffix: ``*.code-workspace`` is every name
+ending in ``.code-workspace``, that name itself included); no other glob.
 
 Pure: strings in, entries out; no file is looked at.  The hook imports this on
 every file-tool call, so it imports nothing.
@@ -39,7 +41,7 @@ class Entry:
     - ``reason``: one line, what runs it.
     """
 
-    __slots__ = ("is_dir", "kind", "parts", "pattern", "reason", "rule")
+    __slots__ = ("is_dir", "kind", "parts", "pattern", "reason", "rule", "suffix")
 
     def __init__(self, rule: str, pattern: str, kind: str, reason: str) -> None:
         self.rule = rule
@@ -48,6 +50,20 @@ class Entry:
         self.reason = reason
         self.is_dir = pattern.endswith("/")
         self.parts = tuple(pattern.rstrip("/").split("/"))
+        # the last component's suffix when it is a glob ("*.code-workspace"), else ""
+        self.suffix = self.parts[-1][1:] if self.parts[-1].startswith("*") else ""
+
+    def matches(self, tail: tuple[str, ...] | list[str]) -> bool:
+        """Whether the path components ``tail`` are this entry (or lie in it, a directory)."""
+        want = self.parts
+        n = len(want)
+        if len(tail) < n or (len(tail) > n and not self.is_dir):
+            return False
+        for i in range(n):
+            part = want[i]
+            if part != tail[i] and not (part[:1] == "*" and tail[i].endswith(part[1:])):
+                return False
+        return True
 
     def __repr__(self) -> str:
         return f"Entry({self.rule!r}, {self.pattern!r}, {self.kind!r})"
@@ -84,6 +100,9 @@ ENTRIES: tuple[Entry, ...] = (
           "Gemini CLI starts the MCP servers and tools it lists"),
     Entry("codex-config", ".codex/config.toml", "tree",
           "Codex starts the MCP servers and commands it lists"),
+    Entry("gemini-commands", ".gemini/commands/", "tree",
+          "Gemini CLI's custom commands, whose !{...} run shell commands"),
+    Entry("cursor-mcp", ".cursor/mcp.json", "tree", "Cursor starts the MCP servers it lists"),
     # --- editors ---
     Entry("vscode", ".vscode/", "tree",
           "VS Code runs its tasks and launch configurations, and extensions read it"),
@@ -92,6 +111,19 @@ ENTRIES: tuple[Entry, ...] = (
           "VS Code and the devcontainer CLI run its initializeCommand on the host"),
     Entry("devcontainer-json", ".devcontainer.json", "tree",
           "VS Code and the devcontainer CLI run its initializeCommand on the host"),
+    Entry("code-workspace", "*.code-workspace", "tree",
+          "VS Code runs its tasks (runOn folderOpen) and applies its settings when opened"),
+    Entry("zed", ".zed/", "tree", "Zed runs its tasks and the language servers it names"),
+    Entry("exrc", ".exrc", "tree", "vim and neovim source it with 'exrc' set"),
+    Entry("nvimrc", ".nvimrc", "tree", "neovim sources it with 'exrc' set"),
+    Entry("nvim-lua", ".nvim.lua", "tree", "neovim sources it with 'exrc' set"),
+    # --- git hook managers: the hook installed in .git/hooks runs what these name ---
+    Entry("pre-commit-config", ".pre-commit-config.yaml", "tree",
+          "pre-commit's git hook runs the hooks it names, at the host's git commit"),
+    Entry("lefthook", "lefthook.yml", "tree",
+          "lefthook's git hook runs the commands it names, at the host's git commit"),
+    Entry("lefthook-dot", ".lefthook.yml", "tree",
+          "lefthook's git hook runs the commands it names, at the host's git commit"),
     # --- shell and environment ---
     Entry("envrc", ".envrc", "tree", "direnv runs it when a shell enters the directory"),
     Entry("bashrc", ".bashrc", "tree", "bash runs it at start"),
@@ -122,11 +154,12 @@ def check_pattern(value: str, key: str) -> str:
     body = value[:-1] if value.endswith("/") else value
     parts = body.split("/")
     if not body or value.startswith("/") or "\x00" in value or any(
-        p in ("", ".", "..") for p in parts
+        p in ("", ".", "..", "*") or "*" in p[1:] or "?" in p or "[" in p for p in parts
     ):
         raise HostRunError(
             f"{key} entry {value!r} must be a relative path of plain names "
-            "(no leading '/', no '.' or '..'; a trailing '/' marks a directory)"
+            "(no leading '/', no '.' or '..'; a trailing '/' marks a directory; "
+            "a name may start with '*' for a suffix, as in '*.code-workspace')"
         )
     return value
 
@@ -134,8 +167,8 @@ def check_pattern(value: str, key: str) -> str:
 class Table:
     """The list in effect: the built-in entries, the user's additions, minus opt-outs.
 
-    ``add``: patterns matched like the ``tree`` entries (``.pre-commit-config.yaml``,
-    ``.husky/``).  ``allow``: a rule id or a built-in pattern turns that entry off
+    ``add``: patterns matched like the ``tree`` entries (``.husky/``,
+    ``*.just``).  ``allow``: a rule id or a built-in pattern turns that entry off
     everywhere; any other relative path turns off matches at or beneath that
     one place (relative to ``root``, the workdir).
     """
@@ -157,8 +190,10 @@ class Table:
         self.git = tuple(e for e in self.entries if e.kind == "git")
         self.tree = tuple(e for e in self.entries if e.kind == "tree")
         self.home = tuple(e for e in self.entries if e.kind == "home")
-        # A name that can start a tree entry: the walkers test every name against it.
-        self.first_names = frozenset(e.parts[0] for e in self.tree)
+        # A name that can start a tree entry: the walkers test every name against it,
+        # and against the suffixes of the entries whose first component is a glob.
+        self.first_names = frozenset(e.parts[0] for e in self.tree if e.parts[0][:1] != "*")
+        self.first_suffixes = tuple(e.parts[0][1:] for e in self.tree if e.parts[0][:1] == "*")
 
     def to_dict(self) -> dict[str, object]:
         return {"add": list(self.add), "allow": list(self.allow), "root": self.root}
@@ -188,13 +223,11 @@ class Table:
                 found = self._in_git_dir(parts[i + 1 :])
                 if found is not None:
                     return found
-            if name in self.first_names:
+            if name in self.first_names or (
+                    self.first_suffixes and name.endswith(self.first_suffixes)):
                 tail = parts[i:]
                 for entry in self.tree:
-                    want = entry.parts
-                    if tuple(tail[: len(want)]) == want and (
-                        entry.is_dir or len(tail) == len(want)
-                    ):
+                    if entry.matches(tail):
                         return entry
         return None
 
@@ -208,8 +241,7 @@ class Table:
         for start in starts:
             tail = rest[start:]
             for entry in self.git:
-                want = entry.parts
-                if tuple(tail[: len(want)]) == want and (entry.is_dir or len(tail) == len(want)):
+                if entry.matches(tail):
                     return entry
         return None
 
@@ -217,8 +249,7 @@ class Table:
         """The home entry ``relpath`` (relative to home) is, or lies in; else None."""
         parts = tuple(p for p in relpath.split("/") if p not in ("", "."))
         for entry in self.home:
-            want = entry.parts
-            if parts[: len(want)] == want and (entry.is_dir or len(parts) == len(want)):
+            if entry.matches(parts):
                 return entry
         return None
 

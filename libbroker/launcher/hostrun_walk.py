@@ -63,8 +63,13 @@ class Walk:
         self.base = base
         self.fix = fix  # at the end: the owner's bits given back before "unreadable"
         self.by_last: dict[str, list[Entry]] = {}
+        self.globbed: list[Entry] = []  # entries whose last component is "*suffix"
         for entry in table.tree:
-            self.by_last.setdefault(entry.parts[-1], []).append(entry)
+            if entry.suffix:
+                self.globbed.append(entry)
+            else:
+                self.by_last.setdefault(entry.parts[-1], []).append(entry)
+        self.suffixes = tuple(e.suffix for e in self.globbed)
         self.held_in_git = frozenset(e.parts[0] for e in git_entries(table) if e.is_dir)
         self.git_dirs: list[tuple[str, int]] = []  # (relpath, inode)
         self.gitlinks: list[str] = []  # .git files and links
@@ -129,6 +134,7 @@ class Walk:
         subdirs, gitlinks = [], []
         marks = 0
         by_last, bare, opted_out = self.by_last, _BARE_MARKS, self.table._opted_out
+        suffixes = self.suffixes
         with os.scandir(fd) as it:
             for item in it:
                 name = item.name
@@ -140,7 +146,7 @@ class Walk:
                     is_dir = True  # unknown: opened as a directory, unreadable if it is not
                 if name == ".git" and not is_dir:
                     gitlinks.append(name)
-                if name in by_last:
+                if name in by_last or (suffixes and name.endswith(suffixes)):
                     entry = self._tree_entry((*parts, name))
                     child = f"{rel}/{name}" if rel else name
                     if entry is not None and not opted_out(child):
@@ -159,8 +165,9 @@ class Walk:
         return [subdirs, gitlinks, is_git]
 
     def _tree_entry(self, parts: tuple[str, ...]) -> Entry | None:
-        for entry in self.by_last.get(parts[-1], ()):
+        candidates: list[Entry] = [*self.by_last.get(parts[-1], []), *self.globbed]
+        for entry in candidates:
             n = len(entry.parts)
-            if parts[-n:] == entry.parts:
+            if len(parts) >= n and entry.matches(parts[-n:]):
                 return entry
         return None

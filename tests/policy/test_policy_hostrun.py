@@ -55,11 +55,30 @@ HELD = [
     (".profile", "profile"),
     (".ripgreprc", "ripgreprc"),
     (".gitconfig", "gitconfig"),
+    # globbed: every name with that suffix, at any depth
+    ("x.code-workspace", "code-workspace"),
+    ("a/b/my project.code-workspace", "code-workspace"),
+    (".code-workspace", "code-workspace"),
+    # git hook managers: the installed hook runs what their config names
+    (".pre-commit-config.yaml", "pre-commit-config"),
+    ("svc/.pre-commit-config.yaml", "pre-commit-config"),
+    ("lefthook.yml", "lefthook"),
+    ("sub/.lefthook.yml", "lefthook-dot"),
+    # other agents' and editors' project files
+    (".gemini/commands/deploy.toml", "gemini-commands"),
+    ("web/.cursor/mcp.json", "cursor-mcp"),
+    (".zed/tasks.json", "zed"),
+    (".exrc", "exrc"),
+    (".nvimrc", "nvimrc"),
+    ("x/.nvim.lua", "nvim-lua"),
 ]
 
 FREE = ["src/main.py", ".git/objects/ab/cdef", ".git/HEAD", ".git/refs/heads/main",
         ".git/index", "config", "hooks/pre-commit", ".claude/memory.md", ".claudeX/settings.json",
-        "x.envrc", ".git/modules/x/objects/config-ish", ".gitignore", ".claude.json"]
+        "x.envrc", ".git/modules/x/objects/config-ish", ".gitignore", ".claude.json",
+        "x.code-workspace.bak", "x.code-workspace/inside.txt", "code-workspace",
+        ".pre-commit-config.yaml.orig", ".pre-commit-hooks.yaml", ".cursor/rules/x.mdc",
+        ".gemini/GEMINI.md", "lefthook.yml.sample"]
 
 
 @pytest.mark.parametrize(("rel", "rule"), HELD)
@@ -90,9 +109,32 @@ def test_additions_and_opt_outs() -> None:
     assert table.match("docs/.idea/x.xml") is None  # one place only
     assert table.match("src/.idea/x.xml") is not None
     assert Table.from_dict(table.to_dict()).to_dict() == table.to_dict()
-    for bad in ("/abs", "../up", "a/../b", "", "a//b"):
+    for bad in ("/abs", "../up", "a/../b", "", "a//b", "*", "a*b", "x/*", "a?", "[ab]"):
         with pytest.raises(HostRunError):
             Table(add=(bad,))
+
+
+@pytest.mark.parametrize(("add", "rel", "held"), [
+    ("*.just", "a/b/x.just", True),
+    ("*.just", "x.just.txt", False),
+    ("tools/*.sh", "tools/run.sh", True),
+    ("tools/*.sh", "x/tools/run.sh", True),
+    ("tools/*.sh", "tools/sub/run.sh", False),
+    ("*.d/", "conf.d/x", True),
+    ("*.d/", "conf.d", True),
+    ("*.d/", "confd/x", False),
+])
+def test_a_users_addition_may_be_a_suffix(add: str, rel: str, held: bool) -> None:
+    found = Table(add=(add,)).match(rel)
+    assert (found is not None) == held
+    assert found is None or found.rule == f"user:{add}"
+
+
+def test_a_globbed_entry_is_turned_off_by_its_rule_or_pattern() -> None:
+    for allow in ("code-workspace", "*.code-workspace"):
+        assert Table(allow=(allow,)).match("x.code-workspace") is None
+    assert Table(allow=("docs",)).match("docs/x.code-workspace") is None
+    assert Table(allow=("docs",)).match("src/x.code-workspace") is not None
 
 
 def test_home_entries_count_only_in_home() -> None:
@@ -126,7 +168,8 @@ def _policy(tmp_path: Path, **extra: object) -> tuple[Path, Policy]:
 @pytest.mark.parametrize("tool", ["Write", "Edit", "MultiEdit", "NotebookEdit"])
 @pytest.mark.parametrize("rel", [".git/hooks/pre-commit", ".git/config", "sub/.git/commondir",
                                  ".claude/settings.json", ".mcp.json", ".vscode/tasks.json",
-                                 ".envrc", ".git/modules/m/hooks/post-merge"])
+                                 ".envrc", ".git/modules/m/hooks/post-merge",
+                                 "x.code-workspace", "sub/.pre-commit-config.yaml"])
 def test_the_hook_denies_every_writing_tool_on_every_entry(tmp_path: Path, tool: str,
                                                            rel: str) -> None:
     path, policy = _policy(tmp_path)
