@@ -24,12 +24,11 @@ import contextlib
 import os
 import select
 import shutil
-import sys
 import time
 from typing import TYPE_CHECKING
 
 from libbroker import server_lines
-from libbroker.errors import LaunchError, SandboxUnavailable
+from libbroker.errors import LaunchError
 from libbroker.launcher import (
     agent_sandbox,
     agent_session,
@@ -38,10 +37,11 @@ from libbroker.launcher import (
     plan,
     prestart,
     runtime,
+    session_box,
     supervise,
     trace,
 )
-from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
+from libbroker.launcher.agent_sandbox import SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.trace import trace as _trace
@@ -50,10 +50,8 @@ if TYPE_CHECKING:
     import signal
     import subprocess
 
-    from libbroker.launcher.door import Door
     from libbroker.launcher.hostrun_live import Watcher
     from libbroker.launcher.record import SessionRecord
-    from libbroker.launcher.relay import Relay
     from libbroker.sandbox.cgroups import Group
 else:
     # The C module: signal.py's enum conversions cost the launcher ~1 ms of
@@ -99,27 +97,20 @@ class Session:
         self.servers = servers
         self.cmd = cmd
         self.backend = plan.choose_backend(backend)
+        self.box = session_box.BOXES[self.backend](self)  # the backend's part of each step
         self.tty = os.isatty(0)
         self.children: list[supervise.Child] = []
-        self.relays: list[Relay] = []
         self.signals: list[int] = []
         self.rt: Runtime | None = None
         self.janitor: supervise.Janitor | None = None
-        self.subreaper = False  # nono: orphans below the launcher are killed at teardown
         self.sandbox: supervise.Child | None = None
-        self.control = -1  # write end: go byte (bwrap), then signal numbers (both)
-        self._spec = -1  # write end of the Landlock helper's spec
-        self.door: Door | None = None  # the broker's door into a Landlock session
         self._live = False  # servers' stderr is copied to the log once started
         self._log = 2
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
-        self._binds: tuple[tuple[str, str], ...] = ()  # Landlock: the private git configs
-        self._ns_probe = 0  # Landlock: the mount namespace probe's pid (pidns.probe)
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside the workdir
         self.agent: agent_session.Agent | None = None  # the agent profile's part
-        self._overlays: tuple[tuple[str, str], ...] = ()  # bwrap: the agent's files mounted in
         self.limits: Group | None = None  # the sandbox's resource limits
         self.record: SessionRecord | None = None  # the session record, from go to the end
         self._record_dir = ""  # where it goes ("" when record = false)
@@ -162,10 +153,7 @@ class Session:
             self.children += [servers.proxy, servers.broker]
         if not os.path.isdir(cfg.workdir):
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
-        if self.backend == "bwrap" and not shutil.which("bwrap"):
-            raise SandboxUnavailable(
-                "bwrap is not installed (apt-get install bubblewrap), or use --sandbox=nono"
-            )
+        self.box.check()
         _trace("session starts (interpreter, imports, config before this)")
         self.rt = rt = runtime.create()
         self.janitor = supervise.Janitor(rt.root)
@@ -188,21 +176,7 @@ class Session:
             self.children += [servers.proxy, servers.broker]
         for child in self.children:
             self.janitor.watch(child)
-        if self.backend == "nono":
-            # What the command leaves behind (setsid(), double forks) ends with
-            # its PID namespace where one can be made, else the helper reaps and
-            # kills it; should the helper be killed itself, the launcher, a child
-            # subreaper too, inherits them and the teardown kills them
-            # (libbroker.sandbox.reaper, libbroker.sandbox.pidns).
-            from libbroker.sandbox import reaper
-
-            reaper.become_subreaper()
-            self.subreaper = True
-            if cfg.protect_git:  # can the helper bind the private git configs? (pidns)
-                from libbroker.sandbox import pidns
-
-                self._ns_probe = pidns.probe()
-            self._start_landlock_helper()
+        self.box.open()
         proxy, broker = servers.proxy, servers.broker
         git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
         self.agent = agent = agent_session.pick(cfg, self.cmd, os.environ)
@@ -214,8 +188,6 @@ class Session:
         proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
-        if agent is not None and self.backend == "bwrap":
-            self._overlays = agent.overlays(rt)
         host = plan.host_facts(os.getcwd())
         if cfg.record:  # never where the sandbox could reach it: refused before anything runs
             from libbroker.launcher.record import check_private
@@ -233,16 +205,16 @@ class Session:
         broker.send_args(plan.encode_args(plan.broker_args(cfg, rt, self.backend)))
         _trace("servers have their arguments")
         self._write_gpg_program(host)
-        kube = self._start_kubeconfig(rt) if self.backend == "bwrap" else None
-        if self.backend == "bwrap":
-            self._start_bwrap(host)
+        fixed = self.box.fixed_ports()  # known before the proxy listens: used meanwhile
+        kube = self._start_kubeconfig(rt, fixed[1]) if fixed else None
+        self.box.build(host)
         _trace("servers and sandbox spawned")
-        if self.backend == "bwrap":  # the in-sandbox ports are fixed: write it meanwhile
-            plan.write_private(rt.policy, plan.policy_json(cfg, rt, HTTP_PORT, SOCKS_PORT))
+        if fixed:
+            plan.write_private(rt.policy, plan.policy_json(cfg, rt, *fixed))
         found = self._wait_listening(proxy, broker, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         trace.children({c.name: c.pid for c in self.children})
-        if self.backend == "nono":
+        if not fixed:  # the command reaches the proxy's own ports
             kube = self._start_kubeconfig(rt, found.socks_port)
             plan.write_private(
                 rt.policy, plan.policy_json(cfg, rt, found.http_port, found.socks_port)
@@ -258,30 +230,12 @@ class Session:
         snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
         for guard in self.gitdirs:
             guard.wait()
-        if self.live is None and self.cfg.protect_git:  # Landlock: linked where it can mount
-            from libbroker.sandbox import pidns
-
-            mounts = pidns.probed(self._ns_probe) if self._ns_probe else False
-            self._ns_probe = 0
-            self.live = self._begin_live(snap, rt.root, swap=mounts)
-            self._binds = tuple(self.live.configs.binds())
-            self.live.start()
+        self.box.ready(snap)
         if self.live is not None:
             self.live.wait_ready()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
         _trace("host-run files fingerprinted")
-        if self.backend == "bwrap":
-            self.relays[0].start(found.http_port)
-            self.relays[1].start(found.socks_port)
-            if self.limits is not None and self.sandbox is not None:
-                from libbroker.sandbox import cgroups
-
-                # bwrap's tree waits for the go byte: nothing of CMD runs yet.
-                cgroups.move_tree(self.limits, self.sandbox.pid)
-            self._hold_config_links()
-            os.write(self.control, b"g")
-        else:
-            self._send_landlock_spec(host, found)
+        self.box.go(host, found)
         _trace("go")
         trace.mark("go")
         if self._record_dir:  # after go: the record never delays the command
@@ -299,9 +253,9 @@ class Session:
         """Configs a dead session left as links become files again (hostrun_gitconfig)."""
         from libbroker.launcher import hostrun_gitconfig
 
-        self._say(hostrun_gitconfig.repair(hostrun_guard.state_dir(self.cfg.home)))
+        self.say(hostrun_gitconfig.repair(hostrun_guard.state_dir(self.cfg.home)))
 
-    def _begin_live(self, snap: hostrun_guard.Snapshot, root: str, *, swap: bool) -> Watcher:
+    def begin_live(self, snap: hostrun_guard.Snapshot, root: str, *, swap: bool) -> Watcher:
         from libbroker.launcher import hostrun_live
 
         swap = swap and not self.cfg.workdir_read_only  # nothing to write: the file stays
@@ -312,23 +266,8 @@ class Session:
             raise LaunchError(f"cannot set up the live guard of the workdir's git configs: "
                               f"{exc.strerror or exc}") from None
 
-    def _hold_config_links(self) -> None:
-        """bwrap: each config link a mount point inside, so the command cannot put a file
-        of its own there (libbroker.sandbox.holdlink); else the watcher puts it back."""
-        links = tuple(sorted(self.live.configs.held_elsewhere())) if self.live else ()
-        if not links or self.sandbox is None:
-            return
-        from libbroker.sandbox import holdlink
-
-        try:
-            pid = holdlink.sandbox_process(self.sandbox.pid, self.cfg.start_timeout)
-            holdlink.hold_in(pid, links)
-        except OSError as exc:
-            self._say([f"agent-sandbox: the git config links are only watched in this "
-                       f"session, not held: {exc.strerror or exc}"])
-
     @staticmethod
-    def _say(lines: list[str]) -> None:
+    def say(lines: list[str]) -> None:
         if lines:
             with contextlib.suppress(OSError):
                 os.write(2, "".join(line + "\n" for line in lines).encode(errors="replace"))
@@ -352,7 +291,7 @@ class Session:
             ) from None
         _trace("limits set")
 
-    def _spawn(
+    def spawn(
         self, name: str, argv: list[str], *, own_group: bool = False, **kw: object
     ) -> supervise.Child:
         child = supervise.spawn(name, argv, **kw)  # type: ignore[arg-type]
@@ -374,7 +313,7 @@ class Session:
         assert self.rt is not None
         install_gpg_program(self.rt.gpg_program, host.python, host.project_dir, built("gpg-shim"))
 
-    def _env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
+    def env(self, host: Host, http_port: int, socks_port: int, tmpdir: str = "") -> dict[str, str]:
         assert self.rt is not None
         env = agent_sandbox.environment(
             self.cfg,
@@ -387,131 +326,6 @@ class Session:
             tmpdir=tmpdir,
         )
         return agent_session.environment(self.agent, env, self.rt, os.environ)
-
-    def _start_bwrap(self, host: Host) -> None:
-        """The bwrap sandbox: built now, CMD started by the forwarder on the go byte."""
-        assert self.rt is not None
-        rt = self.rt
-        from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
-        from libbroker.sandbox import bwrap, seccomp
-
-        prog = seccomp.program()
-        if prog is None:
-            raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
-        try:
-            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
-        except OSError as exc:
-            raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
-        r, w = os.pipe()
-        self.control = w
-        os.set_inheritable(r, True)
-        # The workdir's host-run files are held by mounts, which bwrap's
-        # argv names: the guard's scan (begun with the session) must be done.
-        assert self.hostrun is not None
-        snap = self.hostrun.wait()
-        pin = tuple(hostrun_guard.bwrap_pin(snap))
-        hold = tuple(hostrun_guard.bwrap_protect(snap))
-        binds: tuple[tuple[str, str], ...] = ()
-        if self.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
-            self.live = live = self._begin_live(snap, rt.root, swap=True)
-            live.start()  # its walk overlaps the servers' start; waited for before go
-            hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
-            binds = tuple(live.configs.binds())
-        if self.gitdirs:  # their hooks and config held read-only, as the workdir's were
-            from libbroker.launcher import gitdir_guard
-
-            more_pin, more_hold = gitdir_guard.bwrap_holds(self.gitdirs)
-            pin, hold = pin + more_pin, hold + more_hold
-        sec_fd = bwrap.seccomp_pipe(prog)
-        env = self._env(host, HTTP_PORT, SOCKS_PORT)
-        shape = agent_sandbox.session_shape(
-            self.cfg, rt, host, env, landlock=False, tty=self.tty, pin=pin, hold=hold,
-            overlays=self._overlays, binds=binds,
-        )
-        facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
-        argv = agent_sandbox.bwrap_argv(
-            shape, rt, host, self.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd
-        )
-        try:
-            self.sandbox = self._spawn(
-                "sandbox",
-                argv,  # bwrap's --die-with-parent: it ends with the launcher
-                env=env,
-                pass_fds=[r, sec_fd],
-                pipes=False,
-                ignore=(signal.SIGINT, signal.SIGQUIT) if self.tty else (),
-            )
-        finally:
-            os.close(sec_fd)
-            os.close(r)
-
-    def _start_landlock_helper(self) -> None:
-        """The Landlock backend's sandbox: a helper that starts now, then waits for its spec.
-
-        It needs nothing of the session to start, so it starts right after
-        the servers: its import overlaps theirs.
-        """
-        assert self.rt is not None
-        from libbroker.launcher.door import Door
-
-        r, w = os.pipe()  # the spec, written once the servers listen
-        life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
-        self._spec = w
-        self.control = life_w
-        os.set_inheritable(r, True)
-        os.set_inheritable(life_r, True)
-        self.door = Door(self.rt.broker_socket)
-        helper = "libbroker.launcher.landlock_exec"
-        slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
-        # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
-        # must outlive even a launcher killed by SIGKILL long enough to kill
-        # everything below it.  End of file on either pipe tells it.
-        boot = plan.python_argv("agent-sandbox", helper, slow)
-        argv = [*boot, str(r), str(life_r)]
-        try:
-            self.sandbox = self._spawn(
-                "sandbox",
-                argv,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                pass_fds=[r, life_r],
-                pipes=False,
-                own_group=not self.tty,  # the helper calls setsid() then
-            )
-        finally:
-            os.close(r)
-            os.close(life_r)
-
-    def _send_landlock_spec(self, host: Host, found: plan.Listening) -> None:
-        assert self.rt is not None and self.door is not None
-        tmpdir = os.path.join(self.rt.root, "tmp")
-        os.mkdir(tmpdir, 0o700)
-        env = self._env(host, found.http_port, found.socks_port, tmpdir)
-        env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
-        # The real home is not granted: every command gets a writable one of its own.
-        env["HOME"] = home = agent_session.landlock_home(self.agent, self.cfg, self.rt)
-        shape = agent_sandbox.session_shape(
-            self.cfg._replace(write=(*self.cfg.write, home)),
-            self.rt,
-            host,
-            env,
-            landlock=True,
-            tty=self.tty,
-            ports=(found.http_port, found.socks_port, self.door.port),
-            tmpdir=tmpdir,
-            binds=self._binds,
-            links=tuple(sorted(self.live.configs.held_elsewhere())) if self.live else (),
-        )
-        import json
-
-        spec: dict[str, object] = {"shape": shape.to_json(), "argv": self.cmd}
-        if self.limits is not None:  # joined by the command itself before it execs
-            spec["limits"] = self.limits.entry()
-        data = json.dumps(spec).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._spec, view) :]
-        os.close(self._spec)
-        self._spec = -1
 
     def _start_kubeconfig(
         self, rt: Runtime, socks_port: int = SOCKS_PORT
@@ -688,12 +502,8 @@ class Session:
         return deadline
 
     def _ask(self, sig: int) -> None:
-        """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock)."""
-        if self.control >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self.control, bytes([sig]))
-        elif self.sandbox is not None:
-            self.sandbox.send(sig)
+        """Pass ``sig`` to CMD (its backend's way: :meth:`.session_box.Box.signal`)."""
+        self.box.signal(sig)
 
     @staticmethod
     def _status(code: int) -> int:
@@ -703,16 +513,11 @@ class Session:
 
     def _teardown(self) -> None:
         """End every child in order, remove the runtime directory; idempotent."""
-        if self._spec >= 0:  # a Landlock helper still waiting for its spec: end of file ends it
-            os.close(self._spec)
-            self._spec = -1
+        self.box.cut()
         if self.sandbox is not None and not self.sandbox.exited():
             self._ask(signal.SIGTERM)
             if not self.sandbox.wait(GRACE):
                 self.sandbox.stop(signal.SIGKILL, 0)
-        if self.control >= 0:
-            os.close(self.control)
-            self.control = -1
         # Then the broker (its clients are gone with the sandbox), then the
         # proxy.  A server with nothing in flight (no child process: no
         # brokered command, no token command) holds no state of its own, so
@@ -720,19 +525,13 @@ class Session:
         servers = [c for c in self.children if c is not self.sandbox]
         for child in reversed(servers):
             child.send(signal.SIGTERM if child.busy() else signal.SIGKILL)
-        for relay in self.relays:  # their threads end while the servers exit
-            relay.stop()
+        self.box.stop()  # its bridges end while the servers exit
         for child in reversed(servers):
             if not child.wait(5.0):
                 child.stop(signal.SIGKILL, 0)
         if self.record is not None:  # their last events, written as they ended
             self._drain_all()
-        for relay in self.relays:
-            relay.close()
-        self.relays = []
-        if self.door is not None:
-            self.door.close()
-            self.door = None
+        self.box.release()
         for child in self.children:
             child.close()
         self.children = []
@@ -747,10 +546,7 @@ class Session:
             for problem in agent_home.write_back(self.rt.root):
                 os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
             _trace(f"{self.agent.profile.name}'s config written back")
-        if self.subreaper:  # what escaped the command's process group is ours now
-            from libbroker.sandbox import reaper
-
-            reaper.kill_below(os.getpid())
+        self.box.reap()
         if self.limits is not None:  # nothing of the session is left in it
             from libbroker.sandbox import cgroups
 
@@ -761,14 +557,10 @@ class Session:
             # A broker killed at once (nothing in flight) may leave the group of
             # its last command, still emptying then: groups of the gone go too.
             cgroups.reclaim()
-        if self._ns_probe:  # a start that failed before it asked for the answer
-            with contextlib.suppress(OSError):
-                os.waitpid(self._ns_probe, 0)
-            self._ns_probe = 0
         if self.live is not None:  # configs merged and files again, before the sweep
             from libbroker.launcher import hostrun_live
 
-            self._say(hostrun_live.end(self.live, self.hostrun.snap if self.hostrun else None))
+            self.say(hostrun_live.end(self.live, self.hostrun.snap if self.hostrun else None))
             self.live = None
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish()

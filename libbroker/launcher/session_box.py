@@ -1,0 +1,356 @@
+"""The session's sandbox on each backend: what :class:`.session.Session` asks of it, step by step.
+
+The session runs one sequence for every backend and asks its :class:`Box` at
+each step; only here do bwrap and Landlock differ (:data:`BOXES`, keyed by
+:mod:`libbroker.sandbox.kinds`).  The steps, in the session's order:
+
+- :meth:`Box.check`: refuse before anything starts when the backend cannot run;
+- :meth:`Box.open`: right after the servers' spawn (Landlock: the helper,
+  whose interpreter starts meanwhile, and the broker's door);
+- :meth:`Box.fixed_ports`: the proxy's ports inside, when they are known
+  before the proxy listens (bwrap: its own network namespace, bridged);
+- :meth:`Box.build`: the sandbox built while the servers start (bwrap:
+  bwrap and the forwarder, waiting for the go byte);
+- :meth:`Box.ready`: every host-run file fingerprinted (Landlock: the live
+  guard begins, its git configs swapped where the helper can mount);
+- :meth:`Box.go`: CMD runs (bwrap: the go byte; Landlock: the spec);
+- :meth:`Box.signal`: a signal number for CMD (both: a byte on a pipe);
+- :meth:`Box.cut`, :meth:`Box.stop`, :meth:`Box.release`, :meth:`Box.reap`: the
+  teardown's steps, each idempotent.
+
+The Box owns what it makes (pipes, bridges, the door); the session owns the
+sandbox's process (a :class:`~.supervise.Child`) and the shared steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING
+
+from libbroker.errors import LaunchError, SandboxUnavailable
+from libbroker.launcher import agent_sandbox, agent_session, hostrun_guard, plan
+from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
+from libbroker.sandbox.kinds import BWRAP, LANDLOCK
+
+if TYPE_CHECKING:
+    import signal
+
+    from libbroker.launcher.door import Door
+    from libbroker.launcher.relay import Relay
+    from libbroker.launcher.session import Session
+else:
+    import _signal as signal  # the C module: see session.py
+
+
+class Box:
+    """One backend's part of a session (the base does nothing at each step)."""
+
+    kind = ""
+
+    def __init__(self, session: Session) -> None:
+        self.s = session
+        self.control = -1  # write end: signal numbers for CMD (bwrap: the go byte first)
+
+    def check(self) -> None:
+        """SandboxUnavailable before anything starts, when this backend cannot run."""
+
+    def open(self) -> None:
+        """Right after the servers' spawn, before the session's own work."""
+
+    def fixed_ports(self) -> tuple[int, int] | None:
+        """(http, socks) as the command sees them, when known before the proxy listens."""
+        return None
+
+    def build(self, host: Host) -> None:
+        """The sandbox built while the servers start; CMD waits for :meth:`go`."""
+
+    def ready(self, snap: hostrun_guard.Snapshot) -> None:
+        """Every host-run file is fingerprinted (``snap``); the live guard runs from here."""
+
+    def go(self, host: Host, found: plan.Listening) -> None:
+        raise NotImplementedError
+
+    def signal(self, sig: int) -> None:
+        """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock)."""
+        if self.control >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self.control, bytes([sig]))
+        elif self.s.sandbox is not None:
+            self.s.sandbox.send(sig)
+
+    def cut(self) -> None:
+        """First in the teardown: a sandbox still waiting to start never starts."""
+
+    def stop(self) -> None:
+        """The bridges stop accepting, while the servers exit."""
+
+    def release(self) -> None:
+        """The servers are gone: close the control pipe, the bridges and the door."""
+        if self.control >= 0:
+            os.close(self.control)
+            self.control = -1
+
+    def reap(self) -> None:
+        """After the children: whatever the command left outside its group."""
+
+
+class BwrapBox(Box):
+    """bwrap + the forwarder, built while the servers start; the proxy relayed into its netns."""
+
+    kind = BWRAP
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.relays: list[Relay] = []
+
+    def check(self) -> None:
+        if not shutil.which("bwrap"):
+            raise SandboxUnavailable(
+                f"bwrap is not installed (apt-get install bubblewrap), or use --sandbox={LANDLOCK}"
+            )
+
+    def fixed_ports(self) -> tuple[int, int]:
+        return HTTP_PORT, SOCKS_PORT
+
+    def build(self, host: Host) -> None:
+        """The bwrap sandbox: built now, CMD started by the forwarder on the go byte."""
+        s = self.s
+        assert s.rt is not None
+        rt = s.rt
+        from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
+        from libbroker.sandbox import bwrap, seccomp
+
+        prog = seccomp.program()
+        if prog is None:
+            raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
+        try:
+            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
+        except OSError as exc:
+            raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
+        r, w = os.pipe()
+        self.control = w
+        os.set_inheritable(r, True)
+        # The workdir's host-run files are held by mounts, which bwrap's
+        # argv names: the guard's scan (begun with the session) must be done.
+        assert s.hostrun is not None
+        snap = s.hostrun.wait()
+        pin = tuple(hostrun_guard.bwrap_pin(snap))
+        hold = tuple(hostrun_guard.bwrap_protect(snap))
+        binds: tuple[tuple[str, str], ...] = ()
+        if s.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
+            s.live = live = s.begin_live(snap, rt.root, swap=True)
+            live.start()  # its walk overlaps the servers' start; waited for before go
+            hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
+            binds = tuple(live.configs.binds())
+        if s.gitdirs:  # their hooks and config held read-only, as the workdir's were
+            from libbroker.launcher import gitdir_guard
+
+            more_pin, more_hold = gitdir_guard.bwrap_holds(s.gitdirs)
+            pin, hold = pin + more_pin, hold + more_hold
+        overlays = s.agent.overlays(rt) if s.agent is not None else ()
+        sec_fd = bwrap.seccomp_pipe(prog)
+        env = s.env(host, HTTP_PORT, SOCKS_PORT)
+        shape = agent_sandbox.session_shape(
+            s.cfg, rt, host, env, landlock=False, tty=s.tty, pin=pin, hold=hold,
+            overlays=overlays, binds=binds,
+        )  # fmt: skip
+        facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
+        argv = agent_sandbox.bwrap_argv(
+            shape, rt, host, s.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd
+        )
+        try:
+            s.sandbox = s.spawn(
+                "sandbox",
+                argv,  # bwrap's --die-with-parent: it ends with the launcher
+                env=env,
+                pass_fds=[r, sec_fd],
+                pipes=False,
+                ignore=(signal.SIGINT, signal.SIGQUIT) if s.tty else (),
+            )
+        finally:
+            os.close(sec_fd)
+            os.close(r)
+
+    def go(self, host: Host, found: plan.Listening) -> None:
+        s = self.s
+        self.relays[0].start(found.http_port)
+        self.relays[1].start(found.socks_port)
+        if s.limits is not None and s.sandbox is not None:
+            from libbroker.sandbox import cgroups
+
+            # bwrap's tree waits for the go byte: nothing of CMD runs yet.
+            cgroups.move_tree(s.limits, s.sandbox.pid)
+        self._hold_config_links()
+        os.write(self.control, b"g")
+
+    def _hold_config_links(self) -> None:
+        """Each config link a mount point inside, so the command cannot put a file
+        of its own there (libbroker.sandbox.holdlink); else the watcher puts it back."""
+        s = self.s
+        links = tuple(sorted(s.live.configs.held_elsewhere())) if s.live else ()
+        if not links or s.sandbox is None:
+            return
+        from libbroker.sandbox import holdlink
+
+        try:
+            pid = holdlink.sandbox_process(s.sandbox.pid, s.cfg.start_timeout)
+            holdlink.hold_in(pid, links)
+        except OSError as exc:
+            s.say([f"agent-sandbox: the git config links are only watched in this "
+                   f"session, not held: {exc.strerror or exc}"])  # fmt: skip
+
+    def stop(self) -> None:
+        for relay in self.relays:  # their threads end while the servers exit
+            relay.stop()
+
+    def release(self) -> None:
+        super().release()
+        for relay in self.relays:
+            relay.close()
+        self.relays = []
+
+
+class LandlockBox(Box):
+    """A helper started at once that applies Landlock for the spec it is sent, then reaps.
+
+    The proxy's ports are the host's (Landlock allows connect to them alone)
+    and the broker is reached through the door (:mod:`.door`).
+    """
+
+    kind = LANDLOCK
+
+    def __init__(self, session: Session) -> None:
+        super().__init__(session)
+        self.spec = -1  # write end of the helper's spec
+        self.door: Door | None = None
+        self.subreaper = False  # orphans below the launcher are killed at teardown
+        self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
+        self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
+
+    def open(self) -> None:
+        # What the command leaves behind (setsid(), double forks) ends with
+        # its PID namespace where one can be made, else the helper reaps and
+        # kills it; should the helper be killed itself, the launcher, a child
+        # subreaper too, inherits them and the teardown kills them
+        # (libbroker.sandbox.reaper, libbroker.sandbox.pidns).
+        from libbroker.sandbox import reaper
+
+        reaper.become_subreaper()
+        self.subreaper = True
+        if self.s.cfg.protect_git:  # can the helper bind the private git configs? (pidns)
+            from libbroker.sandbox import pidns
+
+            self.ns_probe = pidns.probe()
+        self._start_helper()
+
+    def _start_helper(self) -> None:
+        """The helper starts now, then waits for its spec.
+
+        It needs nothing of the session to start, so it starts right after
+        the servers: its import overlaps theirs.
+        """
+        s = self.s
+        assert s.rt is not None
+        from libbroker.launcher.door import Door
+
+        r, w = os.pipe()  # the spec, written once the servers listen
+        life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
+        self.spec = w
+        self.control = life_w
+        os.set_inheritable(r, True)
+        os.set_inheritable(life_r, True)
+        self.door = Door(s.rt.broker_socket)
+        helper = "libbroker.launcher.landlock_exec"
+        slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
+        # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
+        # must outlive even a launcher killed by SIGKILL long enough to kill
+        # everything below it.  End of file on either pipe tells it.
+        boot = plan.python_argv("agent-sandbox", helper, slow)
+        argv = [*boot, str(r), str(life_r)]
+        try:
+            s.sandbox = s.spawn(
+                "sandbox",
+                argv,
+                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                pass_fds=[r, life_r],
+                pipes=False,
+                own_group=not s.tty,  # the helper calls setsid() then
+            )
+        finally:
+            os.close(r)
+            os.close(life_r)
+
+    def ready(self, snap: hostrun_guard.Snapshot) -> None:
+        """The live guard: each config linked where the helper can mount (pidns.probe)."""
+        s = self.s
+        if not s.cfg.protect_git:
+            return
+        from libbroker.sandbox import pidns
+
+        assert s.rt is not None
+        mounts = pidns.probed(self.ns_probe) if self.ns_probe else False
+        self.ns_probe = 0
+        s.live = s.begin_live(snap, s.rt.root, swap=mounts)
+        self.binds = tuple(s.live.configs.binds())
+        s.live.start()
+
+    def go(self, host: Host, found: plan.Listening) -> None:
+        s = self.s
+        assert s.rt is not None and self.door is not None
+        tmpdir = os.path.join(s.rt.root, "tmp")
+        os.mkdir(tmpdir, 0o700)
+        env = s.env(host, found.http_port, found.socks_port, tmpdir)
+        env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
+        # The real home is not granted: every command gets a writable one of its own.
+        env["HOME"] = home = agent_session.landlock_home(s.agent, s.cfg, s.rt)
+        shape = agent_sandbox.session_shape(
+            s.cfg._replace(write=(*s.cfg.write, home)),
+            s.rt,
+            host,
+            env,
+            landlock=True,
+            tty=s.tty,
+            ports=(found.http_port, found.socks_port, self.door.port),
+            tmpdir=tmpdir,
+            binds=self.binds,
+            links=tuple(sorted(s.live.configs.held_elsewhere())) if s.live else (),
+        )
+        import json
+
+        spec: dict[str, object] = {"shape": shape.to_json(), "argv": s.cmd}
+        if s.limits is not None:  # joined by the command itself before it execs
+            spec["limits"] = s.limits.entry()
+        data = json.dumps(spec).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.spec, view) :]
+        os.close(self.spec)
+        self.spec = -1
+
+    def cut(self) -> None:
+        if self.spec >= 0:  # a helper still waiting for its spec: end of file ends it
+            os.close(self.spec)
+            self.spec = -1
+
+    def release(self) -> None:
+        super().release()
+        if self.door is not None:
+            self.door.close()
+            self.door = None
+
+    def reap(self) -> None:
+        if self.subreaper:  # what escaped the command's process group is ours now
+            from libbroker.sandbox import reaper
+
+            reaper.kill_below(os.getpid())
+        if self.ns_probe:  # a start that failed before it asked for the answer
+            with contextlib.suppress(OSError):
+                os.waitpid(self.ns_probe, 0)
+            self.ns_probe = 0
+
+
+BOXES: dict[str, type[Box]] = {BWRAP: BwrapBox, LANDLOCK: LandlockBox}
+"""Each backend of :data:`libbroker.sandbox.kinds.AUTO_ORDER` and its part of a session."""
