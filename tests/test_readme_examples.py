@@ -32,7 +32,7 @@ import docopt
 import pytest
 
 from libbroker.errors import ConfigError
-from libbroker.launcher import config
+from libbroker.launcher import config, config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -159,7 +159,7 @@ def facts(tmp_path: Path) -> config.HostFacts:
 def test_toml_example_is_accepted_by_the_launcher(block: Block, tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(block.text)
-    cfg = config.load(str(path), facts(tmp_path), check_host=False)
+    cfg = config_file.load(str(path), facts(tmp_path), check_host=False)
     assert cfg.workdir
 
 
@@ -260,6 +260,6 @@ def test_a_broken_example_fails(tmp_path: Path) -> None:
     path = tmp_path / "config.toml"
     path.write_text(block.text)
     with pytest.raises(ConfigError):
-        config.load(str(path), facts(tmp_path), check_host=False)
+        config_file.load(str(path), facts(tmp_path), check_host=False)
     with pytest.raises(pytest.fail.Exception):
         _docopt_accepts("agent-sandbox", ["run"])

@@ -11,13 +11,13 @@ about the host it needs), so the rules are tested without files or processes.
 from __future__ import annotations
 
 import os
-import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from libbroker.errors import ConfigError
 from libbroker.launcher import egress_values, exported_keys, grants
 from libbroker.launcher.egress_values import Secret
+from libbroker.launcher.git_answers import Located, default_workdir, outside_git_dirs
 from libbroker.launcher.origins import Origins
 from libbroker.paths import under
 from libbroker.sandbox.kinds import AUTO, not_a_kind
@@ -25,8 +25,6 @@ from libbroker.sandbox.limits import Limits, LimitsError
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
 
 if TYPE_CHECKING:
-    from libbroker.launcher.child import Proc
-    from libbroker.launcher.gitfacts import Located
     from libpolicy.hostrun import Table
 
 # GitHub's hosts (git, API, release and raw downloads) and the agent's own API.
@@ -64,6 +62,10 @@ class HostFacts(NamedTuple):
     # The repository git finds from where the session starts (the cwd, or the
     # workdir named): filled in by config_file.load, which asks git; None outside any.
     repo: Located | None = None
+    # How a path's links resolve on this host (the grants' check sees through
+    # links): the host's answer, brought in like the rest, so this module reads
+    # nothing itself.
+    realpath: Callable[[str], str] = os.path.realpath
 
 
 class Config(NamedTuple):
@@ -141,68 +143,6 @@ _KEYS = frozenset(
 )
 
 
-def default_path(home: str) -> str:
-    """Where the config lives when ``--config`` is not given."""
-    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
-    return os.path.join(base, "agent-sandbox", "config.toml")
-
-
-def host_facts() -> HostFacts:
-    """Look at the host once: home, cwd, gh on PATH."""
-    home = os.path.expanduser("~")
-    return HostFacts(home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None)
-
-
-def resolve_sign_key(cfg: Config) -> Config:
-    """``cfg`` with its sign key decided: the config's, else the one git would use there.
-
-    Separate from loading because it runs git: the launcher does it while the
-    proxy starts, not before (:func:`ask_sign_key`, then :func:`take_sign_key`).
-    """
-    return take_sign_key(cfg, ask_sign_key(cfg))
-
-
-def ask_sign_key(cfg: Config) -> Proc | None:
-    """Ask git for its signing settings in the workdir, when the config names no key."""
-    if cfg.sign_key is not None:
-        return None
-    from libbroker.launcher import gitfacts
-
-    return gitfacts.start_signing(cfg.workdir, cfg.home)
-
-
-def take_sign_key(cfg: Config, git: Proc | None) -> Config:
-    """``cfg`` with the key git would use in the workdir (from :func:`ask_sign_key`), if any."""
-    if cfg.sign_key is not None:
-        if cfg.sign_from:
-            return cfg
-        return cfg._replace(sign_from="the config's sign_key" if cfg.sign_key else "")
-    if git is None:  # no git here: nothing to sign for
-        return cfg._replace(sign_key="")
-    from libbroker.launcher import gitfacts
-
-    status, out = gitfacts.collect(git)
-    found = gitfacts.parse_signing(status, out, cfg.workdir)
-    return cfg._replace(sign_key=found.key, sign_from=found.origin, sign_problem=found.problem)
-
-
-def load(
-    path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
-    flags: Mapping[str, str] | None = None, check_host: bool = True,
-) -> Config:
-    """Read the TOML file at ``path`` (or the default, which may be absent), then check it.
-
-    ``overrides``: values from the command line over the file's, by key;
-    ``flags``: the flag each came from, for messages (see :mod:`.config_file`);
-    ``check_host=False``: not whether the workdir, upstream_ca and kubeconfig exist
-    (an example config's paths need not).
-    """
-    from libbroker.launcher import config_file
-
-    return config_file.load(path, facts, overrides=overrides, flags=flags,
-                            check_host=check_host)
-
-
 def from_mapping(
     data: Mapping[str, Any], facts: HostFacts, *, origins: Origins | None = None
 ) -> Config:
@@ -221,19 +161,17 @@ def from_mapping(
     def path(p: str, key: str) -> str:
         return _abs_path(p, facts, where=where(key), key=key)
 
-    from libbroker.launcher import gitfacts
-
     if "workdir" in data:
         workdir = path(get.string("workdir", ""), "workdir")
         why = f"named by {where('workdir')}"
     else:  # the repository holding the cwd, where there is one
-        workdir, why = gitfacts.default_workdir(facts.cwd, facts.home, facts.repo)
+        workdir, why = default_workdir(facts.cwd, facts.home, facts.repo)
     if under(facts.home, workdir):
         # A writable home (or /) would hand the sandbox every credential file.
         raise ConfigError(f"{where('workdir')}: {workdir} contains the home directory "
                           f"{facts.home}; name a project directory")
     try:
-        git_dirs = gitfacts.outside_git_dirs(facts.repo, workdir, facts.home)
+        git_dirs = outside_git_dirs(facts.repo, workdir, facts.home)
     except ValueError as exc:
         raise ConfigError(f"{where('workdir')}: {exc}") from None
     sandbox = get.string("sandbox", AUTO)
@@ -260,7 +198,7 @@ def from_mapping(
     read = tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ))
     write = tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE))
     unsafe = tuple(path(p, "unsafe_grants") for p in get.strings("unsafe_grants", ()))
-    grants.check(read, write, unsafe, facts.home, where)
+    grants.check(read, write, unsafe, facts.home, where, facts.realpath)
     extra, write_back = _agents(data, get, where)
     kube = get.string("kubeconfig", "")
     log = get.string("log_file", "")

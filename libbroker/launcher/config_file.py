@@ -10,21 +10,29 @@ the current directory)``); see :mod:`.origins`.  What egress-proxy would
 refuse at start is refused here first, by its own rules (:mod:`.egress_values`).
 
 The pure part is :func:`.config.from_mapping`; this module reads the file
-and then looks at the host for what only the host can say (is the workdir a
-directory, is ``upstream_ca`` a file of certificates).
+and then looks at the host for what only the host can say: its facts
+(:func:`host_facts`), where git finds the repository and which key git would
+sign with (:mod:`.gitfacts`), is the workdir a directory, is ``upstream_ca`` a
+file of certificates.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from libbroker.errors import ConfigError, UsageError
-from libbroker.launcher.config import Config, HostFacts, default_path, from_mapping, host_facts
+from libbroker.launcher import gitfacts
+from libbroker.launcher.config import Config, HostFacts, from_mapping
+from libbroker.launcher.git_answers import parse_signing
 from libbroker.launcher.origins import Origins, key_lines, toml_error, utf8_error
 from libbroker.sandbox.limits import LimitsError, parse_flags
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
+
+if TYPE_CHECKING:
+    from libbroker.launcher.child import Proc
 
 # The command line's options, by the config key each one sets.
 FLAGS = {"workdir": "--workdir", "sandbox": "--sandbox", "agent": "--agent", "limits": "--limit"}
@@ -61,6 +69,47 @@ def _limit_flags(flags: list[str]) -> dict[str, str]:
     return values
 
 
+def default_path(home: str) -> str:
+    """Where the config lives when ``--config`` is not given."""
+    base = os.environ.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+    return os.path.join(base, "agent-sandbox", "config.toml")
+
+
+def host_facts() -> HostFacts:
+    """Look at the host once: home, cwd, gh on PATH."""
+    home = os.path.expanduser("~")
+    return HostFacts(home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None)
+
+
+def resolve_sign_key(cfg: Config) -> Config:
+    """``cfg`` with its sign key decided: the config's, else the one git would use there.
+
+    Separate from loading because it runs git: the launcher does it while the
+    proxy starts, not before (:func:`ask_sign_key`, then :func:`take_sign_key`).
+    """
+    return take_sign_key(cfg, ask_sign_key(cfg))
+
+
+def ask_sign_key(cfg: Config) -> Proc | None:
+    """Ask git for its signing settings in the workdir, when the config names no key."""
+    if cfg.sign_key is not None:
+        return None
+    return gitfacts.start_signing(cfg.workdir, cfg.home)
+
+
+def take_sign_key(cfg: Config, git: Proc | None) -> Config:
+    """``cfg`` with the key git would use in the workdir (from :func:`ask_sign_key`), if any."""
+    if cfg.sign_key is not None:
+        if cfg.sign_from:
+            return cfg
+        return cfg._replace(sign_from="the config's sign_key" if cfg.sign_key else "")
+    if git is None:  # no git here: nothing to sign for
+        return cfg._replace(sign_key="")
+    status, out = gitfacts.collect(git)
+    found = parse_signing(status, out, cfg.workdir)
+    return cfg._replace(sign_key=found.key, sign_from=found.origin, sign_problem=found.problem)
+
+
 def load(
     path: str | None, facts: HostFacts, *, overrides: Mapping[str, Any] | None = None,
     flags: Mapping[str, str] | None = None, check_host: bool = True,
@@ -71,8 +120,6 @@ def load(
     read: from ``--workdir``, else from the cwd, which a workdir in the file
     then overrides (and is asked about instead).
     """
-    from libbroker.launcher import gitfacts
-
     file = os.path.abspath(path) if path is not None else default_path(facts.home)
     flag = (overrides or {}).get("workdir")
     guess = gitfacts.start_dir(facts.cwd if flag is None else flag, facts.cwd, facts.home)

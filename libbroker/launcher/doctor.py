@@ -24,7 +24,8 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
-from libbroker.launcher.config import Config, resolve_sign_key
+from libbroker.launcher.config import Config
+from libbroker.launcher.config_file import resolve_sign_key
 from libbroker.sandbox.kinds import AUTO_ORDER, BWRAP, LANDLOCK
 
 if TYPE_CHECKING:

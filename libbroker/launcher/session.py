@@ -33,6 +33,7 @@ from libbroker.launcher import (
     agent_sandbox,
     agent_session,
     config,
+    config_file,
     hostrun_guard,
     plan,
     prestart,
@@ -178,7 +179,7 @@ class Session:
             self.janitor.watch(child)
         self.box.open()
         proxy, broker = servers.proxy, servers.broker
-        git = config.ask_sign_key(cfg)  # runs while the proxy gets its arguments
+        git = config_file.ask_sign_key(cfg)  # runs while the proxy gets its arguments
         self.agent = agent = agent_session.pick(cfg, self.cmd, os.environ)
         if agent is not None:  # its API and login hosts join the allow list
             self.cfg = cfg = agent.cfg
@@ -199,7 +200,7 @@ class Session:
         import json  # after the servers' spawn: nothing before it that need not be
 
         plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
-        self.cfg = cfg = config.take_sign_key(cfg, git)
+        self.cfg = cfg = config_file.take_sign_key(cfg, git)
         if cfg.sign_problem:  # git would sign with a key this session cannot enable
             os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
         broker.send_args(plan.encode_args(plan.broker_args(cfg, rt, self.backend)))

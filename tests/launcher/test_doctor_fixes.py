@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 
 from libbroker.launcher import doctor, settings
-from libbroker.launcher.config import HostFacts, load
+from libbroker.launcher.config import HostFacts
+from libbroker.launcher.config_file import load
 
 AGENTS = ("claude", "codex", "gemini")
 MACHINE_WIDE = ("apt-get ", "sysctl ", "sudo ")

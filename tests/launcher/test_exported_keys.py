@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from libbroker.errors import ConfigError
-from libbroker.launcher import agents, config, plan
+from libbroker.launcher import agents, config_file, plan
 from libbroker.launcher.config import HostFacts, from_mapping
 from libbroker.launcher.exported_keys import KEY_USES, NOT_AUTOMATIC, take
 
@@ -64,7 +64,7 @@ def test_a_key_in_env_is_refused_with_the_risk_unless_opted_in(tmp_path: Path, v
     path = tmp_path / "config.toml"
     path.write_text(f'env = ["PATH", "{var}"]\n')
     with pytest.raises(ConfigError) as err:
-        config.load(str(path), FACTS._replace(cwd=str(tmp_path)))
+        config_file.load(str(path), FACTS._replace(cwd=str(tmp_path)))
     host = KEY_USES[var].host
     assert str(err.value) == (
         f"{path} line 1: env: {var} would carry your key into the session, where anything "
@@ -72,4 +72,4 @@ def test_a_key_in_env_is_refused_with_the_risk_unless_opted_in(tmp_path: Path, v
         f"on this host and egress-proxy sends it to {host}; to carry it in anyway, name it "
         "in unsafe_env too")
     path.write_text(f'env = ["{var}"]\nunsafe_env = ["{var}"]\n')
-    assert config.load(str(path), FACTS._replace(cwd=str(tmp_path))).env == (var,)
+    assert config_file.load(str(path), FACTS._replace(cwd=str(tmp_path))).env == (var,)

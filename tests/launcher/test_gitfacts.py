@@ -14,7 +14,13 @@ import pytest
 
 from libbroker.broker.ops import not_enabled
 from libbroker.launcher import gitfacts
-from libbroker.launcher.gitfacts import Located, parse_located, parse_signing
+from libbroker.launcher.git_answers import (
+    Located,
+    default_workdir,
+    outside_git_dirs,
+    parse_located,
+    parse_signing,
+)
 
 HOME = "/home/u"
 
@@ -73,20 +79,20 @@ def test_rev_parse_output() -> None:
     ("/elsewhere", Located("/w/p", "/w/p/.git", "/w/p/.git"), "/elsewhere"),
 ])
 def test_the_default_workdir(cwd: str, repo: Located | None, want: str) -> None:
-    assert gitfacts.default_workdir(cwd, HOME, repo)[0] == want
+    assert default_workdir(cwd, HOME, repo)[0] == want
 
 
 def test_git_dirs_outside_the_workdir() -> None:
     own = Located("/w/p", "/w/p/.git", "/w/p/.git")
-    assert gitfacts.outside_git_dirs(own, "/w/p", HOME) == ()
+    assert outside_git_dirs(own, "/w/p", HOME) == ()
     tree = Located("/w/wt", "/w/main/.git/worktrees/wt", "/w/main/.git")
-    assert gitfacts.outside_git_dirs(tree, "/w/wt", HOME) == ("/w/main/.git",)
-    assert gitfacts.outside_git_dirs(tree, "/w/wt/sub", HOME) == ()  # a named subdirectory
+    assert outside_git_dirs(tree, "/w/wt", HOME) == ("/w/main/.git",)
+    assert outside_git_dirs(tree, "/w/wt/sub", HOME) == ()  # a named subdirectory
     sub = Located("/w/s/mod", "/w/s/.git/modules/mod", "/w/s/.git/modules/mod")
-    assert gitfacts.outside_git_dirs(sub, "/w/s/mod", HOME) == ("/w/s/.git/modules/mod",)
+    assert outside_git_dirs(sub, "/w/s/mod", HOME) == ("/w/s/.git/modules/mod",)
     for bad in ("/", "/home"):
         with pytest.raises(ValueError, match="never granted"):
-            gitfacts.outside_git_dirs(Located("/w/t", bad, bad), "/w/t", HOME)
+            outside_git_dirs(Located("/w/t", bad, bad), "/w/t", HOME)
 
 
 def test_the_refusal_is_one_line_naming_the_enabled_key_and_the_fix() -> None:

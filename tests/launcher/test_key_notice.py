@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher import agents, config
+from libbroker.launcher import agents, config_file
 from libbroker.launcher.config import HostFacts, from_mapping
 from libbroker.launcher.key_notice import KEY_USES, notice
 
@@ -33,7 +33,7 @@ def test_the_printed_table_loads_as_the_secret_it_names(tmp_path: Path, var: str
     assert head.startswith(f"agent-sandbox: {var} is set here but not passed into the session")
     path = tmp_path / "config.toml"
     path.write_text(table + "\n")
-    cfg = config.load(str(path), FACTS._replace(cwd=str(tmp_path)))
+    cfg = config_file.load(str(path), FACTS._replace(cwd=str(tmp_path)))
     (secret,) = cfg.secrets
     use = KEY_USES[var]
     assert (secret.host, secret.header, secret.format) == (use.host, use.header, use.format)

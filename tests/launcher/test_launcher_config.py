@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libbroker.errors import ConfigError
-from libbroker.launcher import config
+from libbroker.launcher import config, config_file
 from libbroker.launcher.config import DEFAULT_DOMAINS, HostFacts, from_mapping
 
 FACTS = HostFacts(home="/home/u", cwd="/home/u/project", gh_present=True)
@@ -130,32 +130,32 @@ def test_resolve_pins_take_egress_proxy_forms(pin: str) -> None:
 def test_explicit_empty_sign_key_disables_signing() -> None:
     assert from_mapping({"sign_key": ""}, FACTS).sign_key == ""
     cfg = from_mapping({"sign_key": "ABCD"}, FACTS)
-    assert config.resolve_sign_key(cfg).sign_key == "ABCD"
+    assert config_file.resolve_sign_key(cfg).sign_key == "ABCD"
 
 
 def test_load_reads_toml_and_names_the_file(tmp_path: Path) -> None:
     good = tmp_path / "c.toml"
     good.write_text('sandbox = "nono"\ndomains = ["pypi.org"]\n')
     facts = FACTS._replace(cwd=str(tmp_path))  # load also checks the host: a real workdir
-    cfg = config.load(str(good), facts)
+    cfg = config_file.load(str(good), facts)
     assert cfg.sandbox == "nono" and cfg.domains == ("pypi.org",)
     bad = tmp_path / "bad.toml"
     bad.write_text("sandbox = \n")
     with pytest.raises(ConfigError, match=r"bad\.toml line 1, column 11: not valid TOML"):
-        config.load(str(bad), facts)
+        config_file.load(str(bad), facts)
     with pytest.raises(ConfigError, match="does not exist"):
-        config.load(str(tmp_path / "missing.toml"), facts)
+        config_file.load(str(tmp_path / "missing.toml"), facts)
 
 
 def test_command_line_overrides_win(tmp_path: Path) -> None:
     f = tmp_path / "c.toml"
     f.write_text('sandbox = "nono"\n')
     facts = FACTS._replace(cwd=str(tmp_path))
-    cfg = config.load(str(f), facts, overrides={"sandbox": "bwrap", "workdir": None})
+    cfg = config_file.load(str(f), facts, overrides={"sandbox": "bwrap", "workdir": None})
     assert cfg.sandbox == "bwrap"
     assert cfg.workdir == str(tmp_path)
 
 
 def test_a_missing_default_file_is_fine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
-    assert config.load(None, FACTS._replace(cwd=str(tmp_path))).sandbox == "auto"
+    assert config_file.load(None, FACTS._replace(cwd=str(tmp_path))).sandbox == "auto"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from libbroker.launcher import config, propose, record, report
+from libbroker.launcher import config, config_file, propose, record, report
 from libbroker.launcher.refusals import HOSTS_SHOWN, NAME_MAX, Refusals
 
 CONFIGURED = ["github.com", "api.github.com", "*.githubusercontent.com", "pypi.org",
@@ -28,7 +28,7 @@ def _domains_of(line: str, tmp_path: Path) -> tuple[str, ...]:
     (tmp_path / "work").mkdir(exist_ok=True)
     facts = config.HostFacts(home=str(tmp_path / "home"), cwd=str(tmp_path / "work"),
                              gh_present=False)
-    return config.load(str(path), facts).domains
+    return config_file.load(str(path), facts).domains
 
 
 def test_propose_keeps_every_configured_domain_and_adds_the_refused(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from launcher_world import World
 
-from libbroker.launcher import config
+from libbroker.launcher import config, config_file
 from libbroker.launcher.config import DEFAULT_DOMAINS
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
@@ -77,7 +77,7 @@ def test_a_session_says_what_was_refused(world: World, tmp_path: Path, backend: 
     pasted = tmp_path / "pasted.toml"
     pasted.write_text(proposed.stdout)
     facts = config.HostFacts(home=str(world.home), cwd=str(world.workdir), gh_present=False)
-    assert config.load(str(pasted), facts).domains == tuple(expected)
+    assert config_file.load(str(pasted), facts).domains == tuple(expected)
 
 
 def test_a_session_with_nothing_refused_says_nothing(world: World) -> None:
