@@ -21,25 +21,16 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from libbroker.broker.executor import Child, Executor, killpg_quietly
-from libbroker.broker.profile import Profile, command_environment
+from libbroker.broker.profile import Profile, command_environment, command_shape
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import bwrap, cgroups, seccomp
 from libbroker.sandbox.kinds import BWRAP
-from libbroker.sandbox.shape import Shape
 
 if TYPE_CHECKING:
     from libbroker.sandbox.netns import ProxyRelay
 
 # sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
 _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
-
-
-def command_shape(profile: Profile, workdir: str, cwd: str) -> Shape:
-    """A brokered command's sandbox: the profile's paths, the workdir read-write."""
-    return Shape(
-        read=profile.read, write=(*profile.write, workdir), deny=profile.deny, cwd=cwd,
-        tmp_size=profile.limits.tmp,
-    )  # fmt: skip
 
 
 def bwrap_args(

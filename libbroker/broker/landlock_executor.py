@@ -34,27 +34,19 @@ from typing import NoReturn
 
 from libbroker import native
 from libbroker.broker.executor import Child, Executor, restore_child_signals
-from libbroker.broker.profile import Profile, command_environment
+from libbroker.broker.profile import Profile, command_environment, command_shape
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import cgroups, enter, landlock, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
 from libbroker.sandbox.kinds import LANDLOCK
-from libbroker.sandbox.shape import Shape
 
 SETUP_FAILED = 125
 TMP_PREFIX = "agent-broker-tmp-"
 
 
-def command_shape(profile: Profile, workdir: str, tmp: str = "") -> Shape:
-    """A brokered command's sandbox: the profile's paths, the workdir, its private tmp."""
-    write = (*profile.write, workdir, *((tmp,) if tmp else ()))
-    ports = () if profile.proxy_port is None else (profile.proxy_port,)
-    return Shape(read=profile.read, write=write, deny=profile.deny, tcp_connect=ports, tmp=tmp)
-
-
 def landlock_rules(profile: Profile, workdir: str, tmp: str = "") -> landlock.Ruleset:
     """The ruleset of one command (ConfigError for a deny Landlock cannot enforce)."""
-    shape = command_shape(profile, workdir, tmp)
+    shape = command_shape(profile, workdir, workdir, tmp)
     return landlock.shape_ruleset(shape)
 
 

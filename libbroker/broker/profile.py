@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from libbroker.errors import ConfigError
 from libbroker.sandbox.limits import Limits, LimitsError, from_mapping
-from libbroker.sandbox.shape import SYSTEM_READ
+from libbroker.sandbox.shape import SYSTEM_READ, Shape
 
 DEFAULT_ENV_ALLOW = ("PATH", "LANG", "LC_ALL", "TERM", "HOME", "USER", "TZ")
 
@@ -105,6 +105,23 @@ def parse_profile(body: object, *, source: str = "profile") -> Profile:
         source=source,
         limits=limits,
     )
+
+
+def command_shape(profile: Profile, workdir: str, cwd: str, tmp: str = "") -> Shape:
+    """A brokered command's sandbox, for either backend: the profile's paths, the workdir.
+
+    Its intents, each realised by the backend that can: network only to the
+    proxy's port in proxy mode (bwrap: a namespace of its own, the port
+    relayed in; Landlock: connect to that port alone); a private tmp (bwrap: a
+    fresh /tmp of at most the profile's size; Landlock: ``tmp``, a private
+    directory granted read-write).
+    """
+    write = (*profile.write, workdir, *((tmp,) if tmp else ()))
+    ports = () if profile.proxy_port is None else (profile.proxy_port,)
+    return Shape(
+        read=profile.read, write=write, deny=profile.deny, cwd=cwd, tcp_connect=ports, tmp=tmp,
+        tmp_size=profile.limits.tmp,
+    )  # fmt: skip
 
 
 def command_environment(

@@ -20,8 +20,8 @@ Modules:
 - :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
 - :mod:`libbroker.sandbox.forwarder` (in the sandbox, stdlib only) and :mod:`.relay`
   (host side): the network bridge into bwrap's network namespace;
-- :mod:`.landlock_exec`: the Landlock backend's helper: it forks the command,
-  which runs :func:`libbroker.sandbox.enter.enter` and execs, and stays as its
-  reaper (:mod:`libbroker.sandbox.reaper`);
+- :mod:`.session_box`: the backend's part of each of the session's steps
+  (bwrap: bwrap and the forwarder; Landlock: the helper
+  :mod:`libbroker.sandbox.landlock_helper` and the broker's door);
 - :mod:`.doctor`, :mod:`.settings`: ``doctor`` and ``render-settings``.
 """

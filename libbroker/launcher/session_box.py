@@ -263,7 +263,7 @@ class LandlockBox(Box):
         os.set_inheritable(r, True)
         os.set_inheritable(life_r, True)
         self.door = Door(s.rt.broker_socket)
-        helper = "libbroker.launcher.landlock_exec"
+        helper = "libbroker.sandbox.landlock_helper"
         slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
         # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
         # must outlive even a launcher killed by SIGKILL long enough to kill

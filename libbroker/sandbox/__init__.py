@@ -11,5 +11,8 @@ sandbox for it on either backend.
 - :mod:`.enter`: the one hardening sequence before exec under Landlock;
 - :mod:`.netns`, :mod:`.forwarder`: the proxy inside bwrap's network namespace;
 - :mod:`.reaper`: nothing a command starts outlives it (Landlock has no PID namespace);
-- :mod:`.exec`: exec with the shell's 126/127.
+- :mod:`.exec`: exec with the shell's 126/127;
+- :mod:`.kinds`: the backends there are, and what ``auto`` means;
+- :mod:`.landlock_helper`: the Landlock session's helper: it forks the command,
+  which runs :func:`.enter.enter` and execs, and stays as its reaper.
 """

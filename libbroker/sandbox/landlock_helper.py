@@ -46,7 +46,7 @@ def apply(shape: Shape) -> None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or not all(a.isdigit() for a in argv):
-        sys.stderr.write("usage: python3 -m libbroker.launcher.landlock_exec SPEC_FD LIFE_FD\n")
+        sys.stderr.write("usage: python3 -m libbroker.sandbox.landlock_helper SPEC_FD LIFE_FD\n")
         return 125
     life = int(argv[1])
     # Now, while the servers start; the spec arrives only once they listen.
