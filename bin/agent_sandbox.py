@@ -10,6 +10,7 @@ Usage:
   agent-sandbox report --verify [SESSION]
   agent-sandbox report --propose [SESSION]
   agent-sandbox watch [SESSION]
+  agent-sandbox serve [--socket=PATH]
   agent-sandbox -h | --help
   agent-sandbox --version
 
@@ -23,6 +24,13 @@ doctor checks whether a session can run here: what is wrong, each with its fix,
 and one line per kind of what is fine (--verbose: every check, and the
 host-run files a session holds).
 render-settings prints Claude Code's managed-settings drop-in for the config.
+
+serve keeps the egress gateway resident for this user (docs/serve.md): run
+registers each session with it over its socket (default
+$XDG_RUNTIME_DIR/agent-sandbox/serve.sock, or AGENT_SANDBOX_SERVE; "off" for
+none) instead of starting an egress-proxy of its own, and starts its own when
+no service answers.  Under systemd, contrib/systemd/ has the socket and service
+units (socket activation).
 
 Every session is recorded (events only, never a secret) in
 $XDG_STATE_HOME/agent-sandbox/sessions/ (default ~/.local/state/...).  A
@@ -46,6 +54,7 @@ Options:
   --learn          Allow every public host (address and token rules still hold)
                    and record each one the allow list would have refused; then
                    `agent-sandbox report --propose` prints the domains line.
+  --socket=PATH    serve: the socket to listen on (default: as run looks for it).
   -v --verbose     doctor: every check on its own line, and the host-run list.
   --json           report: print JSON for scripts.
   --last           report: the most recent session (the default).
@@ -62,6 +71,7 @@ Options:
 Exit status: run: CMD's own (128+N when signal N ended it); 1 the session could
 not start or a server crashed; 2 usage or config error.  doctor: 0 when a
 session can run, 1 otherwise.  report --verify: 1 when the record does not verify.
+serve: 0 when stopped by SIGTERM or SIGINT, 1 when its gateway died.
 watch: 0 after the session's end, 1 when there is no live session or its
 launcher went without ending it.
 """
@@ -103,6 +113,10 @@ def _main(args: Args, servers: Servers | None) -> int:
         from libbroker.launcher import watch
 
         return watch.main(args)
+    if args["serve"]:
+        from libbroker.launcher import serve, serve_link
+
+        return serve.main(args["--socket"] or serve_link.default_socket())
     if args["doctor"]:
         from libbroker.launcher import doctor
 

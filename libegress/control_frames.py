@@ -2,7 +2,7 @@
 
 Requests (see docs/gateway.md)::
 
-    {"op": "add", "tenant": NAME, "password": OPTIONAL, "policy": {...}}
+    {"op": "add", "tenant": NAME, "password": OPTIONAL, "policy": {...}, "env": OPTIONAL}
     {"op": "remove", "tenant": NAME}
     {"op": "list"}
 
@@ -14,11 +14,17 @@ dictionary the command line gives, so a tenant's options are checked by the
 very code that checks the flags.  Every reply is ``{"ok": true, ...}`` or
 ``{"ok": false, "error": TEXT}``; a malformed line gets the latter and the
 connection stays usable.
+
+``env`` (optional) is the environment the tenant's token and secret commands
+run with, as a session's own proxy would have inherited it from its launcher
+(``printenv ANTHROPIC_API_KEY``, ``gh auth token``): names and values are
+checked, a value is never echoed in an error, and it is held in memory only.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +58,7 @@ class Add:
     tenant: str
     password: str | None
     policy: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] | None = None  # the tenant's commands' environment (None: the gateway's)
 
 
 @dataclass(frozen=True)
@@ -96,6 +103,24 @@ def _policy(raw: Any) -> dict[str, Any]:
     return dict(raw)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,255}\Z")
+MAX_ENV = 1024  # variables in one tenant's command environment
+
+
+def _env(raw: Any) -> dict[str, str] | None:
+    if raw is None:
+        return None
+    if not isinstance(raw, dict) or len(raw) > MAX_ENV:
+        raise BadFrame(f"\"env\" must be an object of at most {MAX_ENV} variables")
+    for name, value in raw.items():
+        if not _ENV_NAME.match(name):
+            raise BadFrame("\"env\" holds a name that is no variable name")
+        if not isinstance(value, str) or "\0" in value:
+            # The value is never echoed: it may be a key.
+            raise BadFrame(f"\"env\" value of {name} must be a string without NUL")
+    return dict(raw)
+
+
 def parse_request(line: bytes) -> Request:
     """The request on one line (without its newline); BadFrame naming what is wrong."""
     try:
@@ -105,7 +130,7 @@ def parse_request(line: bytes) -> Request:
     if not isinstance(frame, dict):
         raise BadFrame("not a JSON object on one line")
     op = frame.get("op")
-    known = {"add": {"op", "tenant", "password", "policy"}, "remove": {"op", "tenant"},
+    known = {"add": {"op", "tenant", "password", "policy", "env"}, "remove": {"op", "tenant"},
              "list": {"op"}}
     if op not in known:
         raise BadFrame("\"op\" must be one of add, remove, list")
@@ -120,7 +145,7 @@ def parse_request(line: bytes) -> Request:
     if password is not None and (not isinstance(password, str) or not PASSWORD.match(password)):
         # Never echoed: it may be a real secret sent by mistake.
         raise BadFrame("\"password\" must be 24-255 printable ASCII characters without spaces")
-    return Add(_tenant(frame), password, _policy(frame.get("policy")))
+    return Add(_tenant(frame), password, _policy(frame.get("policy")), _env(frame.get("env")))
 
 
 def policy_args(policy: dict[str, Any], listen: str) -> dict[str, Any]:

@@ -82,7 +82,7 @@ class Gate:
             raise UsageError(f"at most {MAX_TENANTS} tenants")
         listen = self._options.listen
         options = self._check(policy_args(request.policy, f"{listen.host}:{listen.port}"))
-        services, ca_pem = self._services(name, options)
+        services, ca_pem = self._services(name, options, request.env)
         password = request.password or proxyauth.mint_password()
         share = (options.limits.max_connections if "max_conns" in request.policy
                  else self._limits.max_connections)
@@ -105,7 +105,8 @@ class Gate:
             reply["password"] = password  # minted: the caller's only copy
         return reply
 
-    def _services(self, name: str, options: Options) -> tuple[Services, str]:
+    def _services(self, name: str, options: Options,
+                  env: dict[str, str] | None = None) -> tuple[Services, str]:
         log = EventLog(self._stream, log_allowed=self._options.log_allowed, tenant=name)
         try:
             record = Recorder.open(options.record_file, options.policy)
@@ -125,9 +126,11 @@ class Gate:
         services = Services(
             policy=options.policy, limits=self._limits,
             leaves=LeafCache(authority, list(options.policy.inject)),
-            tokens=TokenKeeper(options.token_argv, options.token_every, log.note, bound=bound),
+            tokens=TokenKeeper(options.token_argv, options.token_every, log.note, bound=bound,
+                               env=env),
             log=log, upstream_ca=self._options.upstream_ca,
-            secrets={s.host: SecretKeeper(s, log.note, bound=bound) for s in options.secrets},
+            secrets={s.host: SecretKeeper(s, log.note, bound=bound, env=env)
+                     for s in options.secrets},
             scope=(Scope(options.repos, frozenset(options.github_inject))
                    if options.repos is not None else None),
             record=record, _upstream_tls=self.upstream(),

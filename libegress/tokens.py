@@ -29,7 +29,7 @@ import re
 import shlex
 import signal
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from libbroker.errors import TokenError, UsageError
 from libegress.secrets import Secret, header_value
@@ -66,15 +66,20 @@ def parse_token(output: bytes) -> str:
     return first
 
 
-async def read_token(argv: list[str], bound: float = RUN_BOUND) -> str:
-    """Run the token command once and return its token."""
+async def read_token(argv: list[str], bound: float = RUN_BOUND,
+                     env: Mapping[str, str] | None = None) -> str:
+    """Run the token command once and return its token.
+
+    ``env``: the command's environment (a gateway tenant's own); None inherits ours.
+    """
     try:
         read_end, write_end = os.pipe()
     except OSError as exc:  # out of descriptors, say
         raise TokenError(f"the token command could not start: {exc.strerror}") from None
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                env=None if env is None else dict(env))
     except (OSError, ValueError) as exc:
         os.close(read_end)
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)
@@ -187,8 +192,10 @@ class TokenKeeper:
         bound: float = RUN_BOUND,
         backoff: tuple[float, ...] = BACKOFF,
         first_wait: float = FIRST_WAIT,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self._argv = argv
+        self._env = env
         self._every = every
         self._say = say
         self._bound = bound
@@ -206,7 +213,7 @@ class TokenKeeper:
         if self._argv is None:
             return False
         try:
-            self._token = await read_token(self._argv, self._bound)
+            self._token = await read_token(self._argv, self._bound, self._env)
         except TokenError as exc:
             kept = "the previous token is kept" if self._token else "no token is held"
             self._say(f"token renewal failed: {exc}; {kept}")
@@ -265,14 +272,15 @@ class SecretKeeper:
     """
 
     def __init__(self, secret: Secret, say: Callable[[str], None],
-                 bound: float = RUN_BOUND, first_wait: float = FIRST_WAIT) -> None:
+                 bound: float = RUN_BOUND, first_wait: float = FIRST_WAIT,
+                 env: Mapping[str, str] | None = None) -> None:
         self.secret = secret
         self.name = secret.header.encode("ascii")
         self.lower_name = self.name.lower()
         host = secret.host
         self.keeper = TokenKeeper(list(secret.argv), secret.every,
                                   lambda message: say(f"secret for {host}: {message}"),
-                                  bound=bound, first_wait=first_wait)
+                                  bound=bound, first_wait=first_wait, env=env)
         self._made: tuple[str, bytes] | None = None
 
     def field(self) -> tuple[bytes, bytes] | None:

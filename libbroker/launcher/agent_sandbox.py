@@ -70,8 +70,10 @@ class Host(NamedTuple):
     cwd: str
 
 
-def proxy_urls(http_port: int, socks_port: int) -> tuple[str, str]:
-    return f"http://127.0.0.1:{http_port}", f"socks5h://127.0.0.1:{socks_port}"
+def proxy_urls(http_port: int, socks_port: int, credential: str = "") -> tuple[str, str]:
+    """The proxy variables' URLs; ``credential`` (``user:password``) for a gateway tenant."""
+    who = credential + "@" if credential else ""
+    return f"http://{who}127.0.0.1:{http_port}", f"socks5h://{who}127.0.0.1:{socks_port}"
 
 
 def environment(
@@ -84,12 +86,17 @@ def environment(
     socks_port: int,
     kubeconfig: str = "",
     tmpdir: str = "",
+    credential: str = "",
 ) -> dict[str, str]:
-    """The command's whole environment: nothing else from the launcher's."""
+    """The command's whole environment: nothing else from the launcher's.
+
+    ``credential``: the session's own proxy credential when its egress is a
+    tenant of the resident gateway (docs/serve.md), in the proxy URLs.
+    """
     env = {k: host_env[k] for k in (*PASS_ENV, *cfg.env) if k in host_env}
     path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PATH"] = bin_dir + ":" + path if bin_dir not in path.split(":") else path
-    http, socks = proxy_urls(http_port, socks_port)
+    http, socks = proxy_urls(http_port, socks_port, credential)
     bundle = rt.ca_bundle
     env.update(
         {

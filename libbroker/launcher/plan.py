@@ -119,6 +119,35 @@ def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
     return args
 
 
+def tenant_policy(cfg: Config, rt: Runtime, record: str = "") -> dict[str, object]:
+    """The session's egress policy as a gateway tenant's (docs/gateway.md), as :func:`proxy_args`.
+
+    ``record``: the FIFO the gateway writes the tenant's record lines to.
+    The proxy-wide options (``upstream_ca``) have no tenant form.
+    """
+    policy: dict[str, object] = {
+        "allow": ",".join(cfg.domains),
+        "inject": ",".join(cfg.inject),
+        "egress_dir": rt.egress_dir,
+        "token_every": cfg.token_every,
+    }
+    if cfg.token_command:
+        policy["token_command"] = cfg.token_command
+    if cfg.resolve:
+        policy["resolve"] = list(cfg.resolve)
+    if cfg.allow_cidr:
+        policy["allow_cidr"] = list(cfg.allow_cidr)
+    if cfg.secrets:
+        policy["secrets"] = rt.secrets
+    if cfg.repos:
+        policy["repos"] = ",".join(cfg.repos)
+    if record:
+        policy["record"] = record
+    if cfg.learn:
+        policy["learn"] = True
+    return policy
+
+
 def secrets_json(cfg: Config) -> str:
     """egress-proxy's --secrets file for this session (write it before its arguments go)."""
     import json

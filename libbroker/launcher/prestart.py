@@ -22,8 +22,9 @@ from __future__ import annotations
 import os
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import boot
+from libbroker.launcher import boot, serve_link
 from libbroker.launcher.child import Child, spawn
+from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
 from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
 
@@ -49,16 +50,21 @@ _SINGLE = _VALUED[:-1]  # --limit may repeat
 _REPORT_KEYS: dict[str, object] = {
     "report": False, "watch": False, "--json": False, "--last": False, "--list": False,
     "--verbose": False,
-    "--verify": False, "--propose": False, "SESSION": None,
+    "--verify": False, "--propose": False, "SESSION": None, "serve": False, "--socket": None,
 }
 
 
 class Servers:
-    """egress-proxy and broker-server, started and waiting for their arguments."""
+    """egress-proxy and broker-server, started and waiting for their arguments.
 
-    def __init__(self, proxy: Child, broker: Child) -> None:
+    With the resident service (:mod:`.serve_link`), ``service`` is the link to
+    it and ``proxy`` is None: the session's tenant lives in its gateway.
+    """
+
+    def __init__(self, proxy: Child | None, broker: Child, service: Link | None = None) -> None:
         self.proxy = proxy
         self.broker = broker
+        self.service = service
         self.taken = False  # a session owns them from then on
 
 
@@ -139,13 +145,23 @@ def backend_hint(argv: list[str]) -> str:
     return choose_backend(named[-1] if named else AUTO)
 
 
-def start(backend: str) -> Servers:
-    """Spawn both servers in their deferred boot (LaunchError if one cannot start)."""
-    proxy = spawn(
+def start_proxy() -> Child:
+    """egress-proxy in its deferred boot (LaunchError if it cannot start)."""
+    return spawn(
         "egress-proxy",
         boot.deferred_python_argv("egress-proxy", "bin.egress_proxy", PROXY_WARM),
         stdin_pipe=True,
     )
+
+
+def start(backend: str) -> Servers:
+    """Spawn the servers in their deferred boot (LaunchError if one cannot start).
+
+    When the resident service answers on its socket, only the broker: the
+    session's egress is a tenant of the service's gateway.
+    """
+    service = serve_link.connect()
+    proxy = None if service is not None else start_proxy()
     try:
         warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
@@ -157,9 +173,12 @@ def start(backend: str) -> Servers:
             stdin_pipe=True,
         )
     except LaunchError:
-        _end(proxy)
+        if proxy is not None:
+            _end(proxy)
+        if service is not None:
+            service.close()
         raise
-    return Servers(proxy, broker)
+    return Servers(proxy, broker, service)
 
 
 def try_start(argv: list[str]) -> Servers | None:
@@ -203,4 +222,7 @@ def discard(servers: Servers | None) -> None:
     if servers is not None and not servers.taken:
         servers.taken = True
         for child in (servers.broker, servers.proxy):
-            _end(child)
+            if child is not None:
+                _end(child)
+        if servers.service is not None:
+            servers.service.close()

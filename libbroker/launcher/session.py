@@ -39,12 +39,15 @@ from libbroker.launcher import (
     prestart,
     runtime,
     session_box,
+    session_service,
     supervise,
     trace,
 )
 from libbroker.launcher.agent_sandbox import SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
+from libbroker.launcher.serve_link import Link
+from libbroker.launcher.session_service import TenantOutput
 from libbroker.launcher.trace import trace as _trace
 
 if TYPE_CHECKING:
@@ -116,6 +119,8 @@ class Session:
         self.record: SessionRecord | None = None  # the session record, from go to the end
         self._record_dir = ""  # where it goes ("" when record = false)
         self._domains = cfg.domains  # as configured: an agent's hosts join later (the record)
+        self.service: Link | None = None  # the resident service's link (docs/serve.md)
+        self._tenant_out: TenantOutput | None = None  # its gateway's record lines for us
 
     # --- the whole run -------------------------------------------------------
 
@@ -151,7 +156,7 @@ class Session:
         servers = self.servers
         if servers is not None:  # ours from now on, whatever happens
             servers.taken = True
-            self.children += [servers.proxy, servers.broker]
+            self._take(servers)
         if not os.path.isdir(cfg.workdir):
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
         self.box.check()
@@ -174,7 +179,7 @@ class Session:
         if servers is None:
             servers = prestart.start(self.backend)
             servers.taken = True
-            self.children += [servers.proxy, servers.broker]
+            self._take(servers)
         for child in self.children:
             self.janitor.watch(child)
         self.box.open()
@@ -186,7 +191,12 @@ class Session:
             self.cmd = agent.cmd
         if cfg.secrets:  # read by egress-proxy as it starts
             plan.write_private(rt.secrets, plan.secrets_json(cfg))
-        proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
+        if self.service is not None:  # a tenant of the resident gateway, if it can be
+            self.service = session_service.register(self.service, cfg, rt)
+        if self.service is None:
+            if proxy is None:  # the service cannot take this session, or is gone
+                proxy = servers.proxy = self._late_proxy()
+            proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
         host = plan.host_facts(os.getcwd())
@@ -325,6 +335,7 @@ class Session:
             socks_port=socks_port,
             kubeconfig=self.rt.kubeconfig if self.cfg.kubeconfig else "",
             tmpdir=tmpdir,
+            credential=self.service.credential if self.service is not None else "",
         )
         return agent_session.environment(self.agent, env, self.rt, os.environ)
 
@@ -354,14 +365,33 @@ class Session:
         if proc.returncode != 0:
             raise LaunchError(f"kubeconfig-proxify failed: {err.decode(errors='replace').strip()}")
 
+    def _take(self, servers: prestart.Servers) -> None:
+        """The prestarted servers (and the service's link) become the session's."""
+        self.children += [c for c in (servers.proxy, servers.broker) if c is not None]
+        self.service = servers.service
+
+    def _late_proxy(self) -> supervise.Child:
+        """Our own egress-proxy after all (the service could not take the session)."""
+        proxy = prestart.start_proxy()
+        self.children.insert(0, proxy)
+        assert self.janitor is not None
+        self.janitor.watch(proxy)
+        return proxy
+
     def _wait_listening(
-        self, proxy: supervise.Child, broker: supervise.Child, wake_r: int
+        self, proxy: supervise.Child | None, broker: supervise.Child, wake_r: int
     ) -> plan.Listening:
         found = plan.Listening()
         deadline = time.monotonic() + self.cfg.start_timeout
         poller = select.poll()
-        owners: dict[int, tuple[supervise.Child, str]] = {}
-        for child in (proxy, broker):
+        owners: dict[int, tuple[supervise.Child | TenantOutput, str]] = {}
+        if self.service is not None:  # the gateway's ports, for this session's tenant
+            found.http_port, found.socks_port = self.service.reply(self.cfg.start_timeout)
+            self._tenant_out = TenantOutput(self.service)
+            if self.service.record_fd >= 0:
+                owners[self.service.record_fd] = (self._tenant_out, "out")
+                poller.register(self.service.record_fd, select.POLLIN)
+        for child in (c for c in (proxy, broker) if c is not None):
             assert child.proc.stdout is not None and child.proc.stderr is not None
             for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
                 os.set_blocking(stream.fileno(), False)
@@ -375,7 +405,7 @@ class Session:
         while not (found.http_port and found.socks_port and found.broker):
             left = deadline - time.monotonic()
             if left <= 0:
-                late = proxy if not found.http_port or not found.socks_port else broker
+                late = proxy if proxy and not (found.http_port and found.socks_port) else broker
                 raise LaunchError(
                     f"{late.name} did not say 'listening' within {self.cfg.start_timeout:g}s"
                     + late.error_tail()
@@ -396,9 +426,9 @@ class Session:
                         + dead.error_tail()
                     )
                 for line in self._read_lines(fd):
-                    child, kind = owners[fd]
+                    source, kind = owners[fd]
                     if kind == "out":
-                        plan.parse_listening(child.name, line, found)
+                        plan.parse_listening(source.name, line, found)
         return found
 
     def _read_lines(self, fd: int) -> list[str]:
@@ -435,6 +465,7 @@ class Session:
     def _stop_audit(self, fd: int) -> None:
         """Close our end of the broker's stdout: its next audit line fails, so it refuses."""
         child, _ = self._owners.pop(fd)
+        assert isinstance(child, supervise.Child)
         with contextlib.suppress(KeyError, ValueError, OSError):
             self._poller.unregister(fd)
         assert child.proc.stdout is not None
@@ -454,6 +485,9 @@ class Session:
         deadline: float | None = None
         status: int | None = None
         crash: str | None = None
+        link = self.service
+        if link is not None:  # its end (the service gone) ends the session: fail closed
+            self._poller.register(link.fileno(), select.POLLIN)
         while status is None:
             timeout = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
             events = self._poller.poll(timeout)
@@ -470,6 +504,14 @@ class Session:
                     trace.mark("ended")
                 elif fd in self._owners:
                     self._read_lines(fd)
+                elif link is not None and fd == link.fileno():
+                    self._poller.unregister(fd)
+                    if crash is None:
+                        self._drain_all()
+                        crash = ("the resident service (agent-sandbox serve) went away: the "
+                                 "session has no proxy any more")
+                        self._ask(signal.SIGTERM)
+                        deadline = time.monotonic() + GRACE
                 else:
                     dead = next((c for c in self.children if c.pidfd == fd), None)
                     if dead is not None and crash is None:
@@ -519,6 +561,8 @@ class Session:
             self._ask(signal.SIGTERM)
             if not self.sandbox.wait(GRACE):
                 self.sandbox.stop(signal.SIGKILL, 0)
+        if self.service is not None:  # the tenant goes: the gateway closes its record
+            self.service.close()
         # Then the broker (its clients are gone with the sandbox), then the
         # proxy.  A server with nothing in flight (no child process: no
         # brokered command, no token command) holds no state of its own, so
@@ -532,6 +576,11 @@ class Session:
                 child.stop(signal.SIGKILL, 0)
         if self.record is not None:  # their last events, written as they ended
             self._drain_all()
+        if self.service is not None:  # the tenant's last record lines, until the gateway's close
+            if self.record is not None and self._tenant_out is not None:
+                self._tenant_out.drain(self._read_lines, self._poller)
+            self.service.close_record()
+            self.service = None
         self.box.release()
         for child in self.children:
             child.close()

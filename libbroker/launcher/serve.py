@@ -1,0 +1,335 @@
+"""``agent-sandbox serve``: the resident per-user service (docs/serve.md).
+
+It keeps one egress-proxy running in gateway mode (``--control``, docs/gateway.md)
+and registers each session's tenant in it, so a session does not pay for an
+egress-proxy interpreter of its own.  The broker is not resident: a brokered
+command runs on the host under its session's profile and door, so each session
+keeps a broker-server of its own (docs/serve.md says why).
+
+Sessions reach the service on a unix socket: bound here (0600 under a 0177
+umask, a stale one replaced) or handed over by systemd (``LISTEN_FDS``).  A
+peer must be of this uid (``SO_PEERCRED``) and in this network namespace (a
+bwrap sandbox has one of its own: even if the socket were in its reach, it is
+refused).  One connection is one session: it sends one ``session`` request
+(:mod:`.serve_link`), gets the gateway's ports, and the tenant lives exactly as
+long as the connection.  Nothing else is accepted on it.
+
+When the gateway exits, the service exits (status 1): every link closes, and
+every launcher ends its session.  SIGTERM and SIGINT end the service the same
+way, the gateway first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import stat
+import sys
+import tempfile
+from typing import Any
+
+from libbroker.errors import LaunchError, UsageError
+from libbroker.launcher import boot
+from libbroker.launcher.serve_link import MAX_REPLY, peer_ids
+from libbroker.server_lines import listening_url
+
+SD_LISTEN_FDS_START = 3
+START_TIMEOUT = 20.0
+_SESSION_KEYS = {"op", "tenant", "password", "policy", "env"}
+
+
+def _say(line: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"agent-sandbox serve: {line}\n".encode(errors="replace"))
+
+
+def activated_socket(environ: dict[str, str] | None = None) -> socket.socket | None:
+    """The listening socket systemd passed (``LISTEN_PID``/``LISTEN_FDS``), else None.
+
+    Exactly one stream unix socket is accepted; anything else is a usage error.
+    The variables are removed so that no child takes them for its own.
+    """
+    env = os.environ if environ is None else environ
+    pid, fds = env.get("LISTEN_PID", ""), env.get("LISTEN_FDS", "")
+    if not pid or not fds:
+        return None
+    for name in ("LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES"):
+        env.pop(name, None)
+    if not pid.isdigit() or int(pid) != os.getpid():
+        return None  # meant for another process (our parent's)
+    if fds != "1":
+        raise UsageError(f"LISTEN_FDS={fds}: exactly one socket is expected (the .socket unit's)")
+    try:
+        sock = socket.socket(fileno=SD_LISTEN_FDS_START)
+    except OSError as exc:
+        raise UsageError(f"the activated socket (fd 3): {exc.strerror}") from None
+    if sock.family != socket.AF_UNIX or sock.type != socket.SOCK_STREAM:
+        sock.detach()
+        raise UsageError("the activated socket (fd 3) is not a unix stream socket")
+    sock.set_inheritable(False)
+    return sock
+
+
+def bind_socket(path: str) -> socket.socket:
+    """Listen at ``path`` (0600 from the first moment); a stale socket there is replaced."""
+    parent = os.path.dirname(path)
+    try:
+        os.makedirs(parent, mode=0o700, exist_ok=True)
+        st = os.lstat(parent)
+    except OSError as exc:
+        raise UsageError(f"--socket {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+        raise UsageError(f"--socket {path}: {parent} is not a directory of this user")
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    if mode is not None:
+        if not stat.S_ISSOCK(mode):
+            raise UsageError(f"--socket {path}: exists and is not a socket")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(path)
+            except ConnectionRefusedError:
+                os.unlink(path)  # stale: its service is gone
+                _say(f"replaced a stale socket at {path}")
+            except OSError as exc:
+                raise UsageError(f"--socket {path}: {exc.strerror}") from None
+            else:
+                raise UsageError(f"--socket {path}: a service already listens there")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"--socket {path}: {exc.strerror}") from None
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(128)
+    return sock
+
+
+def session_frame(line: bytes) -> dict[str, Any]:
+    """The checked ``session`` request on ``line``; ValueError naming what is wrong.
+
+    The gateway checks the tenant, password, policy and environment again (its
+    own rules); here only the shape, so a wrong op is refused before it gets there.
+    """
+    try:
+        frame = json.loads(line)
+    except ValueError:
+        raise ValueError("not a JSON object on one line") from None
+    if not isinstance(frame, dict) or frame.get("op") != "session":
+        raise ValueError("the only request is {\"op\": \"session\", ...}")
+    extra = sorted(set(frame) - _SESSION_KEYS)
+    if extra:
+        raise ValueError(f"unknown key {extra[0]!r}")
+    for key in ("tenant", "password"):
+        if not isinstance(frame.get(key), str):
+            raise ValueError(f"{key!r} must be a string")
+    return frame
+
+
+class Service:
+    """The gateway child, the listening socket, and one task per session."""
+
+    def __init__(self, listener: socket.socket, workdir: str) -> None:
+        self.listener = listener
+        self.workdir = workdir  # 0700: the gateway's control socket
+        self.control = os.path.join(workdir, "gateway.sock")
+        self.gateway: asyncio.subprocess.Process | None = None
+        self.http_port = 0
+        self.socks_port = 0
+        self.sessions = 0
+        self._netns = os.stat("/proc/self/ns/net").st_ino
+
+    async def start_gateway(self) -> None:
+        """egress-proxy in gateway mode; its two ports once it says ``listening``."""
+        argv = [*boot.python_argv("egress-proxy", "bin.egress_proxy",
+                                  die_with_sig=signal.SIGTERM),
+                "--listen=127.0.0.1:0", "--socks=127.0.0.1:0", "--control=" + self.control]
+        self.gateway = proc = await asyncio.create_subprocess_exec(
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE)
+        assert proc.stdout is not None
+        async with asyncio.timeout(START_TIMEOUT):
+            while not (self.http_port and self.socks_port):
+                line = await proc.stdout.readline()
+                if not line:
+                    raise LaunchError(f"egress-proxy exited while starting "
+                                      f"(status {await proc.wait()})")
+                url = listening_url(line.decode(errors="replace"))
+                if url and url.startswith("http://"):
+                    self.http_port = int(url.rsplit(":", 1)[1].rstrip("/"))
+                elif url and url.startswith("socks5://"):
+                    self.socks_port = int(url.rsplit(":", 1)[1].rstrip("/"))
+
+    async def _gateway(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """One request on the gateway's control socket and its reply."""
+        reader, writer = await asyncio.open_unix_connection(self.control, limit=MAX_REPLY)
+        try:
+            writer.write(json.dumps(frame, separators=(",", ":")).encode() + b"\n")
+            await writer.drain()
+            answer: dict[str, Any] = json.loads(await reader.readuntil(b"\n"))
+            return answer
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    def _refusal(self, sock: socket.socket) -> str:
+        """Why this peer may not register a session ("" when it may)."""
+        try:
+            pid, uid = peer_ids(sock)
+        except OSError as exc:
+            return f"its credentials cannot be read ({exc.strerror})"
+        if uid != os.getuid():
+            return f"peer uid {uid} is not the service's uid {os.getuid()}"
+        try:
+            netns = os.stat(f"/proc/{pid}/ns/net").st_ino
+        except OSError:
+            return f"peer pid {pid}'s network namespace cannot be read"
+        if netns != self._netns:
+            return f"peer pid {pid} is in another network namespace (a sandbox)"
+        return ""
+
+    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """One session: check the peer, add its tenant, hold it until the link closes."""
+        tenant = ""
+        try:
+            refusal = self._refusal(writer.get_extra_info("socket"))
+            if refusal:
+                _say(f"refused a session: {refusal}")
+                writer.write(_reply(False, error=refusal))
+                await writer.drain()
+                return
+            try:
+                line = await reader.readuntil(b"\n")
+            except asyncio.LimitOverrunError:
+                _say("refused a session: request line over the limit")
+                writer.write(_reply(False, error="request line over the limit"))
+                await writer.drain()
+                return
+            except asyncio.IncompleteReadError:
+                return
+            try:
+                frame = session_frame(line)
+            except ValueError as exc:
+                _say(f"refused a session: {exc}")
+                writer.write(_reply(False, error=str(exc)))
+                await writer.drain()
+                return
+            add = {"op": "add", "tenant": frame["tenant"], "password": frame["password"],
+                   "policy": frame.get("policy") or {}}
+            if frame.get("env") is not None:
+                add["env"] = frame["env"]
+            answer = await self._gateway(add)
+            if answer.get("ok") is not True:
+                writer.write(_reply(False, error=str(answer.get("error", "refused"))))
+                await writer.drain()
+                return
+            tenant = frame["tenant"]
+            self.sessions += 1
+            _say(f"session {tenant} started ({self.sessions} now)")
+            writer.write(_reply(True, tenant=tenant, http_port=self.http_port,
+                                socks_port=self.socks_port))
+            await writer.drain()
+            # The connection is the registration: anything more on it, or its
+            # end, ends the session.
+            await reader.read(1)
+        except (OSError, ValueError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            if tenant:
+                self.sessions -= 1
+                with contextlib.suppress(OSError, ValueError, asyncio.IncompleteReadError):
+                    await self._gateway({"op": "remove", "tenant": tenant})
+                _say(f"session {tenant} ended ({self.sessions} now)")
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        stop: asyncio.Future[int] = loop.create_future()
+
+        def stopping(sig: int) -> None:
+            if not stop.done():
+                stop.set_result(sig)
+
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            loop.add_signal_handler(sig, stopping, sig)
+        await self.start_gateway()
+        assert self.gateway is not None
+        self.listener.setblocking(False)
+        server = await asyncio.start_unix_server(self.client, sock=self.listener,
+                                                 limit=MAX_REPLY)
+        _say(f"serving: gateway http 127.0.0.1:{self.http_port}, "
+             f"socks 127.0.0.1:{self.socks_port}")
+        gateway_done = asyncio.ensure_future(self.gateway.wait())
+        async with server:
+            done, _ = await asyncio.wait({stop, gateway_done},
+                                         return_when=asyncio.FIRST_COMPLETED)
+        if gateway_done in done:
+            _say(f"egress-proxy exited (status {gateway_done.result()}): every session ends")
+            return 1
+        return 0
+
+    async def close(self) -> None:
+        proc = self.gateway
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            try:
+                async with asyncio.timeout(5):
+                    await proc.wait()
+            except TimeoutError:
+                proc.kill()
+                await proc.wait()
+
+
+def _reply(ok: bool, **fields: Any) -> bytes:
+    return (json.dumps({"ok": ok, **fields}, separators=(",", ":")) + "\n").encode()
+
+
+def main(socket_path: str) -> int:
+    """Serve until SIGTERM/SIGINT (0) or until the gateway dies (1)."""
+    listener = activated_socket()
+    bound = ""
+    if listener is None:
+        if not socket_path:
+            raise UsageError("no socket: XDG_RUNTIME_DIR is not set; name one with --socket")
+        listener = bind_socket(socket_path)
+        bound = socket_path
+    base = os.path.dirname(bound or socket_path) or None
+    workdir = tempfile.mkdtemp(prefix="serve-", dir=base if base and os.path.isdir(base)
+                               else None)
+    service = Service(listener, workdir)
+
+    async def body() -> int:
+        try:
+            return await service.run()
+        finally:
+            await service.close()
+
+    try:
+        return asyncio.run(body())
+    except LaunchError as exc:
+        _say(str(exc))
+        return 1
+    finally:
+        listener.close()
+        if bound:
+            with contextlib.suppress(OSError):
+                os.unlink(bound)
+        with contextlib.suppress(OSError):
+            os.unlink(service.control)
+        with contextlib.suppress(OSError):
+            os.rmdir(workdir)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.flush()
+

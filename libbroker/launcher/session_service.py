@@ -1,0 +1,94 @@
+"""A session as a tenant of the resident service's gateway (docs/serve.md).
+
+The session keeps everything of its own that it has without the service: its
+runtime directory, its secrets file (host-only), its broker and door, its
+record.  What changes is who runs its egress: the service's gateway, where the
+session is a tenant with its own credential and policy.  The gateway writes the
+tenant's record lines to a FIFO in the session's host-only directory, which
+only this launcher reads (into the session record, as it reads its own proxy's
+stdout otherwise).
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import select
+from collections.abc import Callable
+
+from libbroker.launcher import plan
+from libbroker.launcher.config import Config
+from libbroker.launcher.runtime import Runtime
+from libbroker.launcher.serve_link import Link, ServiceGone
+from libbroker.launcher.trace import trace
+
+RECORD_FIFO = "proxy-record"
+DRAIN_BOUND = 2.0  # seconds for the gateway to close a removed tenant's record
+
+
+def usable(cfg: Config) -> str:
+    """Why this session cannot be a tenant of the shared gateway ("" when it can)."""
+    if cfg.upstream_ca:
+        return "upstream_ca is the whole gateway's, not a session's"
+    if cfg.kubeconfig:
+        # kubeconfig-proxify would need the credential on its command line.
+        return "a kubeconfig session proxies it with its own proxy"
+    return ""
+
+
+def register(link: Link, cfg: Config, rt: Runtime) -> Link | None:
+    """Send the session's tenant to the service; None when the session runs its own proxy.
+
+    Only a service that is not there (the request cannot be sent) or a
+    config it cannot serve gives None; a refusal in its reply is the
+    session's error (:meth:`Link.reply`).
+    """
+    why = usable(cfg)
+    if why:
+        trace(f"resident service not used: {why}")
+        link.close()
+        return None
+    record = ""
+    if cfg.record:
+        record = os.path.join(rt.host_only, RECORD_FIFO)
+        link.open_record(record)
+    try:
+        # The tenant's token and secret commands run with our environment, as our
+        # own proxy's would (printenv VAR, gh auth token); it stays in memory.
+        link.send(plan.tenant_policy(cfg, rt, record), dict(os.environ))
+    except ServiceGone:
+        trace("resident service gone before the request: own proxy")
+        link.close_record()
+        link.close()
+        return None
+    trace("tenant requested from the resident service")
+    return link
+
+
+class TenantOutput:
+    """The gateway's record lines for this tenant, read as a server's stdout would be."""
+
+    name = "egress-proxy"
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        self.tail: collections.deque[str] = collections.deque(maxlen=20)
+
+    def drain(self, read_lines: Callable[[int], list[str]], _poller: object) -> None:
+        """Read the record FIFO until the gateway closes it (bounded): its last lines."""
+        import time
+
+        fd = self.link.record_fd
+        if fd < 0:
+            return
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        deadline = time.monotonic() + DRAIN_BOUND
+        while (left := deadline - time.monotonic()) > 0:
+            events = poller.poll(int(left * 1000) + 1)
+            if not events:
+                break
+            if events[0][1] & select.POLLIN:
+                read_lines(fd)
+            else:  # end of file: the gateway closed the tenant's record
+                break
