@@ -109,7 +109,7 @@ class Gate:
                   env: dict[str, str] | None = None) -> tuple[Services, str]:
         log = EventLog(self._stream, log_allowed=self._options.log_allowed, tenant=name)
         try:
-            record = Recorder.open(options.record_file, options.policy)
+            record = Recorder.open(options.record_file, options.policy, tenant=name)
         except OSError as exc:
             raise UsageError(f"record {options.record_file}: {exc.strerror}") from None
         if record.on:

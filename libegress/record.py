@@ -7,6 +7,8 @@ plain HTTP) ends, or when something is refused: host, port, kind (``tunnel``,
 sandbox, ``down`` to it), duration; method, path (never the query) and status
 for requests.  Never a header value, a body or a token.  With ``--learn``,
 an event for a host the allow list would have refused carries ``learn``.
+In gateway mode every line names its tenant (``tenant``, right after ``ev``),
+so tenants that share one stream (a pod's stdout) can be told apart.
 
 Cheap on purpose: nothing per chunk, one ``json.dumps`` and one ``write``
 per connection or request.  A line longer than PIPE_BUF cannot happen (the
@@ -43,18 +45,23 @@ def request_path(target: bytes) -> str:
 class Recorder:
     """Writes event lines to ``--record``'s file; does nothing without one."""
 
-    def __init__(self, fd: int | None, policy: EgressPolicy) -> None:
+    def __init__(self, fd: int | None, policy: EgressPolicy, tenant: str | None = None) -> None:
         self._fd = fd
         self._policy = policy
+        self._tenant = tenant
         self.failed: str | None = None
 
     @classmethod
-    def open(cls, path: str | None, policy: EgressPolicy) -> Recorder:
-        """The recorder for ``path`` (appended, 0600); OSError when it cannot be opened."""
+    def open(cls, path: str | None, policy: EgressPolicy,
+             tenant: str | None = None) -> Recorder:
+        """The recorder for ``path`` (appended, 0600); OSError when it cannot be opened.
+
+        ``tenant``: the gateway's tenant whose lines these are, named in each.
+        """
         if path is None:
-            return cls(None, policy)
+            return cls(None, policy, tenant)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        return cls(fd, policy)
+        return cls(fd, policy, tenant)
 
     @property
     def on(self) -> bool:
@@ -76,7 +83,10 @@ class Recorder:
         if self._fd is None:
             return
         host, port = outcome.host, outcome.port
-        entry: dict[str, object] = {"ev": "egress", "host": _clean(host) or "-", "port": port}
+        entry: dict[str, object] = {"ev": "egress"}
+        if self._tenant is not None:
+            entry["tenant"] = self._tenant  # a checked tenant name: [A-Za-z0-9._-], 64 at most
+        entry["host"], entry["port"] = _clean(host) or "-", port
         if outcome.mode is not None:
             entry["kind"] = outcome.mode.record_word
         entry["verdict"] = str(outcome.verdict)

@@ -82,6 +82,8 @@ def _tenant_traffic(gw: Gateway, i: int) -> dict[str, tuple[str, str]]:
 
 def _records(keys: TenantKeys) -> Counter[tuple[str, str]]:
     lines = [json.loads(line) for line in keys.record.read_text().splitlines()]
+    # Every line names its tenant, and a tenant's own record names no other.
+    assert {line["tenant"] for line in lines} <= {keys.name}, keys.name
     return Counter((line["host"], line["verdict"]) for line in lines)
 
 
@@ -381,3 +383,29 @@ def test_two_adds_of_one_name_at_once_make_one_tenant(gw: Gateway) -> None:
     refused = next(a for a in answers if not a["ok"])
     assert refused["error"] == "tenant twice exists: remove it first"
     assert gw.request({"op": "remove", "tenant": "twice"})["ok"]
+
+
+def test_tenants_sharing_one_record_stream_are_told_apart_by_their_tag(gw: Gateway) -> None:
+    """Three tenants write to one record file (as to a pod's stdout): each line names its
+    tenant, and the lines of each are exactly its own traffic's."""
+    shared = gw.tmp / "shared.record.jsonl"
+    names = ["share-a", "share-b", "share-c"]
+    keys = [gw.add(name, TENANTS + 30 + n, record=str(shared)) for n, name in enumerate(names)]
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda n: (
+            codes(curl(gw, f"http://ok{TENANTS + 30 + n}.test:{gw.plain.port}/x",
+                       user=f"{keys[n].name}:{keys[n].password}")),
+            codes(curl(gw, f"http://ok{TENANTS + 30 + (n + 1) % 3}.test:{gw.plain.port}/x",
+                       user=f"{keys[n].name}:{keys[n].password}"))), range(3)))
+    for own, other in results:
+        assert own[0] == "200" and other[0] == "403", results
+    lines = [json.loads(line) for line in shared.read_text().splitlines()]
+    assert len(lines) == 6
+    for n, name in enumerate(names):
+        mine = Counter((line["host"], line["verdict"]) for line in lines
+                       if line["tenant"] == name)
+        assert mine == Counter({(f"ok{TENANTS + 30 + n}.test", "allowed"): 1,
+                                (f"ok{TENANTS + 30 + (n + 1) % 3}.test", "refused"): 1}), name
+        assert list(lines[0])[:2] == ["ev", "tenant"]
+    for name in names:
+        assert gw.request({"op": "remove", "tenant": name})["ok"]
