@@ -24,7 +24,7 @@ from libegress.limits import Limits
 from libegress.record import Recorder
 from libegress.route import EgressPolicy, Pin, parse_pin
 from libegress.scope import Scope, parse_repos
-from libegress.secrets import Secret, parse_secrets
+from libegress.secrets import Secret, login_hosts, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
 from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
 
@@ -151,7 +151,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
     return Options(
         listen=_listen(args["--listen"], "http"),
         socks=_listen(args["--socks"], "socks5") if args.get("--socks") else None,
-        policy=EgressPolicy(allow=allow, inject=inject + tuple(s.host for s in secrets),
+        policy=EgressPolicy(allow=allow, inject=_inject_hosts(inject, secrets),
                             pins=pins, allow_cidrs=cidrs, learn=bool(args.get("--learn"))),
         secrets=secrets,
         github_inject=inject,
@@ -167,6 +167,11 @@ def options_from_args(args: dict[str, Any]) -> Options:
         record_file=args.get("--record"),
         control=control,
     )
+
+
+def _inject_hosts(inject: tuple[str, ...], secrets: tuple[Secret, ...]) -> tuple[str, ...]:
+    """--inject's hosts, each secret's, and each held login's token host, once each."""
+    return tuple(dict.fromkeys((*inject, *(s.host for s in secrets), *login_hosts(secrets))))
 
 
 def raise_fd_limit() -> None:

@@ -5,7 +5,8 @@ client gets a leaf from the proxy's name-constrained CA; each request inside is
 held to the CONNECT host (its Host and any absolute target must name it), loses
 the client's Authorization and Proxy-* fields (and, for a ``--secrets`` host,
 the client's own value of that secret's header), and gets the proxy's: the
-GitHub token's Authorization, or the secret's header.
+GitHub token's Authorization, or the secret's header.  A held login's token
+host is served by :mod:`libegress.login_host` instead (never the GitHub token).
 The upstream is dialled under the address rules and its certificate verified.
 """
 
@@ -30,6 +31,7 @@ from libegress.http1 import (
     exchange,
     keep_alive,
 )
+from libegress.login_host import held_login, serve_login
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused
 from libegress.scope_guard import Dialer, admit, framed
@@ -116,12 +118,19 @@ class _Injected:
         self.upstream: UpstreamSide | None = None
         secret = services.secrets.get(host)
         self.drop = secret.lower_name if secret is not None else b"authorization"
+        self.login = held_login(services, host)
 
     async def serve(self, request: h11.Request) -> bool:
         services, host, port = self.services, self.host, self.port
         if request.method == b"CONNECT":
             raise HttpError(405, "CONNECT inside a tunnel is refused")
         target = inner_target(request, host, port)
+        if self.login is not None:  # a held login's token host: never the GitHub token
+            await serve_login(services, self.login, self.client, request, target,
+                              self._upstream,
+                              lambda credential: upstream_request(request, target, credential,
+                                                                  self.drop))
+            return True
         side = self.client
         if services.scope is not None and services.scope.applies(host):
             side = await admit(services.scope, self.client, request, target, host, port,
@@ -137,6 +146,11 @@ class _Injected:
             services.record.request(Mode.INTERCEPT, host, port, request.method, target,
                                     moved, started)
         return True
+
+    async def _upstream(self) -> UpstreamSide:
+        if self.upstream is None:
+            self.upstream = await _open_upstream(self.services, self.host, self.port)
+        return self.upstream
 
     async def refuse(self, error: HttpError) -> None:
         self.services.log.report(Outcome.answered(error.status, str(error), self.host,

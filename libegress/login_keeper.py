@@ -4,6 +4,7 @@ egress-proxy runs this as a ``[[secret]]`` command (libbroker.launcher.logins
 makes the entry), every few seconds, on the host, never in the sandbox::
 
     python -m libegress.login_keeper KIND FILE [--resolve=HOST:IP:PORT]... [--ca=FILE]
+                                     [--answer | --store]
 
 It reads the person's own login file (``~/.claude/.credentials.json``,
 ``~/.codex/auth.json``, ``~/.gemini/oauth_creds.json``) under
@@ -15,6 +16,17 @@ token (egress-proxy takes the first line).  ``--resolve`` and ``--ca`` are the
 session's own upstream pins and CA (its config's ``resolve`` and
 ``upstream_ca``), so the refresh reaches what the proxy would.
 
+egress-proxy also runs it when a process inside the session asks the
+agent's token endpoint (:mod:`libegress.token_endpoint`), with one more word:
+
+- ``--answer`` (a refresh with the session's placeholder): prints the token
+  answer the session gets, placeholders only (Codex's claims read from the
+  person's id token);
+- ``--store`` (a ``/login`` inside: the token endpoint's answer on stdin):
+  writes the new login to the person's file, as a refresh does (locked,
+  atomic, its mode; 0600 for a new file), and prints the answer the session
+  gets, placeholders only.
+
 A refusal prints one line on stderr (never a token) and exits 1; a refresh
 that fails while the held token is still valid prints that token (the proxy
 goes on; the next run tries again).
@@ -25,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import http.client
+import json
 import os
 import socket
 import ssl
@@ -32,7 +45,7 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-from libegress import oauth_login
+from libegress import oauth_login, placeholders
 from libegress.oauth_login import Kind, LoginError, Tokens
 from libegress.route import parse_pin
 
@@ -118,10 +131,48 @@ def current_token(kind: Kind, path: str, pins: list[str], ca: str | None) -> str
             new_data, new = oauth_login.refreshed(kind, data, tokens, status, answer, now)
         except (LoginError, OSError, ssl.SSLError, http.client.HTTPException) as exc:
             return _still_valid(tokens, now, exc)
-        import json
-
         _write(path, json.dumps(new_data, indent=2), mode)
         return new.access
+    finally:
+        os.close(dirfd)
+
+
+def _held(kind: Kind, path: str) -> tuple[object, Tokens | None, int]:
+    """The file's JSON, its login if usable, and its mode (a missing file: nothing, 0600)."""
+    try:
+        text, mode = _read(path)
+    except FileNotFoundError:
+        return {}, None, 0o600
+    try:
+        data, tokens = oauth_login.parse(kind, text)
+    except LoginError:
+        try:
+            return json.loads(text), None, mode
+        except (ValueError, RecursionError):
+            return {}, None, mode
+    return data, tokens, mode
+
+
+def answer(kind: Kind, path: str, store: bytes | None) -> str:
+    """The session's token answer (placeholders); with ``store``, the new login written first."""
+    dirfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(dirfd, fcntl.LOCK_EX)
+        now = int(time.time() * 1000)
+        data, held, mode = _held(kind, path)
+        if store is None:
+            if held is None or not isinstance(data, dict):
+                raise LoginError(f"{kind.name}'s login file holds no login to answer for")
+            return json.dumps(placeholders.masked(kind, placeholders.as_answer(kind, data), now))
+        try:
+            got = json.loads(store)
+        except (ValueError, RecursionError, UnicodeDecodeError):
+            raise LoginError("the token endpoint's answer is not JSON") from None
+        if not isinstance(got, dict):
+            raise LoginError("the token endpoint's answer is not an object")
+        new_data, _ = oauth_login.stored(kind, data, held, got, now)
+        _write(path, json.dumps(new_data, indent=2), mode)
+        return json.dumps(placeholders.masked(kind, got, now))
     finally:
         os.close(dirfd)
 
@@ -139,13 +190,22 @@ def main(argv: list[str]) -> int:
     words = [a for a in argv if not a.startswith("--")]
     pins = [a.split("=", 1)[1] for a in argv if a.startswith("--resolve=")]
     cas = [a.split("=", 1)[1] for a in argv if a.startswith("--ca=")]
-    if len(words) != 2 or words[0] not in oauth_login.KINDS:
+    modes = [a for a in argv if a in ("--answer", "--store")]
+    known = all(a in modes or a.startswith(("--resolve=", "--ca=")) for a in argv
+                if a.startswith("--"))
+    if len(words) != 2 or words[0] not in oauth_login.KINDS or len(modes) > 1 or not known:
         print(f"usage: python -m libegress.login_keeper {'|'.join(oauth_login.KINDS)} FILE "
-              "[--resolve=PIN]... [--ca=FILE]", file=sys.stderr)
+              "[--resolve=PIN]... [--ca=FILE] [--answer | --store]", file=sys.stderr)
         return 2
+    kind = oauth_login.KINDS[words[0]]
     try:
-        token = current_token(oauth_login.KINDS[words[0]], words[1], pins,
-                              cas[-1] if cas else None)
+        if modes:
+            store = sys.stdin.buffer.read(MAX_FILE + 1) if modes[0] == "--store" else None
+            if store is not None and len(store) > MAX_FILE:
+                raise LoginError("the token endpoint's answer is larger than 1 MiB")
+            token = answer(kind, words[1], store)
+        else:
+            token = current_token(kind, words[1], pins, cas[-1] if cas else None)
     except (LoginError, OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         print(f"login-keeper: {why}", file=sys.stderr)

@@ -253,3 +253,35 @@ def _gemini_refreshed(data: Mapping[str, Any], got: Mapping[str, Any], expires_i
         if isinstance(got.get(key), str):
             out[key] = got[key]
     return out, _flat_tokens(GEMINI, out)
+
+
+def stored(kind: Kind, data: object, held: Tokens | None, got: Mapping[str, Any],
+           now_ms: int) -> tuple[dict[str, Any], Tokens]:
+    """The login file's JSON after a new login (a code exchanged inside the session).
+
+    ``data`` is the file as it was (anything, or nothing: a first login),
+    ``held`` its tokens if it had a usable login.  What belonged to the old
+    login's account (Claude's plan, Codex's account id) is replaced; a
+    refresh token the answer leaves out is the held one, else the answer is
+    refused.  LoginError when the answer holds no usable login.
+    """
+    if not _is_token(got.get("access_token")):
+        raise LoginError("the token endpoint's answer holds no usable token")
+    base: dict[str, Any] = json.loads(json.dumps(data)) if isinstance(data, dict) else {}
+    before = held or Tokens("", "", 0, ())
+    if kind is CODEX:
+        base.setdefault("OPENAI_API_KEY", None)
+        login = base["tokens"] = {}
+        if before.refresh:
+            login["refresh_token"] = before.refresh
+        claims = jwt_claims(str(got.get("id_token", ""))) or {}
+        auth = claims.get("https://api.openai.com/auth")
+        account = auth.get("chatgpt_account_id") if isinstance(auth, dict) else None
+        if not isinstance(got.get("id_token"), str) or not isinstance(account, str):
+            raise LoginError("the token endpoint's answer holds no usable id token")
+        login["account_id"] = account
+        return _codex_refreshed(base, got, now_ms)
+    if kind is CLAUDE:
+        base[kind.key] = {"accessToken": "", "refreshToken": before.refresh, "expiresAt": 0,
+                          "scopes": []}
+    return refreshed(kind, base, before, 200, json.dumps(dict(got)).encode(), now_ms)

@@ -6,7 +6,11 @@ The file is a JSON list with one object per secret::
       "command": "cat /path/to/key", "every": 300}]
 
 ``host``, ``header`` and ``command`` are required; ``format`` defaults to
-``"Bearer {}"`` and ``every`` (seconds between renewals) to 300.  ``{}`` in
+``"Bearer {}"`` and ``every`` (seconds between renewals) to 300.  ``login``
+(``claude``, ``codex`` or ``gemini``) says the value is that agent's OAuth
+access token, from :mod:`libegress.login_keeper`: the agent's token host is
+then served by :mod:`libegress.token_endpoint` (a refresh from inside answered
+with placeholders, a new login kept on the host), with the entry's command.  ``{}`` in
 ``format`` stands for the command's value, exactly once; a format of the form
 ``"Basic X{}Y"`` sends ``Basic base64(X VALUE Y)``, as git expects of
 ``"Basic x-access-token:{}"``.  Every host becomes an inject host, so it must
@@ -30,11 +34,13 @@ from typing import Any
 
 from libbroker.errors import UsageError
 from libegress.hosts import BadHost, canonical_host, ip_of
+from libegress.oauth_login import KINDS
+from libegress.token_endpoint import ENDPOINTS
 
 DEFAULT_FORMAT = "Bearer {}"
 DEFAULT_EVERY = 300.0
 PLACEHOLDER = "{}"
-KEYS = frozenset({"host", "header", "format", "command", "every"})
+KEYS = frozenset({"host", "header", "format", "command", "every", "login"})
 REQUIRED = ("host", "header", "command")
 # RFC 9110 5.1: a field name is a token.
 _TOKEN = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
@@ -58,6 +64,7 @@ class Secret:
     format: str
     argv: tuple[str, ...]
     every: float = DEFAULT_EVERY
+    login: str = ""  # an agent's OAuth login kind (libegress.oauth_login.KINDS), or ""
 
 
 def header_value(fmt: str, value: str) -> bytes:
@@ -114,6 +121,7 @@ def parse_entry(entry: Any, where: str) -> Secret:
         format=_format(entry.get("format", DEFAULT_FORMAT), where),
         argv=_argv(entry["command"], where),
         every=_every(entry.get("every", DEFAULT_EVERY), where),
+        login=_login(entry.get("login", ""), where),
     )
 
 
@@ -163,6 +171,18 @@ def _every(value: Any, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1e7:
         raise UsageError(f"{where}: 'every' must be a positive number of seconds")
     return float(value)
+
+
+def _login(value: Any, where: str) -> str:
+    if value != "" and value not in KINDS:
+        raise UsageError(f"{where}: 'login' must be one of {', '.join(sorted(KINDS))}")
+    return str(value)
+
+
+def login_hosts(secrets: tuple[Secret, ...]) -> tuple[str, ...]:
+    """The token hosts of the logins ``secrets`` hold (each is an inject host)."""
+    kinds = dict.fromkeys(s.login for s in secrets if s.login)
+    return tuple(ENDPOINTS[k].host for k in kinds)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -72,12 +72,38 @@ async def read_token(argv: list[str], bound: float = RUN_BOUND,
 
     ``env``: the command's environment (a gateway tenant's own); None inherits ours.
     """
+    return parse_token(await run_command(argv, bound, env=env))
+
+
+# What a command may be handed on its standard input: one pipe's worth, written
+# before it starts, so neither side can wait on the other.
+MAX_INPUT = 60 * 1024
+
+
+async def run_command(argv: list[str], bound: float = RUN_BOUND, stdin: bytes = b"",
+                      env: Mapping[str, str] | None = None) -> bytes:
+    """Run ``argv`` once (``stdin`` as its input) and return what it printed.
+
+    TokenError when it cannot start, runs past ``bound``, prints more than
+    :data:`MAX_OUTPUT` or exits with a status other than 0.
+    """
+    if len(stdin) > MAX_INPUT:
+        raise TokenError(f"the command's input is over {MAX_INPUT // 1024} KiB")
+    in_read: int = subprocess.DEVNULL
     try:
+        if stdin:
+            in_read, in_write = os.pipe()
+            try:
+                os.write(in_write, stdin)  # fits the pipe: MAX_INPUT
+            finally:
+                os.close(in_write)
         read_end, write_end = os.pipe()
     except OSError as exc:  # out of descriptors, say
+        if stdin and in_read >= 0:
+            os.close(in_read)
         raise TokenError(f"the token command could not start: {exc.strerror}") from None
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=write_end,
+        proc = subprocess.Popen(argv, stdin=in_read, stdout=write_end,
                                 stderr=subprocess.DEVNULL, start_new_session=True,
                                 env=None if env is None else dict(env))
     except (OSError, ValueError) as exc:
@@ -88,6 +114,8 @@ async def read_token(argv: list[str], bound: float = RUN_BOUND,
         # Only the command holds the write end now: its exit (and its
         # descendants') is what ends the output.
         os.close(write_end)
+        if stdin:
+            os.close(in_read)
     try:
         os.set_blocking(read_end, False)
         async with asyncio.timeout(bound):
@@ -100,7 +128,7 @@ async def read_token(argv: list[str], bound: float = RUN_BOUND,
         _end(proc)
     if proc.returncode != 0:
         raise TokenError(f"the token command exited with status {proc.returncode}")
-    return parse_token(out)
+    return out
 
 
 async def _output_until_exit(pid: int, fd: int) -> bytes:
@@ -275,6 +303,7 @@ class SecretKeeper:
                  bound: float = RUN_BOUND, first_wait: float = FIRST_WAIT,
                  env: Mapping[str, str] | None = None) -> None:
         self.secret = secret
+        self.env = env  # the command's environment: also the login keeper's other runs
         self.name = secret.header.encode("ascii")
         self.lower_name = self.name.lower()
         host = secret.host

@@ -49,7 +49,8 @@ PURE = {
     )),
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",
-        "graphql", "oauth_login", "proxyauth", "control_frames", "outcome",
+        "graphql", "oauth_login", "proxyauth", "control_frames", "outcome", "placeholders",
+        "token_endpoint",
     )),
 }  # fmt: skip
 IMPURE_IN_LIBPOLICY = {"libpolicy.hook"}  # the rest of libpolicy is pure

@@ -35,11 +35,16 @@ class Secret(NamedTuple):
     format: str = "Bearer {}"
     every: int = 300
     env: str = ""
+    login: str = ""  # an agent's OAuth login held on the host (launcher.logins), never config
 
     def proxy_entry(self) -> dict[str, object]:
         """The entry as egress-proxy's --secrets file holds it."""
-        return {"host": self.host, "header": self.header, "format": self.format,
-                "command": self.command, "every": self.every}
+        entry: dict[str, object] = {"host": self.host, "header": self.header,
+                                    "format": self.format, "command": self.command,
+                                    "every": self.every}
+        if self.login:
+            entry["login"] = self.login
+        return entry
 
 
 def domains(values: tuple[str, ...], where: str) -> tuple[str, ...]:

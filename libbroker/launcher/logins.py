@@ -13,38 +13,37 @@ person's plan after the session.  Now, with no config to write:
   access token, refreshed before it expires, the rotated pair written back
   atomically with the file's mode); the session's ``resolve`` pins and
   ``upstream_ca`` go with it, so the refresh reaches what the proxy would;
+  the entries name the login's kind, so egress-proxy also serves the agent's
+  token host (:mod:`libegress.token_endpoint`): a refresh from inside is
+  answered with placeholders, a ``/login`` inside is kept in the person's file;
 - :func:`placeholder_copy` (once the private copy is made): the copy's login
-  holds :data:`ACCESS` and :data:`REFRESH`, fixed placeholders, and an expiry
+  holds fixed placeholders (:mod:`libegress.placeholders`) and an expiry
   far ahead, so the agent never refreshes by itself; the manifest records the
   rewritten file as copied, and :mod:`.agent_home` never brings back a login
   file that holds a placeholder.
 
 The agent adds its login's headers (``anthropic-beta: oauth-2025-04-20``,
 ``chatgpt-account-id``) itself, as it would with the real token;
-egress-proxy replaces only ``Authorization``, on the API host only.
+egress-proxy replaces only ``Authorization``, on the API hosts only (and
+Gemini CLI's tokeninfo).
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
 import shlex
 import sys
-import time
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.launcher.egress_values import Secret
-from libegress import oauth_login
+from libegress import oauth_login, placeholders
 
 if TYPE_CHECKING:
     from libbroker.launcher.agents import Profile
     from libbroker.launcher.config import Config
 
-ACCESS = "sk-ant-oat01-agent-sandbox-placeholder"
-REFRESH = "sk-ant-ort01-agent-sandbox-placeholder"
-FAR_AHEAD_MS = 4102444800000  # 2100-01-01: the agent never sees it near expiry
 # How often egress-proxy asks the keeper (a file read; a refresh only when due).
 EVERY = 60
 EVERY_VAR = "AGENT_SANDBOX_LOGIN_EVERY"  # seconds: shorter, for tests and the impatient
@@ -64,14 +63,12 @@ _FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     # Codex with a ChatGPT login talks to chatgpt.com/backend-api (codex/responses).
     "codex": ("~/.codex/auth.json", "codex/auth.json", ("chatgpt.com",)),
     # Gemini CLI with a Google login: Code Assist, and the token's own checks at
-    # start (tokeninfo, with the bearer; userinfo when no account is cached).
+    # start (userinfo when no account is cached; tokeninfo, with the bearer, on
+    # oauth2.googleapis.com, the token host: libegress.token_endpoint sets the
+    # token on /tokeninfo only, never on /token).
     "gemini": ("~/.gemini/oauth_creds.json", "home/.gemini/oauth_creds.json",
                ("cloudcode-pa.googleapis.com", "oauth2.googleapis.com", "www.googleapis.com")),
 }
-GEMINI_ACCESS = "ya29.agent-sandbox-placeholder"
-GEMINI_REFRESH = "1//agent-sandbox-placeholder"
-CODEX_REFRESH = "rt_agent-sandbox-placeholder"
-PLACEHOLDER_SIGNATURE = "agent-sandbox-placeholder"
 
 
 def detect(profile: Profile, home: str) -> Login | None:
@@ -106,57 +103,13 @@ def take(profile: Profile, cfg: Config) -> tuple[Config, Login | None, str]:
             *(f"--resolve={pin}" for pin in cfg.resolve)]
     if cfg.upstream_ca:
         argv.append(f"--ca={cfg.upstream_ca}")
-    added = tuple(Secret(host, "Authorization", shlex.join(argv), "Bearer {}", _every())
+    added = tuple(Secret(host, "Authorization", shlex.join(argv), "Bearer {}", _every(),
+                         login=login.kind)
                   for host in login.hosts if host not in held and host not in cfg.inject)
     line = (f"agent-sandbox: {profile.name}'s login stays on this host: egress-proxy sends "
             f"its token to {login.hosts[0]} and refreshes it (the session holds placeholders)")
     domains = (*cfg.domains, *(s.host for s in added if s.host not in cfg.domains))
     return cfg._replace(secrets=(*cfg.secrets, *added), domains=domains), login, line
-
-
-def _claude_placeholders(data: Any) -> dict[str, Any]:
-    inner = data.get("claudeAiOauth") if isinstance(data, dict) else None
-    kept = {k: v for k, v in (inner or {}).items()
-            if k in ("scopes", "subscriptionType", "rateLimitTier")}
-    return {"claudeAiOauth": {**kept, "accessToken": ACCESS, "refreshToken": REFRESH,
-                              "expiresAt": FAR_AHEAD_MS}}
-
-
-def _codex_placeholders(data: Any) -> dict[str, Any]:
-    """Codex's auth.json with JWTs it can decode (its plan, account, an exp in 2100)
-    whose signatures are a fixed word, and a placeholder refresh token."""
-    tokens = data.get("tokens") if isinstance(data, dict) else None
-    tokens = tokens if isinstance(tokens, dict) else {}
-    id_claims = oauth_login.jwt_claims(str(tokens.get("id_token", ""))) or {}
-    access_claims = oauth_login.jwt_claims(str(tokens.get("access_token", ""))) or {}
-    now_ms = int(time.time() * 1000)
-    return {
-        "OPENAI_API_KEY": None,
-        "tokens": {
-            "id_token": _jwt(id_claims),
-            "access_token": _jwt({**access_claims, "exp": FAR_AHEAD_MS // 1000}),
-            "refresh_token": CODEX_REFRESH,
-            "account_id": tokens.get("account_id"),
-        },
-        "last_refresh": oauth_login.iso_now(now_ms),
-    }
-
-
-def _gemini_placeholders(data: Any) -> dict[str, Any]:
-    """Gemini CLI's oauth_creds.json: placeholders, an expiry in 2100; the id token
-    (a signed Google JWT, a credential of its own) is left out."""
-    scope = data.get("scope") if isinstance(data, dict) else None
-    return {"access_token": GEMINI_ACCESS, "refresh_token": GEMINI_REFRESH,
-            "scope": scope if isinstance(scope, str) else "", "token_type": "Bearer",
-            "expiry_date": FAR_AHEAD_MS}
-
-
-def _jwt(claims: dict[str, Any]) -> str:
-    def part(value: object) -> str:
-        raw = json.dumps(value, separators=(",", ":")).encode()
-        return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
-
-    return f"{part({'alg': 'none', 'typ': 'JWT'})}.{part(claims)}.{PLACEHOLDER_SIGNATURE}"
 
 
 def placeholder_copy(login: Login, root: str, runtime: str) -> None:
@@ -170,12 +123,7 @@ def placeholder_copy(login: Login, root: str, runtime: str) -> None:
             data = json.loads(fh.read(1 << 20))
     except (OSError, ValueError):
         data = {}
-    if kind is oauth_login.CODEX:
-        data = _codex_placeholders(data)
-    elif kind is oauth_login.GEMINI:
-        data = _gemini_placeholders(data)
-    else:
-        data = _claude_placeholders(data)
+    data = placeholders.login_file(kind, data)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)  # a fresh file: never the host's inode
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

@@ -13,7 +13,9 @@ launcher sees the login by itself (libbroker.launcher.logins).
   the workdir and /tmp, which learns the rotated pair at run time), and no
   request but the host's refresh carries the refresh token;
 - a process inside posting the placeholder refresh token to the token
-  endpoint gets ``invalid_grant``, and the login is untouched.
+  endpoint gets placeholders from egress-proxy, anything else there is
+  refused, and Claude Code forced to refresh inside goes on working; the
+  login is untouched (inside_token.py).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, split
@@ -102,29 +105,25 @@ def test_a_subscription_login_works_refreshes_on_the_host_and_stays_outside(
     assert not [p for p in creds.parent.iterdir() if ".keeper-" in p.name]
 
 
-# platform.claude.com is a plain tunnel: curl meets the stand-in's own certificate.
-POST = ("curl -sS --cacert oauth-ca.pem -X POST -H 'Content-Type: application/json' "
-        "https://platform.claude.com/v1/oauth/token -d \"$(python3 -c '"
-        "import json, os; c = json.load(open(os.environ[\"CLAUDE_CONFIG_DIR\"] + "
-        "\"/.credentials.json\"))[\"claudeAiOauth\"]; print(json.dumps({\"grant_type\": "
-        "\"refresh_token\", \"client_id\": \"9d1c250a-e61b-44d9-88ed-5944d1962f5e\", "
-        "\"refresh_token\": c[\"refreshToken\"]}))')\"")
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_placeholder_refresh_token_gets_nothing_usable(
+def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     world: Home, oauth: Oauth, backend: str
 ) -> None:
+    """curl posts the placeholder refresh token to platform.claude.com (served by
+    egress-proxy): placeholders come back; another refresh token or grant is
+    refused with one line; Claude Code, its copy's login expired, refreshes
+    inside and takes its turn; nothing real is found inside."""
+    need("claude")
     w, o = world, oauth
     creds = login(w, o, 8 * 3600)
     before = creds.read_text()
-    (w.workdir / "oauth-ca.pem").write_bytes(o.ca_file.read_bytes())
-    done = run(w, o, backend, POST)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
-    (tried,) = o.refreshes()
-    assert PLACEHOLDER in tried.body and o.refresh not in tried.body
-    assert creds.read_text() == before and o.secrets() == [o.access, o.refresh]
+    (w.workdir / "scan.py").write_text(SCAN.format(parts=split(*o.secrets())))
+    done = run(w, o, backend, inside_token.script("claude"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    inside_token.check("claude", o, done.stdout)
+    assert creds.read_text() == before
+    turn = [r for r in o.seen if r.path.endswith("/v1/messages")]
+    assert turn and all(f"Bearer {o.access}" in r.headers for r in turn)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ no real token is found inside (the scan runs in the session while the second
 turn's codex runs: this Codex sends the stand-in's RUN prompt in a shape its
 script does not read as a tool call); only the host's refresh carries the
 refresh token; a process inside posting the placeholder refresh token gets
-``invalid_grant``.
+placeholders from egress-proxy, anything else there is refused, and Codex
+forced to refresh inside goes on working (inside_token.py).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
+import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, split
@@ -103,21 +105,20 @@ def test_a_chatgpt_login_works_refreshes_on_the_host_and_stays_outside(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_placeholder_refresh_token_gets_nothing_usable(
+def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     world: Home, oauth: Oauth, backend: str
 ) -> None:
+    """auth.openai.com (served by egress-proxy) answers the placeholder refresh
+    token with placeholder JWTs and refuses the rest; Codex, its copy's access
+    token expired, refreshes inside and takes its turn; nothing real inside."""
+    need("codex")
     w, o = world, oauth
     auth = login(w, o, 8 * 3600)
     before = auth.read_text()
-    (w.workdir / "oauth-ca.pem").write_bytes(o.ca_file.read_bytes())
-    post = ("curl -sS --cacert oauth-ca.pem -X POST -H 'Content-Type: application/json' "
-            "https://auth.openai.com/oauth/token -d \"$(python3 -c 'import json, os; t = "
-            "json.load(open(os.environ[\"CODEX_HOME\"] + \"/auth.json\"))[\"tokens\"]; "
-            "print(json.dumps({\"client_id\": \"app_EMoamEEZ73f0CkXaXp7hrann\", "
-            "\"grant_type\": \"refresh_token\", \"refresh_token\": t[\"refresh_token\"]}))')\"")
-    done = run(w, o, backend, post)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
-    (tried,) = o.refreshes()
-    assert PLACEHOLDER in tried.body and o.refresh not in tried.body
-    assert auth.read_text() == before and len(o.secrets()) == 2
+    (w.workdir / "scan.py").write_text(SCAN.format(parts=split(o.id_token, *o.secrets())))
+    done = run(w, o, backend, inside_token.script("codex"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    inside_token.check("codex", o, done.stdout)
+    assert auth.read_text() == before
+    turn = [r for r in o.seen if r.path.endswith("/codex/responses")]
+    assert turn and all(f"Bearer {o.access}" in r.headers for r in turn)

@@ -11,7 +11,10 @@ the host (Google's refresh token does not rotate), and the next turn works
 with the new access token; the new access token and expiry
 are in the person's file after the session, with its mode; no real token is
 found inside; only the host's refresh carries the refresh token; a process
-inside posting the placeholder refresh token gets ``invalid_grant``.
+inside posting the placeholder refresh token gets placeholders from
+egress-proxy and anything else there is refused, and the CLI forced to
+refresh inside goes on working (inside_token.py); the real access token goes
+to the token host's /tokeninfo only.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import unquote
 
+import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, split
@@ -111,22 +115,25 @@ def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_the_placeholder_refresh_token_gets_nothing_usable(
+def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     world: Home, oauth: Oauth, backend: str
 ) -> None:
+    """oauth2.googleapis.com/token (served by egress-proxy) answers the placeholder
+    refresh token with placeholders and refuses the rest; Gemini CLI, its copy's
+    login expired, refreshes inside and takes its turn; nothing real inside;
+    the real access token went to tokeninfo and the APIs only, never to /token."""
+    need("gemini")
     w, o = world, oauth
     creds = login(w, o, 8 * 3600)
     before = creds.read_text()
-    # oauth2.googleapis.com is a host egress-proxy sets the token on (tokeninfo):
-    # curl meets the proxy's certificate, which the session trusts.
-    post = ("curl -sS https://oauth2.googleapis.com/token "
-            f"-d grant_type=refresh_token -d client_id={GEMINI_CLIENT_ID} "
-            "-d client_secret=GOCSPX-x --data-urlencode \"refresh_token=$(python3 -c "
-            "'import json, os; print(json.load(open(os.environ[\"GEMINI_CLI_HOME\"] + "
-            "\"/.gemini/oauth_creds.json\"))[\"refresh_token\"])')\"")
-    done = run(w, o, backend, post)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout == '{"error":"invalid_grant"}', done.stdout
-    (tried,) = o.refreshes()
-    assert PLACEHOLDER in tried.body and o.refresh not in unquote(tried.body) + tried.headers
-    assert creds.read_text() == before and len(o.secrets()) == 2
+    (w.workdir / "scan.py").write_text(
+        SCAN.format(parts=split(*o.secrets(), ID_SIGNATURE)))
+    done = run(w, o, backend, inside_token.script("gemini"))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    inside_token.check("gemini", o, done.stdout)
+    assert creds.read_text() == before
+    turn = [r for r in o.seen if r.path.startswith("/v1internal:streamGenerateContent")]
+    assert turn and all(f"Bearer {o.access}" in r.headers for r in turn)
+    assert {r.path for r in o.seen if o.access in r.headers} <= {
+        "/tokeninfo", "/oauth2/v2/userinfo"} | {r.path for r in o.seen if
+                                               r.path.startswith("/v1internal:")}

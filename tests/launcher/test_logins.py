@@ -14,6 +14,7 @@ from pathlib import Path
 
 from libbroker.launcher import agent_home, agents, logins, plan
 from libbroker.launcher.config import Config, HostFacts, from_mapping
+from libegress import placeholders
 
 CLAUDE = agents.PROFILES["claude"]
 REAL = {"claudeAiOauth": {"accessToken": "sk-ant-oat01-REAL", "refreshToken": "sk-ant-ort01-REAL",
@@ -81,8 +82,8 @@ def test_the_copy_holds_placeholders_and_nothing_of_them_comes_back(tmp_path: Pa
     copy = Path(root, login.copy)
     inner = json.loads(copy.read_text())["claudeAiOauth"]
     assert inner == {"scopes": ["user:inference"], "subscriptionType": "max",
-                     "accessToken": logins.ACCESS, "refreshToken": logins.REFRESH,
-                     "expiresAt": logins.FAR_AHEAD_MS}
+                     "accessToken": placeholders.ACCESS, "refreshToken": placeholders.REFRESH,
+                     "expiresAt": placeholders.FAR_AHEAD_MS}
     assert "REAL" not in copy.read_text() and os.stat(copy).st_mode & 0o777 == 0o600
     # The agent rewrites it (same placeholders, a new time): still not brought back.
     copy.write_text(json.dumps({"claudeAiOauth": {**inner, "subscriptionType": "pro"}}))
@@ -121,9 +122,10 @@ def test_codex_holds_jwts_it_can_decode_with_placeholder_signatures(tmp_path: Pa
     text = Path(made.root, login.copy).read_text()
     assert "REAL" not in text and "R2" not in text
     tokens = json.loads(text)["tokens"]
-    assert tokens["refresh_token"] == logins.CODEX_REFRESH and tokens["account_id"] == "acct-1"
+    assert tokens["refresh_token"] == placeholders.CODEX_REFRESH
+    assert tokens["account_id"] == "acct-1"
     assert jwt_claims(tokens["id_token"]) == {"email": "a@b.c", "exp": 1}
-    assert jwt_claims(tokens["access_token"])["exp"] == logins.FAR_AHEAD_MS // 1000
+    assert jwt_claims(tokens["access_token"])["exp"] == placeholders.FAR_AHEAD_MS // 1000
     assert tokens["access_token"].endswith(".agent-sandbox-placeholder")
     assert agent_home.write_back(str(runtime)) == []
     assert "rt_REAL" in (home / ".codex" / "auth.json").read_text()
@@ -148,7 +150,7 @@ def test_gemini_gets_a_secret_per_host_and_placeholders_without_the_id_token(
                               session="s1", runtime=str(runtime), env={})
     logins.placeholder_copy(login, made.root, str(runtime))
     assert json.loads(Path(made.root, login.copy).read_text()) == {
-        "access_token": logins.GEMINI_ACCESS, "refresh_token": logins.GEMINI_REFRESH,
-        "scope": "s", "token_type": "Bearer", "expiry_date": logins.FAR_AHEAD_MS}
+        "access_token": placeholders.GEMINI_ACCESS, "refresh_token": placeholders.GEMINI_REFRESH,
+        "scope": "s", "token_type": "Bearer", "expiry_date": placeholders.FAR_AHEAD_MS}
     assert agent_home.write_back(str(runtime)) == []
     assert "1//REAL" in (home / ".gemini" / "oauth_creds.json").read_text()
