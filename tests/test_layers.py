@@ -46,6 +46,7 @@ PURE = {
     # the launcher's pure cores: the config's rules and what they use
     *(f"libbroker.launcher.{m}" for m in (
         "config", "git_answers", "egress_values", "exported_keys", "grants", "origins", "agents",
+        "plan", "agent_sandbox", "runtime",
     )),
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",
@@ -168,7 +169,10 @@ def test_every_named_pure_core_exists() -> None:
         ("libbroker.launcher.session", "from libegress.app import main\n", "only its pure"),
         ("libbroker.launcher.session", "from libpolicy import hook\n", "pure modules only"),
         ("libbroker.native", "from libbroker.signing import shim\n", "native/ uses only"),
-        ("libbroker.broker.client", "from libbroker.launcher import plan\n", "may not import"),
+        ("libbroker.broker.client", "from libbroker.launcher import session\n", "may not import"),
+        ("libbroker.broker.client", "from libbroker.launcher import plan\n", "only bin/"),
+        ("libbroker.launcher.plan", "from libbroker.launcher import runtime_dir\n", "may not"),
+        ("libbroker.launcher.config", "import subprocess\n", "does no I/O"),
     ],
 )
 def test_the_rule_catches_each_kind_of_violation(module: str, source: str, says: str) -> None:

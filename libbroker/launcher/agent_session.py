@@ -26,7 +26,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import agent_argv, agents, exported_keys, key_notice, logins, plan
+from libbroker.launcher import (
+    agent_argv,
+    agents,
+    exported_keys,
+    key_notice,
+    logins,
+    runtime_dir,
+)
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
@@ -71,7 +78,8 @@ class Agent:
         cfg = self.cfg
         claude = _claude_session(cfg, rt) if self.profile.name == "claude" else None
         if claude is not None:  # under bwrap, mounted over the managed settings' path
-            plan.write_private(_managed(rt), json.dumps({"sandbox": {"enabled": False}, **claude}))
+            managed = json.dumps({"sandbox": {"enabled": False}, **claude})
+            runtime_dir.write_private(_managed(rt), managed)
         try:
             self.root = agent_home.make_root(
                 self.profile, cfg.home, os.environ, os.path.basename(rt.root)

@@ -203,7 +203,7 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
     The sandbox refuses it when it starts (:func:`libbroker.sandbox.landlock.ruleset`);
     the same rule over the session's grants, here, names the key instead.
     """
-    from libbroker.launcher.plan import host_facts as install_facts
+    from libbroker.launcher.install import host_facts as install_facts
     from libbroker.paths import under
     from libbroker.sandbox.kinds import LANDLOCK, choose_backend
     from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES

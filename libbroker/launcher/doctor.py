@@ -159,7 +159,7 @@ def check_terminal() -> Check:
 
 
 def check_executables() -> list[Check]:
-    from libbroker.launcher.plan import scripts_dir
+    from libbroker.launcher.install import scripts_dir
 
     out = []
     for name, needed in (

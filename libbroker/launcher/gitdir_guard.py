@@ -3,16 +3,19 @@
 A session started in a linked worktree or a submodule is granted, besides
 the workdir, the git directories git writes there: the main repository's
 ``.git`` (a worktree's common dir) or the superproject's ``.git/modules/NAME``
-(:func:`libbroker.launcher.gitfacts.outside_git_dirs`).  Their hooks and
+(:func:`libbroker.launcher.git_answers.outside_git_dirs`).  Their hooks and
 config run on the host like the workdir's own, so each gets a
 :class:`~libbroker.launcher.hostrun_guard.Guard` of its own, rooted at that
 directory: fingerprinted at start, held read-only under bwrap, swept at the
 end, its snapshot in the runtime dir (``hostrun-gitdir-N/``) so that the
-janitor sweeps it too after a ``kill -9`` of the launcher.
+janitor sweeps it too after a ``kill -9`` of the launcher.  And the
+workdir's own: :func:`prepare_workdir` gives a repository lacking one an
+empty ``.git/hooks`` to hold.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
@@ -68,3 +71,16 @@ def janitor_sweep(runtime_dir: str) -> None:
     for name in names:
         if name.startswith(PREFIX):
             hostrun_guard.janitor_sweep(os.path.join(runtime_dir, name))
+
+
+def prepare_workdir(cfg: Config) -> None:
+    """Create an empty ``.git/hooks`` in a repository that lacks one.
+
+    A missing directory cannot be bound read-only, and a command could
+    create it (and a hook in it); an empty one is harmless to git.
+    """
+    git = os.path.join(cfg.workdir, ".git")
+    if cfg.protect_git and os.path.isdir(git) and not os.path.islink(git):
+        # Already there, or a read-only repository: the bind then does its job or skips.
+        with contextlib.suppress(OSError):
+            os.mkdir(os.path.join(git, "hooks"), 0o755)

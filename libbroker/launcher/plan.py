@@ -1,27 +1,21 @@
 """What a session starts, as data: each child's argv, the broker's profile, the policy.
 
-Pure functions of the config, the runtime directory and the host (plus the
-installation's paths), kept apart from :mod:`.session`, which runs them.
-How our own Python programs are started (argv without site, the deferred
-boot) is :mod:`.boot`'s, re-exported here.
+Pure functions of the config, the runtime directory's names and the host's
+facts (:class:`.agent_sandbox.Host`, gathered by :mod:`.install`), kept apart
+from :mod:`.session`, which runs them.  How our own Python programs are
+started (argv without site, the deferred boot) is :mod:`.boot`'s.
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from libbroker.launcher import agent_sandbox, config
 from libbroker.launcher.agent_sandbox import Host
-from libbroker.launcher.boot import deferred_python_argv as deferred_python_argv
-from libbroker.launcher.boot import encode_args as encode_args
-from libbroker.launcher.boot import project_dir as project_dir
-from libbroker.launcher.boot import python_argv as python_argv
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
-from libbroker.sandbox.kinds import choose_backend as choose_backend
 from libbroker.server_lines import listening_url
 
 if TYPE_CHECKING:
@@ -40,56 +34,6 @@ class Listening:
         self.http_port = 0
         self.socks_port = 0
         self.broker = ""
-
-
-def scripts_dir() -> str:
-    """Where this installation's console scripts (egress-proxy, gpg-shim, ...) are."""
-    # sysconfig's "scripts" path is <prefix>/bin for a venv, pyenv or any prefix
-    # install; when ours are there, that answer costs no sysconfig import (ms of
-    # CPU while the servers start).  Other layouts ask sysconfig.
-    usual = os.path.join(sys.prefix, "bin")
-    if os.access(os.path.join(usual, "agent-sandbox"), os.X_OK):
-        return usual
-    import sysconfig
-
-    return sysconfig.get_path("scripts")
-
-
-def exe(name: str) -> str:
-    """Our own executable ``name`` from this installation, else from PATH."""
-    path = os.path.join(scripts_dir(), name)
-    return path if os.access(path, os.X_OK) else name
-
-
-def prepare_workdir(cfg: Config) -> None:
-    """Create an empty ``.git/hooks`` in a repository that lacks one.
-
-    A missing directory cannot be bound read-only, and a command could
-    create it (and a hook in it); an empty one is harmless to git.
-    """
-    git = os.path.join(cfg.workdir, ".git")
-    if cfg.protect_git and os.path.isdir(git) and not os.path.islink(git):
-        # Already there, or a read-only repository: the bind then does its job or skips.
-        with contextlib.suppress(OSError):
-            os.mkdir(os.path.join(git, "hooks"), 0o755)
-
-
-def host_facts(cwd: str) -> Host:
-    """The facts about this installation the session's sandbox depends on."""
-    project = project_dir()
-    prefixes: list[str] = []
-    for p in (sys.prefix, sys.base_prefix):
-        p = os.path.realpath(p)
-        if p not in prefixes:
-            prefixes.append(p)
-    return Host(
-        python=os.path.realpath(sys.executable),
-        python_dirs=tuple(prefixes),
-        project_dir=project,
-        forwarder=os.path.join(project, "libbroker", "sandbox", "forwarder.py"),
-        bin_dir=scripts_dir(),
-        cwd=cwd,
-    )
 
 
 def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
@@ -155,10 +99,6 @@ def secrets_json(cfg: Config) -> str:
     return json.dumps([s.proxy_entry() for s in cfg.secrets])
 
 
-def proxy_argv(cfg: Config, rt: Runtime) -> list[str]:
-    return [*python_argv("egress-proxy", "bin.egress_proxy"), *proxy_args(cfg, rt)]
-
-
 def broker_args(cfg: Config, rt: Runtime, backend: str) -> list[str]:
     """broker-server's arguments for this session."""
     args = [
@@ -174,17 +114,15 @@ def broker_args(cfg: Config, rt: Runtime, backend: str) -> list[str]:
     return args
 
 
-def broker_argv(cfg: Config, rt: Runtime, backend: str) -> list[str]:
-    return [*python_argv("broker-server", "bin.broker_server"), *broker_args(cfg, rt, backend)]
-
-
-def command_profile(cfg: Config, host: Host) -> dict[str, object]:
+def command_profile(cfg: Config, host: Host,
+                    exists: Callable[[str], bool] = os.path.exists) -> dict[str, object]:
     """The broker's profile for commands it runs on the sandbox's behalf.
 
     Network is ``none``: the broker starts alongside the proxy, before its port
     exists, and a brokered command has no business bypassing the agent's proxy.
+    ``exists`` is the host's answer (a read grant that is absent is left out).
     """
-    read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if os.path.exists(p))]
+    read = [*host.python_dirs, host.project_dir, *(p for p in cfg.read if exists(p))]
     work = [cfg.workdir]
     return {
         "filesystem": {
@@ -235,12 +173,6 @@ def policy_json(cfg: Config, rt: Runtime, proxy_port: int, socks_port: int) -> s
         cfg, rt.root, proxy_port=proxy_port, socks_port=socks_port, egress=rt.egress_dir
     )
     return policy.to_json()
-
-
-def write_private(path: str, data: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write(data)
 
 
 def parse_listening(name: str, line: str, found: Listening) -> None:

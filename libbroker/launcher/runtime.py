@@ -1,4 +1,4 @@
-"""The session's runtime directory and the names of what lives in it.
+"""The names of what lives in a session's runtime directory (pure: :mod:`.runtime_dir` makes it).
 
 One directory per session, mode 0700, under ``$XDG_RUNTIME_DIR/agent-sandbox``
 when the user has a runtime directory (tmpfs, per-user, cleared at logout) or a
@@ -15,15 +15,7 @@ read it, while the runtime directory itself is readable there.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from typing import NamedTuple
-
-from libbroker.errors import LaunchError
-
-_SUN_PATH_MAX = 107
-# "/agent-sandbox/session-XXXXXXXX/broker.sock" plus slack for the sockets' names.
-_LONGEST_NAME = 48
 
 
 class Runtime(NamedTuple):
@@ -83,38 +75,3 @@ class Runtime(NamedTuple):
     @property
     def gh_config(self) -> str:
         return os.path.join(self.egress_dir, "gh")
-
-
-def create() -> Runtime:
-    """Make a fresh private runtime directory (0700) for one session."""
-    base = os.environ.get("XDG_RUNTIME_DIR", "")
-    parent: str | None = None
-    # A unix socket path is at most 107 bytes: a deep runtime dir falls back to /tmp.
-    if base and len(base) + _LONGEST_NAME > _SUN_PATH_MAX:
-        base = ""
-    if base and os.path.isabs(base) and os.path.isdir(base):
-        parent = os.path.join(base, "agent-sandbox")
-        try:
-            os.makedirs(parent, mode=0o700, exist_ok=True)
-            st = os.lstat(parent)
-            # Refuse a parent someone else owns or a symlink planted in its place.
-            if st.st_uid != os.getuid() or not os.path.isdir(parent) or os.path.islink(parent):
-                parent = None
-        except OSError:
-            parent = None
-    try:
-        root = tempfile.mkdtemp(prefix="session-" if parent else "agent-sandbox-", dir=parent)
-        os.chmod(root, 0o700)
-        # Fails if something is there already: nobody else's directory is used.
-        os.mkdir(Runtime(root).host_only, 0o700)
-    except OSError as exc:
-        raise LaunchError(
-            f"cannot create the session's runtime directory: {exc.strerror}"
-        ) from None
-    return Runtime(root)
-
-
-def remove(rt: Runtime) -> None:
-    """Remove the runtime directory, its host-only sibling and all in them; a no-op if gone."""
-    shutil.rmtree(rt.host_only, ignore_errors=True)
-    shutil.rmtree(rt.root, ignore_errors=True)

@@ -32,12 +32,15 @@ from libbroker.errors import LaunchError
 from libbroker.launcher import (
     agent_sandbox,
     agent_session,
+    boot,
     config,
     config_file,
+    gitdir_guard,
     hostrun_guard,
+    install,
     plan,
     prestart,
-    runtime,
+    runtime_dir,
     session_box,
     session_service,
     supervise,
@@ -49,6 +52,7 @@ from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.session_service import TenantOutput
 from libbroker.launcher.trace import trace as _trace
+from libbroker.sandbox.kinds import choose_backend
 
 if TYPE_CHECKING:
     import signal
@@ -100,7 +104,7 @@ class Session:
         self.cfg = cfg
         self.servers = servers
         self.cmd = cmd
-        self.backend = plan.choose_backend(backend)
+        self.backend = choose_backend(backend)
         self.box = session_box.BOXES[self.backend](self)  # the backend's part of each step
         self.tty = os.isatty(0)
         self.children: list[supervise.Child] = []
@@ -161,20 +165,18 @@ class Session:
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
         self.box.check()
         _trace("session starts (interpreter, imports, config before this)")
-        self.rt = rt = runtime.create()
+        self.rt = rt = runtime_dir.create()
         self.janitor = supervise.Janitor(rt.root)
         self._make_limits(rt)
         # The host-run files' scan runs in a thread while the servers start
         # (it leaves its snapshot in rt for the janitor); joined before go.
         # An empty .git/hooks first, so that the scan finds it to hold.
-        plan.prepare_workdir(cfg)
+        gitdir_guard.prepare_workdir(cfg)
         self._repair_configs()
         self.hostrun = hostrun_guard.Guard(
             cfg.workdir, config.hostrun_table(cfg), rt.root, hostrun_guard.state_dir(cfg.home)
         )
         if cfg.git_dirs:  # a linked worktree's common dir, a submodule's git dir
-            from libbroker.launcher import gitdir_guard
-
             self.gitdirs = gitdir_guard.start(cfg, rt.root, hostrun_guard.state_dir(cfg.home))
         if servers is None:
             servers = prestart.start(self.backend)
@@ -190,16 +192,16 @@ class Session:
             self.cfg = cfg = agent.cfg
             self.cmd = agent.cmd
         if cfg.secrets:  # read by egress-proxy as it starts
-            plan.write_private(rt.secrets, plan.secrets_json(cfg))
+            runtime_dir.write_private(rt.secrets, plan.secrets_json(cfg))
         if self.service is not None:  # a tenant of the resident gateway, if it can be
             self.service = session_service.register(self.service, cfg, rt)
         if self.service is None:
             if proxy is None:  # the service cannot take this session, or is gone
                 proxy = servers.proxy = self._late_proxy()
-            proxy.send_args(plan.encode_args(plan.proxy_args(cfg, rt)))
+            proxy.send_args(boot.encode_args(plan.proxy_args(cfg, rt)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
-        host = plan.host_facts(os.getcwd())
+        host = install.host_facts(os.getcwd())
         if cfg.record:  # never where the sandbox could reach it: refused before anything runs
             from libbroker.launcher.record import check_private
 
@@ -209,11 +211,11 @@ class Session:
                         b"agent-sandbox report --propose prints the domains line\n")
         import json  # after the servers' spawn: nothing before it that need not be
 
-        plan.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
+        runtime_dir.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))
         self.cfg = cfg = config_file.take_sign_key(cfg, git)
         if cfg.sign_problem:  # git would sign with a key this session cannot enable
             os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
-        broker.send_args(plan.encode_args(plan.broker_args(cfg, rt, self.backend)))
+        broker.send_args(boot.encode_args(plan.broker_args(cfg, rt, self.backend)))
         _trace("servers have their arguments")
         self._write_gpg_program(host)
         fixed = self.box.fixed_ports()  # known before the proxy listens: used meanwhile
@@ -221,13 +223,13 @@ class Session:
         self.box.build(host)
         _trace("servers and sandbox spawned")
         if fixed:
-            plan.write_private(rt.policy, plan.policy_json(cfg, rt, *fixed))
+            runtime_dir.write_private(rt.policy, plan.policy_json(cfg, rt, *fixed))
         found = self._wait_listening(proxy, broker, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         trace.children({c.name: c.pid for c in self.children})
         if not fixed:  # the command reaches the proxy's own ports
             kube = self._start_kubeconfig(rt, found.socks_port)
-            plan.write_private(
+            runtime_dir.write_private(
                 rt.policy, plan.policy_json(cfg, rt, found.http_port, found.socks_port)
             )
         if kube is not None:
@@ -355,7 +357,7 @@ class Session:
         import subprocess  # only with a kubeconfig: it costs the launcher ms to import
 
         return subprocess.Popen(
-            [plan.exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
+            [install.exe("kubeconfig-proxify"), "--proxy=" + url, "--in-place", rt.kubeconfig],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
         )
@@ -622,7 +624,7 @@ class Session:
         # snapshot: a launcher killed during the merge or the sweep above leaves
         # both, and the janitor finishes from the snapshot (each step idempotent).
         if self.rt is not None:
-            runtime.remove(self.rt)
+            runtime_dir.remove(self.rt)
         if self.janitor is not None:
             self.janitor.dismiss()
             self.janitor = None

@@ -31,7 +31,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable
-from libbroker.launcher import agent_sandbox, agent_session, hostrun_guard, plan
+from libbroker.launcher import agent_sandbox, agent_session, boot, hostrun_guard, plan
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 
@@ -268,8 +268,8 @@ class LandlockBox(Box):
         # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
         # must outlive even a launcher killed by SIGKILL long enough to kill
         # everything below it.  End of file on either pipe tells it.
-        boot = plan.python_argv("agent-sandbox", helper, slow)
-        argv = [*boot, str(r), str(life_r)]
+        helper_argv = boot.python_argv("agent-sandbox", helper, slow)
+        argv = [*helper_argv, str(r), str(life_r)]
         try:
             s.sandbox = s.spawn(
                 "sandbox",

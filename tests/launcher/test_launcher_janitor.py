@@ -7,12 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from libbroker.launcher import janitor, plan
+from libbroker.launcher import boot, janitor
 
 
 def _start(r: int, runtime: Path) -> subprocess.Popen[bytes]:
     module = "libbroker.launcher.janitor"
-    argv = [*plan.python_argv("agent-sandbox-janitor", module, [sys.executable, "-m", module]),
+    argv = [*boot.python_argv("agent-sandbox-janitor", module, [sys.executable, "-m", module]),
             str(r), str(runtime)]
     return subprocess.Popen(argv, pass_fds=(r,), process_group=0)
 

@@ -9,7 +9,8 @@ from pathlib import Path
 from hypothesis import given
 from hypothesis import strategies as st
 
-from libbroker.launcher import boot, plan, prestart
+from libbroker.launcher import boot, install, prestart
+from libbroker.sandbox.kinds import choose_backend
 
 
 def test_only_run_starts_the_servers_early() -> None:
@@ -28,7 +29,7 @@ def test_the_backend_hint_follows_the_command_line() -> None:
     assert prestart.backend_hint(["run", "--sandbox", "bwrap", "true"]) == "bwrap"
     # After "--" it is the command's own argument.
     assert prestart.backend_hint(["run", "--sandbox=nono", "--", "x", "--sandbox=bwrap"]) == "nono"
-    assert prestart.backend_hint(["run", "--", "true"]) == plan.choose_backend("auto")
+    assert prestart.backend_hint(["run", "--", "true"]) == choose_backend("auto")
 
 
 def _boot(tmp_path: Path, warm: tuple[str, ...] = ()) -> list[str]:
@@ -60,7 +61,7 @@ def test_the_deferred_boot_gets_exactly_the_arguments(tmp_path: Path) -> None:
     import json
 
     args = ["--listen=127.0.0.1:0", "", "with space", "x=y\nz", "ünï"]
-    code, out = _run_boot(tmp_path, plan.encode_args(args), warm=("json", "no_such_module"))
+    code, out = _run_boot(tmp_path, boot.encode_args(args), warm=("json", "no_such_module"))
     assert code == 3
     argv, stdin_after, modules = json.loads(out)
     assert argv == ["fake-server", *args]
@@ -71,18 +72,18 @@ def test_the_deferred_boot_gets_exactly_the_arguments(tmp_path: Path) -> None:
 def test_no_arguments_is_an_empty_list(tmp_path: Path) -> None:
     import json
 
-    code, out = _run_boot(tmp_path, plan.encode_args([]))
+    code, out = _run_boot(tmp_path, boot.encode_args([]))
     assert code == 3 and json.loads(out)[0] == ["fake-server"]
 
 
 def test_end_of_file_before_the_arguments_exits_quietly(tmp_path: Path) -> None:
-    for partial in (b"", b"--listen=1\0", plan.encode_args(["a"])[:-1]):
+    for partial in (b"", b"--listen=1\0", boot.encode_args(["a"])[:-1]):
         assert _run_boot(tmp_path, partial) == (0, "")
 
 
 @given(st.lists(st.text(st.characters(blacklist_characters="\0", blacklist_categories=["Cs"]))))
 def test_encoded_arguments_decode_back(args: list[str]) -> None:
-    data = plan.encode_args(args)
+    data = boot.encode_args(args)
     assert data.endswith(b"\n")
     import os
 
@@ -134,4 +135,4 @@ def test_run_args_reads_the_usual_command_lines() -> None:
 def test_scripts_dir_agrees_with_sysconfig() -> None:
     import sysconfig
 
-    assert plan.scripts_dir() == sysconfig.get_path("scripts")
+    assert install.scripts_dir() == sysconfig.get_path("scripts")

@@ -22,7 +22,7 @@ import trustme
 from launcher_world import World
 
 from libbroker.errors import ConfigError
-from libbroker.launcher import agent_sandbox, config, plan
+from libbroker.launcher import agent_sandbox, config, plan, runtime_dir
 from libbroker.launcher.config import SECRET_PLACEHOLDER, HostFacts, from_mapping
 from libbroker.launcher.runtime import Runtime
 
@@ -190,7 +190,7 @@ def test_a_session_holds_the_placeholder_and_the_stand_in_gets_the_key(
 
 def test_the_secrets_file_is_private(tmp_path: Path) -> None:
     path = tmp_path / "secrets.json"
-    plan.write_private(str(path), "[]")
+    runtime_dir.write_private(str(path), "[]")
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
 
 

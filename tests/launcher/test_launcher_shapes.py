@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from libbroker.launcher import agent_sandbox, plan
+from libbroker.launcher import agent_sandbox, install, plan
 from libbroker.launcher.agent_sandbox import Host
 from libbroker.launcher.config import HostFacts, from_mapping
 from libbroker.launcher.runtime import Runtime
@@ -192,7 +192,7 @@ def test_the_proxy_is_started_on_free_loopback_ports_with_the_config() -> None:
         },
         FACTS,
     )
-    argv = plan.proxy_argv(cfg, RT)
+    argv = install.proxy_argv(cfg, RT)
     assert "--listen=127.0.0.1:0" in argv and "--socks=127.0.0.1:0" in argv
     assert f"--egress-dir={RT.egress_dir}" in argv
     assert "--token-command=gh auth token" in argv
@@ -204,7 +204,7 @@ def test_the_proxy_is_started_on_free_loopback_ports_with_the_config() -> None:
 
 def test_the_broker_gets_the_socket_workdir_profile_and_key() -> None:
     cfg = from_mapping({"sign_key": "ABCD"}, FACTS)
-    argv = plan.broker_argv(cfg, RT, "bwrap")
+    argv = install.broker_argv(cfg, RT, "bwrap")
     for flag in (
         f"--socket={RT.broker_socket}",
         f"--workdir={cfg.workdir}",
@@ -213,7 +213,7 @@ def test_the_broker_gets_the_socket_workdir_profile_and_key() -> None:
         "--sign-key=ABCD",
     ):
         assert flag in argv
-    assert not any(a.startswith("--sign-key") for a in plan.broker_argv(CFG, RT, "bwrap"))
+    assert not any(a.startswith("--sign-key") for a in install.broker_argv(CFG, RT, "bwrap"))
 
 
 def test_brokered_commands_get_no_network_and_see_agent_sandbox() -> None:

@@ -1,0 +1,57 @@
+"""Making, filling and removing a session's runtime directory (:mod:`.runtime` names its parts).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+
+from libbroker.errors import LaunchError
+from libbroker.launcher.runtime import Runtime
+
+_SUN_PATH_MAX = 107
+# "/agent-sandbox/session-XXXXXXXX/broker.sock" plus slack for the sockets' names.
+_LONGEST_NAME = 48
+
+
+def create() -> Runtime:
+    """Make a fresh private runtime directory (0700) for one session."""
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    parent: str | None = None
+    # A unix socket path is at most 107 bytes: a deep runtime dir falls back to /tmp.
+    if base and len(base) + _LONGEST_NAME > _SUN_PATH_MAX:
+        base = ""
+    if base and os.path.isabs(base) and os.path.isdir(base):
+        parent = os.path.join(base, "agent-sandbox")
+        try:
+            os.makedirs(parent, mode=0o700, exist_ok=True)
+            st = os.lstat(parent)
+            # Refuse a parent someone else owns or a symlink planted in its place.
+            if st.st_uid != os.getuid() or not os.path.isdir(parent) or os.path.islink(parent):
+                parent = None
+        except OSError:
+            parent = None
+    try:
+        root = tempfile.mkdtemp(prefix="session-" if parent else "agent-sandbox-", dir=parent)
+        os.chmod(root, 0o700)
+        # Fails if something is there already: nobody else's directory is used.
+        os.mkdir(Runtime(root).host_only, 0o700)
+    except OSError as exc:
+        raise LaunchError(
+            f"cannot create the session's runtime directory: {exc.strerror}"
+        ) from None
+    return Runtime(root)
+
+
+def remove(rt: Runtime) -> None:
+    """Remove the runtime directory, its host-only sibling and all in them; a no-op if gone."""
+    shutil.rmtree(rt.host_only, ignore_errors=True)
+    shutil.rmtree(rt.root, ignore_errors=True)
+
+
+def write_private(path: str, data: str) -> None:
+    """Write a new file of the session's (0600; refused if something is at ``path``)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
