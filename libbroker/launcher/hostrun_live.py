@@ -26,6 +26,7 @@ import os
 import select
 import sys
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from libbroker.launcher import hostrun_gitconfig as gitconfig
@@ -58,6 +59,9 @@ class Watcher(Watches):
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
+        self.busy = False  # reading or judging a batch (the gate waits for it: synced())
+        self.on_batch: Callable[[], None] | None = None  # the gate's wake-up
+        self._stopped = False
 
     # --- watches ------------------------------------------------------------------
 
@@ -99,11 +103,27 @@ class Watcher(Watches):
             ready = {fd for fd, _ in poller.poll()}
             if self._stop_r in ready:
                 return
+            self.busy = True  # before the read: synced() never sees an empty queue too early
             try:
-                self.handle(self._ino.read())
+                while events := self._ino.read():
+                    self.handle(events)
             except Exception as exc:  # the end sweep still runs; the person is told
                 self.errors.append(f"{type(exc).__name__}: {exc}")
+            finally:
+                self.busy = False
             self._log()
+            if self.on_batch is not None:
+                self.on_batch()
+
+    def synced(self) -> bool:
+        """Whether every change queued so far has been judged (the gate asks)."""
+        if self._stopped:
+            return True
+        if not self._ready.is_set() or self.busy:
+            return False
+        pending = select.poll()
+        pending.register(self._ino.fd, select.POLLIN)
+        return not pending.poll(0) and not self.busy
 
     def _log(self) -> None:
         """New lines into the quarantine's sweep.log at once: a launcher killed later still
@@ -326,6 +346,7 @@ class Watcher(Watches):
         """End the thread and close everything; the lines of what was neutralized."""
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
+        self._stopped = True  # the session is gone: nothing more to catch up with
         if self._thread is not None:
             self._thread.join()
             self._thread = None

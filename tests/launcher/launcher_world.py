@@ -168,6 +168,12 @@ def kill_leftovers(w: World) -> None:
         if line.startswith("pid "):
             with contextlib.suppress(OSError):
                 os.kill(int(line.split()[1].rstrip(":")), 9)
+    # A launcher killed and its janitor killed here too leave the live gate's mounts:
+    # released as the next start would (libbroker.launcher.hostrun_binds).
+    from libbroker.launcher.hostrun_binds import release
+
+    for live in (w.home / ".local/state/agent-sandbox/live").glob("*"):
+        release(str(live))
     shutil.rmtree(w.runtime_parent, ignore_errors=True)
 
 

@@ -1,0 +1,86 @@
+"""fanotify(7) permission events through ctypes: the live guard's gate (:mod:`.hostrun_gate`).
+
+A group of class ``FAN_CLASS_CONTENT`` holds each open (and each exec) of a
+file on a marked mount until the listener answers ``allow`` or ``deny``; a
+denied open fails with EPERM.  Needs CAP_SYS_ADMIN (:func:`available` says
+whether this process has it).  When the group's fd closes (the listener's
+process ends, or :meth:`Fanotify.close`), the kernel allows every pending
+event and drops the marks: a dead listener never hangs the host.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import struct
+
+from libbroker.sandbox.libc import fail, libc
+
+_CLOEXEC, _CLASS_CONTENT = 0x1, 0x4
+_MARK_ADD, _MARK_MOUNT = 0x1, 0x10
+OPEN_PERM, OPEN_EXEC_PERM = 0x10000, 0x40000
+Q_OVERFLOW = 0x4000
+ALLOW, DENY = 0x1, 0x2
+_META = struct.Struct("IBBHQii")  # event_len, vers, reserved, metadata_len, mask, fd, pid
+_RESPONSE = struct.Struct("iI")  # fd, response
+_CAP_SYS_ADMIN = 21
+
+
+class Event:
+    __slots__ = ("fd", "mask", "pid")
+
+    def __init__(self, fd: int, mask: int, pid: int) -> None:
+        self.fd, self.mask, self.pid = fd, mask, pid
+
+
+def available() -> bool:
+    """Whether this process may make a permission group (CAP_SYS_ADMIN in its effective set)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+class Fanotify:
+    """One permission group (blocking reads: the gate polls it)."""
+
+    def __init__(self) -> None:
+        c = libc()
+        c.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
+                                    ctypes.c_char_p]
+        fd = c.fanotify_init(_CLOEXEC | _CLASS_CONTENT,
+                             os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0))
+        if fd < 0:
+            fail("fanotify_init")
+        self.fd: int = fd
+
+    def mark_mount(self, dfd: int, mask: int = OPEN_PERM | OPEN_EXEC_PERM) -> None:
+        """Every open of a file on the mount ``dfd`` (an ordinary directory fd) lies on."""
+        if libc().fanotify_mark(self.fd, _MARK_ADD | _MARK_MOUNT, mask, dfd, None) != 0:
+            fail("fanotify_mark")
+
+    def read(self) -> list[Event]:
+        """The events queued now (blocks until there is one)."""
+        data = os.read(self.fd, 1 << 14)
+        out, at = [], 0
+        while at + _META.size <= len(data):
+            size, _, _, _, mask, fd, pid = _META.unpack_from(data, at)
+            out.append(Event(fd, mask, pid))
+            at += max(size, _META.size)
+        return out
+
+    def answer(self, event: Event, allow: bool) -> None:
+        """Release the process waiting on ``event``, and close the event's fd."""
+        try:
+            os.write(self.fd, _RESPONSE.pack(event.fd, ALLOW if allow else DENY))
+        finally:
+            os.close(event.fd)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
