@@ -58,6 +58,7 @@ if TYPE_CHECKING:
     import signal
     import subprocess
 
+    from libbroker.launcher.hostrun_gate import Gate
     from libbroker.launcher.hostrun_live import Watcher
     from libbroker.launcher.record import SessionRecord
     from libbroker.sandbox.cgroups import Group
@@ -117,6 +118,7 @@ class Session:
         self._early: list[str] = []
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
+        self.gate: Gate | None = None  # its fanotify gate, where allowed (hostrun_gate)
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside the workdir
         self.agent: agent_session.Agent | None = None  # the agent profile's part
         self.limits: Group | None = None  # the sandbox's resource limits
@@ -278,6 +280,23 @@ class Session:
         except OSError as exc:
             raise LaunchError(f"cannot set up the live guard of the workdir's git configs: "
                               f"{exc.strerror or exc}") from None
+
+    def begin_gate(self, snap: hostrun_guard.Snapshot, live: Watcher) -> None:
+        """The live gate (fanotify: root), before the sandbox's mount namespace copies the
+        host's; else the watcher guards alone (said when the gate could not start)."""
+        from libbroker.launcher import fanotify
+        from libbroker.launcher.hostrun_gate import Gate
+
+        if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off" or not fanotify.available():
+            return
+        gate = Gate(snap, live, live.configs.live)
+        try:
+            gate.start()
+        except OSError as exc:
+            self.say([f"agent-sandbox: the live gate is off in this session "
+                      f"({exc.strerror or exc}); the watcher guards alone"])
+            return
+        self.gate = gate
 
     @staticmethod
     def say(lines: list[str]) -> None:
@@ -620,6 +639,9 @@ class Session:
             _trace("host-run files swept")
         while self.gitdirs:  # a worktree's common dir, a submodule's git dir
             self.gitdirs.pop().finish()
+        if self.gate is not None:  # last: it guarded the host's opens through the sweep
+            self.say(self.gate.stop())
+            self.gate = None
         # Only now may the janitor go, and the runtime dir that holds the scan's
         # snapshot: a launcher killed during the merge or the sweep above leaves
         # both, and the janitor finishes from the snapshot (each step idempotent).

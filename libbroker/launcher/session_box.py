@@ -143,6 +143,7 @@ class BwrapBox(Box):
         if s.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
             s.live = live = s.begin_live(snap, rt.root, swap=True)
             live.start()  # its walk overlaps the servers' start; waited for before go
+            s.begin_gate(snap, live)  # its mounts before bwrap's namespace copies them
             hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
             binds = tuple(live.configs.binds())
         if s.gitdirs:  # their hooks and config held read-only, as the workdir's were
@@ -296,6 +297,8 @@ class LandlockBox(Box):
         s.live = s.begin_live(snap, s.rt.root, swap=mounts)
         self.binds = tuple(s.live.configs.binds())
         s.live.start()
+        if mounts:  # the command's view is its own namespace's copy: the gate sees the host
+            s.begin_gate(snap, s.live)
 
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
