@@ -3,6 +3,7 @@ containers and mounts read from the YAML, a stand-in upstream, curl through it."
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import json
 import os
@@ -67,6 +68,13 @@ class Running:
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[Running]:
+    with running(tmp_path) as gw:
+        yield gw
+
+
+@contextlib.contextmanager
+def running(tmp_path: Path) -> Iterator[Running]:
+    """The gateway container's entry command, on loopback, until the block ends."""
     run = tmp_path / "run-egress"
     run.mkdir(mode=0o700)
     argv = local_argv(run)

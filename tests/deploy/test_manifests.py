@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import yaml
 from k8s_schemas import DEPLOY, K8S_VERSIONS, SCHEMAS, Invalid, crd_schema, validate
+from kubelet import pod_env
 
 KUBECTL = shutil.which("kubectl")
 needs_kubectl = pytest.mark.skipif(
@@ -38,9 +39,13 @@ def overlay() -> list[dict[str, Any]]:
     return render("overlays/agent-sandbox")
 
 
-def by_kind(objs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    [obj] = [o for o in objs if o["kind"] == kind]
+def by_kind(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
+    [obj] = [o for o in objs if o["kind"] == kind
+             and (name is None or o["metadata"]["name"] == name)]
     return obj
+
+
+SANDBOX_EXAMPLE = "examples/sandbox-with-credential.yaml"
 
 
 @needs_kubectl
@@ -57,8 +62,9 @@ def test_every_rendered_object_validates(target: str, version: str) -> None:
 def test_the_overlay_holds_the_gateway_and_the_agent_sandbox_objects(
         overlay: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in overlay)
-    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "Role", "RoleBinding",
-                     "SandboxTemplate", "SandboxWarmPool", "Service", "ServiceAccount"]
+    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "NetworkPolicy", "Role",
+                     "RoleBinding", "SandboxTemplate", "SandboxWarmPool", "Service",
+                     "ServiceAccount"]
     assert {o["metadata"].get("namespace") for o in overlay if o["kind"] != "Namespace"} == {
         "agent-sandboxes"}
     pod = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]
@@ -79,6 +85,7 @@ def test_only_the_controller_container_holds_an_api_token(
     assert {(r["apiGroups"][0], r["resources"][0], v) for r in rules for v in r["verbs"]} == {
         ("extensions.agents.x-k8s.io", "sandboxclaims", "get"),
         ("extensions.agents.x-k8s.io", "sandboxclaims", "list"),
+        ("agents.x-k8s.io", "sandboxes", "list"),
         ("", "secrets", "list"), ("", "secrets", "create")}
 
 
@@ -108,12 +115,44 @@ def test_sandbox_pods_reach_only_the_gateway(overlay: list[dict[str, Any]]) -> N
             ("TCP", port) for port in proxy_ports}
     assert template["networkPolicy"]["ingress"] == []
     # ... and the gateway lets exactly those pods in.
-    policy = by_kind(overlay, "NetworkPolicy")["spec"]
+    policy = by_kind(overlay, "NetworkPolicy", "egress-gateway")["spec"]
     [allowed_in] = policy["ingress"]
     [peer] = allowed_in["from"]
     assert peer["podSelector"]["matchLabels"].items() <= (
         template["podTemplate"]["metadata"]["labels"].items())
     assert template["podTemplate"]["spec"]["automountServiceAccountToken"] is False
+    # Every egress client pod, a Sandbox's made without a template too, is held
+    # the same way by the namespace's own policy.
+    clients = by_kind(overlay, "NetworkPolicy", "egress-clients")["spec"]
+    assert clients["podSelector"]["matchLabels"] == peer["podSelector"]["matchLabels"]
+    assert clients["policyTypes"] == ["Ingress", "Egress"] and clients["ingress"] == []
+    assert clients["egress"] == rules
+
+
+def test_a_direct_sandbox_takes_its_credential_from_its_own_secret() -> None:
+    sandbox = _source(SANDBOX_EXAMPLE)
+    validate(sandbox)
+    name = sandbox["metadata"]["name"]
+    assert sandbox["metadata"]["labels"]["egress.agent-sandbox/credential"] == "true"
+    pod = sandbox["spec"]["podTemplate"]
+    assert pod["metadata"]["labels"]["agent-sandbox/egress-client"] == "true"
+    # The pod template is a valid core Pod too (strict, both Kubernetes versions).
+    for version in K8S_VERSIONS:
+        validate({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                  "spec": pod["spec"]}, version)
+    [agent] = pod["spec"]["containers"]
+    # Every reference to a Secret is this Sandbox's credential, mounted read-only.
+    refs = {e["valueFrom"]["secretKeyRef"]["name"] for e in agent["env"] if "valueFrom" in e}
+    vols = {v["name"]: v["secret"]["secretName"] for v in pod["spec"]["volumes"]}
+    assert refs == set(vols.values()) == {f"egress-cred-{name}"}
+    assert [m["readOnly"] for m in agent["volumeMounts"] if m["name"] in vols] == [True]
+    # The proxy variables, expanded as the kubelet would with the controller's Secret.
+    env = pod_env(agent, {f"egress-cred-{name}": {"user": name, "password": "p-4_Z"}},
+                  {"EGRESS_GATEWAY_SERVICE_HOST": "10.0.0.7",
+                   "EGRESS_GATEWAY_SERVICE_PORT_HTTP": "3128"})
+    for var in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy"):
+        assert env[var] == f"http://{name}:p-4_Z@10.0.0.7:3128", var
+    assert env["NO_PROXY"] == ""
 
 
 def test_the_vendored_schemas_are_noted_with_their_upstream_commit() -> None:
@@ -168,6 +207,14 @@ def _broken() -> list[tuple[str, dict[str, Any], str]]:
     bad = copy.deepcopy(pool)
     bad["apiVersion"], bad["kind"] = "example.com/v1", "Widget"
     cases.append(("unknown kind", bad, "Widget"))
+    sandbox = _source(SANDBOX_EXAMPLE)
+    bad = copy.deepcopy(sandbox)
+    env = bad["spec"]["podTemplate"]["spec"]["containers"][0]["env"]
+    env[0]["valueFrom"]["secretRef"] = env[0]["valueFrom"].pop("secretKeyRef")
+    cases.append(("CRD: misspelt secretKeyRef in a Sandbox's pod", bad, "secretRef"))
+    bad = copy.deepcopy(sandbox)
+    bad["spec"]["podTemplate"]["spec"]["volumes"][0]["secret"]["defaultMode"] = "0440"
+    cases.append(("CRD: a Secret volume's mode as a string", bad, "defaultMode"))
     return cases
 
 
@@ -181,7 +228,8 @@ def test_a_broken_object_is_refused(what: str, obj: dict[str, Any], said: str) -
 
 @pytest.mark.parametrize("name", ["base/gateway-deployment.yaml",
                                   "overlays/agent-sandbox/sandboxtemplate.yaml",
-                                  "overlays/agent-sandbox/sandboxwarmpool.yaml"])
+                                  "overlays/agent-sandbox/sandboxwarmpool.yaml",
+                                  SANDBOX_EXAMPLE])
 def test_the_unbroken_sources_pass(name: str) -> None:
     validate(_source(name))
 
@@ -208,7 +256,8 @@ def test_every_pod_meets_the_restricted_pod_security_profile(
     assert by_kind(overlay, "Namespace")["metadata"]["labels"][
         "pod-security.kubernetes.io/enforce"] == "restricted"
     pods = [by_kind(overlay, "Deployment")["spec"]["template"]["spec"],
-            by_kind(overlay, "SandboxTemplate")["spec"]["podTemplate"]["spec"]]
+            by_kind(overlay, "SandboxTemplate")["spec"]["podTemplate"]["spec"],
+            _source(SANDBOX_EXAMPLE)["spec"]["podTemplate"]["spec"]]
     for pod in pods:
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}

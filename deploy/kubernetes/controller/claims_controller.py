@@ -1,4 +1,5 @@
-"""egress-gateway's claims controller: one gateway tenant per bound SandboxClaim.
+"""egress-gateway's claims controller: one gateway tenant per bound SandboxClaim
+(and per Sandbox labelled egress.agent-sandbox/credential=true).
 
 Usage:
   claims_controller.py [--once] [--every=SECONDS]
@@ -14,7 +15,14 @@ tenants, and makes them agree:
   after the claim, with the password from its Secret or, the first time, a
   fresh one (256 random bits) written into Secret ``egress-cred-CLAIM`` (owned
   by the claim, so it goes with it) *before* the gateway accepts it;
-- a tenant without a bound claim is removed (its connections end).
+- a Sandbox labelled ``egress.agent-sandbox/credential=true`` (made directly,
+  not from a claim) gets the same, its Secret owned by the Sandbox: its pod
+  template mounts Secret ``egress-cred-SANDBOX`` and builds HTTPS_PROXY from
+  it, so the pod starts once the credential exists (a warm pool's pods exist
+  before any claim, so a claim's credential cannot reach its pod that way);
+  a name that is both a bound claim and such a Sandbox goes to the claim;
+- a tenant without a bound claim or labelled Sandbox is removed (its
+  connections end).
 
 A gateway restart forgets its tenants; the next round re-adds them from the
 Secrets, same passwords.  The policy: allow list from the claim's annotation
@@ -23,6 +31,12 @@ $EGRESS_SECRETS names a --secrets file for every tenant; records go to the
 proxy's stdout.  Polling, not a watch: a few requests per round, and nothing
 to resume after a dropped stream.  Exit 2 on a usage error, 1 when the API
 or the gateway cannot be reached with --once.
+
+After its first round that reached the API and the gateway it creates
+``synced`` beside the control socket: the pod's readiness waits for it, so a
+started or restarted replica takes no connection before it holds the tenants
+(each replica's controller fills its own gateway from the same claims and
+Secrets; the Secrets hold the passwords).
 
 Environment: CONTROL (default /run/egress/control.sock), KUBERNETES_SERVICE_HOST
 and _PORT, TOKEN_DIR (default /var/run/secrets/kubernetes.io/serviceaccount:
@@ -51,8 +65,10 @@ from docopt import docopt
 from libegress.control import control_request
 
 CLAIMS = "/apis/extensions.agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxclaims"
+SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/{ns}/sandboxes"
 SECRETS = "/api/v1/namespaces/{ns}/secrets"
 CRED_LABEL = "agent-sandbox/egress-cred"
+SANDBOX_LABEL = "egress.agent-sandbox/credential"  # on a Sandbox: mint it a credential
 ALLOW_ANNOTATION = "egress.agent-sandbox/allow"
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
@@ -61,10 +77,22 @@ TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 @dataclass(frozen=True)
 class Claim:
+    """A SandboxClaim, or a labelled Sandbox (``kind``): what owns a credential."""
+
     name: str
     uid: str
     bound: bool
     allow: str | None
+    kind: str = "SandboxClaim"
+
+    @property
+    def word(self) -> str:
+        return "sandbox" if self.kind == "Sandbox" else "claim"
+
+    @property
+    def api_version(self) -> str:
+        group = "agents.x-k8s.io" if self.kind == "Sandbox" else "extensions.agents.x-k8s.io"
+        return f"{group}/v1beta1"
 
 
 @dataclass
@@ -78,10 +106,11 @@ def plan(claims: list[Claim], passwords: dict[str, str], tenants: set[str]) -> P
     """Tenants to add (with a stored password, or None to mint) and to remove."""
     out = Plan()
     wanted: set[str] = set()
-    for claim in claims:
+    # Claims first: a Sandbox named as a bound claim gets nothing (one name, one tenant).
+    for claim in sorted(claims, key=lambda c: c.kind != "SandboxClaim"):
         if not claim.bound:
             continue
-        if not TENANT_NAME.fullmatch(claim.name):
+        if not TENANT_NAME.fullmatch(claim.name) or claim.name in wanted:
             out.skipped.append(claim.name)
             continue
         wanted.add(claim.name)
@@ -97,6 +126,14 @@ def claim_of(obj: dict[str, Any]) -> Claim:
     allow = (meta.get("annotations") or {}).get(ALLOW_ANNOTATION)
     return Claim(str(meta["name"]), str(meta["uid"]), bool(sandbox.get("name")),
                  allow if isinstance(allow, str) else None)
+
+
+def sandbox_of(obj: dict[str, Any]) -> Claim:
+    """A labelled Sandbox: it exists, so it is "bound" to itself."""
+    meta = obj.get("metadata", {})
+    allow = (meta.get("annotations") or {}).get(ALLOW_ANNOTATION)
+    return Claim(str(meta["name"]), str(meta["uid"]), True,
+                 allow if isinstance(allow, str) else None, kind="Sandbox")
 
 
 def stored_passwords(secret_list: dict[str, Any]) -> dict[str, str]:
@@ -120,9 +157,8 @@ def cred_secret(claim: Claim, password: str) -> dict[str, Any]:
         "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
         "metadata": {
             "name": f"egress-cred-{claim.name}", "labels": {CRED_LABEL: "true"},
-            "ownerReferences": [{"apiVersion": "extensions.agents.x-k8s.io/v1beta1",
-                                 "kind": "SandboxClaim", "name": claim.name,
-                                 "uid": claim.uid}],
+            "ownerReferences": [{"apiVersion": claim.api_version, "kind": claim.kind,
+                                 "name": claim.name, "uid": claim.uid}],
         },
         "data": {"user": b64(claim.name), "password": b64(password)},
     }
@@ -178,12 +214,16 @@ def policy(claim: Claim) -> dict[str, Any]:
 
 def one_round(api: Api, control: str) -> None:
     claims = [claim_of(o) for o in api.call("GET", CLAIMS).get("items", [])]
+    labelled = urllib.parse.quote(f"{SANDBOX_LABEL}=true")
+    claims += [sandbox_of(o) for o in
+               api.call("GET", SANDBOXES + f"?labelSelector={labelled}").get("items", [])]
     selector = urllib.parse.quote(f"{CRED_LABEL}=true")
     passwords = stored_passwords(api.call("GET", SECRETS + f"?labelSelector={selector}"))
     tenants = {t["tenant"] for t in gateway(control, {"op": "list"})["tenants"]}
     todo = plan(claims, passwords, tenants)
     for name in todo.skipped:
-        say(f"claim {name}: name too long or not a tenant name; no credential")
+        say(f"claim {name}: name too long, not a tenant name, or both a claim and a "
+            "Sandbox; no credential")
     for claim, password in todo.add:
         # One claim's failure (a Secret of that name not ours, a policy the gateway
         # refuses) is logged and retried next round; it never holds up the others.
@@ -193,12 +233,12 @@ def one_round(api: Api, control: str) -> None:
                 api.call("POST", SECRETS, cred_secret(claim, password))  # stored before it works
             gateway(control, {"op": "add", "tenant": claim.name, "password": password,
                               "policy": policy(claim)})
-            say(f"claim {claim.name}: tenant added")
+            say(f"{claim.word} {claim.name}: tenant added")
         except (OSError, RuntimeError) as exc:  # HTTPError and URLError are OSErrors
-            say(f"claim {claim.name}: {type(exc).__name__}: {exc}")
+            say(f"{claim.word} {claim.name}: {type(exc).__name__}: {exc}")
     for name in todo.remove:
         gateway(control, {"op": "remove", "tenant": name})
-        say(f"tenant {name} removed: its claim is gone or unbound")
+        say(f"tenant {name} removed: its claim or Sandbox is gone or unbound")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -213,9 +253,11 @@ def main(argv: list[str] | None = None) -> int:
     token_dir = Path(os.environ.get("TOKEN_DIR", "/var/run/secrets/kubernetes.io/serviceaccount"))
     api = Api(token_dir)
     control = os.environ.get("CONTROL", "/run/egress/control.sock")
+    synced = Path(control).parent / "synced"
     while True:
         try:
             one_round(api, control)
+            synced.touch(mode=0o600)  # the readiness probe's file: every tenant is in
         except (OSError, urllib.error.URLError, RuntimeError, ValueError) as exc:
             say(f"round failed: {type(exc).__name__}: {exc}")
             if args["--once"]:
