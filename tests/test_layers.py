@@ -46,7 +46,7 @@ PURE = {
     # the launcher's pure cores: the config's rules and what they use
     *(f"libbroker.launcher.{m}" for m in (
         "config", "git_answers", "egress_values", "exported_keys", "grants", "origins", "agents",
-        "plan", "agent_sandbox", "runtime",
+        "plan", "agent_sandbox", "runtime", "agent_argv",
     )),
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",

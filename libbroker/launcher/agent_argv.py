@@ -28,9 +28,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
-from libbroker.launcher.agents import Profile
+if TYPE_CHECKING:  # agents' classes call this module's translations
+    from libbroker.launcher.agents import Profile
 
 FULL = "danger-full-access"
 # Codex's top-level options that take a value (the first other word is the
@@ -63,17 +64,13 @@ def session_argv(profile: Profile | None, cmd: list[str]) -> Argv:
     """``cmd`` with the agent's own sandbox flags translated (see the module doc)."""
     if profile is None or not is_agent(profile, cmd):
         return Argv(cmd)
-    if profile.name == "codex":
-        return _codex(cmd)
-    if profile.name == "gemini":
-        return _gemini(cmd)
-    return Argv(cmd)
+    return profile.session_argv(cmd)
 
 
 _GEMINI_BOOLEAN_SHORT = frozenset("dsylhv")  # its short flags that take no value
 
 
-def _gemini(cmd: list[str]) -> Argv:
+def gemini(cmd: list[str]) -> Argv:
     """Gemini CLI: -s/--sandbox dropped (the flag wins over GEMINI_SANDBOX=false)."""
     opts = _options(cmd[1:])
     out: list[str] = []
@@ -120,7 +117,7 @@ def _sandbox_value(args: list[str], i: int) -> tuple[str, int]:
     return "", 0
 
 
-def _codex(cmd: list[str]) -> Argv:
+def codex(cmd: list[str]) -> Argv:
     """Codex: -s and --full-auto as in the module doc; sandbox_mode pinned by a -c."""
     opts = _options(cmd[1:])
     rest = cmd[1 + len(opts):]

@@ -93,7 +93,7 @@ def _workdir_only(profile: Profile, home: str, workdir: str) -> dict[str, str]:
             assert host is not None
             projects = _read_json(os.path.join(host, "projects.json")) or {}
             inner = projects.get("projects") if isinstance(projects, dict) else None
-            key = agents.workdir_key(profile, workdir, inner if isinstance(inner, dict) else {})
+            key = profile.workdir_key(workdir, inner if isinstance(inner, dict) else {})
             for d in profile.per_workdir:
                 only[d] = key or "\0"  # no entry yet: copy none
     return only
@@ -194,28 +194,22 @@ def _session_settings(
     seen: dict[str, list[int]],
 ) -> None:
     """The copy's settings made to work inside our sandbox (never written back)."""
-    if profile.name == "claude" and claude_session is not None:
-        path = os.path.join(root, "claude", "settings.json")
+    edit = profile.session_settings(claude_session)
+    if edit is None:
+        return
+    path = os.path.join(root, edit.rel)
+    if edit.json is not None:
         user = _read_json(path)
-        _write_json(
-            path, agents.claude_settings(user if isinstance(user, dict) else {}, claude_session)
-        )
-    elif profile.name == "gemini":
-        path = os.path.join(root, "home", ".gemini", "settings.json")
-        user = _read_json(path)
-        _write_json(path, agents.gemini_settings(user if isinstance(user, dict) else {}))
-    elif profile.name == "codex":  # config.toml never comes back: no writer of TOML needed
-        path = os.path.join(root, "codex", "config.toml")
+        _write_json(path, edit.json(user if isinstance(user, dict) else {}))
+    elif edit.text is not None:
         try:
             with open(path, encoding="utf-8", errors="surrogateescape") as fh:
-                toml = fh.read()
+                text = fh.read()
         except FileNotFoundError:
-            toml = ""
+            text = ""
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as fh:
-            fh.write(agents.codex_config(toml))
-    else:
-        return
+            fh.write(edit.text(text))
     # What we wrote is the baseline: only the agent's own later changes count.
     st = os.stat(path)
     seen[os.path.relpath(path, root)] = [st.st_size, st.st_mtime_ns]

@@ -76,7 +76,7 @@ class Agent:
         from libbroker.launcher import agent_home
 
         cfg = self.cfg
-        claude = _claude_session(cfg, rt) if self.profile.name == "claude" else None
+        claude = _claude_session(cfg, rt) if self.profile.reads_managed_settings() else None
         if claude is not None:  # under bwrap, mounted over the managed settings' path
             managed = json.dumps({"sandbox": {"enabled": False}, **claude})
             runtime_dir.write_private(_managed(rt), managed)
@@ -146,7 +146,7 @@ class Agent:
         the hooks below it) get the session's hook, deny rules and sandbox off,
         over any machine-wide drop-in of the same name.  Landlock mounts nothing.
         """
-        if self.profile.name != "claude":
+        if not self.profile.reads_managed_settings():
             return ()
         from libbroker.launcher.settings import target_path
 

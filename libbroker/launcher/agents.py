@@ -14,18 +14,27 @@ says, for every agent the launcher knows:
   that holds its key and the header that carries it;
 - how it runs inside our sandbox without nesting its own.
 
+Each known agent is a small class (:class:`ClaudeCode`, :class:`Codex`,
+:class:`Gemini`) whose hooks say what it does differently: the name it gives
+the workdir's entry, its sandbox flags translated, its settings rewritten for
+the session, Claude Code's managed settings; a :class:`Profile` of a config's
+table has none of them.
+
 Pure: no I/O.  The profile is picked from the command's basename
 (``agent-sandbox run -- codex``) unless ``--agent=NAME`` says otherwise.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from libbroker.errors import ConfigError, UsageError
+from libbroker.launcher import agent_argv
+from libbroker.launcher.agent_argv import Argv
 
 WHOLE, APPEND, JSON = "whole", "append", "json"
 
@@ -54,7 +63,17 @@ class Rule(NamedTuple):
     keep: tuple[str, ...] = ()
 
 
+class SettingsEdit(NamedTuple):
+    """How a session rewrites the copy of an agent's settings file (never written back)."""
+
+    rel: str  # the file, relative to the agent home
+    json: Callable[[Mapping[str, Any]], dict[str, Any]] | None = None  # a JSON object's edit
+    text: Callable[[str], str] | None = None  # else the text's ("" when the file is absent)
+
+
 class Profile(NamedTuple):
+    """An agent's table; its methods are the hooks an agent class overrides."""
+
     name: str
     commands: tuple[str, ...]  # basenames that pick this profile
     entries: tuple[Entry, ...]
@@ -68,10 +87,73 @@ class Profile(NamedTuple):
     env: tuple[tuple[str, str], ...] = ()  # fixed variables for a session
     sandbox_note: str = ""
 
+    def workdir_key(self, workdir: str, host_projects: Mapping[str, Any]) -> str:
+        """The name the agent gives the workdir's entry in its per-project dirs ("": none)."""
+        return ""
+
+    def session_argv(self, cmd: list[str]) -> Argv:
+        """``cmd`` (the agent itself) with its own sandbox flags translated."""
+        return Argv(cmd)
+
+    def session_settings(self, claude_session: Mapping[str, Any] | None) -> SettingsEdit | None:
+        """How the session rewrites the agent's settings so it works inside our sandbox."""
+        return None
+
+    def reads_managed_settings(self) -> bool:
+        """Whether a machine-wide managed settings file rules the agent (Claude Code's)."""
+        return False
+
+
+class ClaudeCode(Profile):
+    """Claude Code: per-project dirs named after the path; managed settings over the user's."""
+
+    __slots__ = ()
+
+    def workdir_key(self, workdir: str, host_projects: Mapping[str, Any]) -> str:
+        return re.sub(r"[^A-Za-z0-9]", "-", workdir)
+
+    def session_settings(self, claude_session: Mapping[str, Any] | None) -> SettingsEdit | None:
+        if claude_session is None:
+            return None
+        return SettingsEdit("claude/settings.json",
+                            json=functools.partial(claude_settings, session=claude_session))
+
+    def reads_managed_settings(self) -> bool:
+        return True
+
+
+class Codex(Profile):
+    """Codex: its sandbox flags translated, ``sandbox_mode`` pinned in its config.toml."""
+
+    __slots__ = ()
+
+    def session_argv(self, cmd: list[str]) -> Argv:
+        return agent_argv.codex(cmd)
+
+    def session_settings(self, claude_session: Mapping[str, Any] | None) -> SettingsEdit | None:
+        # config.toml never comes back: no writer of TOML needed.
+        return SettingsEdit("codex/config.toml", text=codex_config)
+
+
+class Gemini(Profile):
+    """Gemini CLI: per-project dirs as its projects.json names them; its sandbox off."""
+
+    __slots__ = ()
+
+    def workdir_key(self, workdir: str, host_projects: Mapping[str, Any]) -> str:
+        found = host_projects.get(workdir)
+        return found if isinstance(found, str) else ""
+
+    def session_argv(self, cmd: list[str]) -> Argv:
+        return agent_argv.gemini(cmd)
+
+    def session_settings(self, claude_session: Mapping[str, Any] | None) -> SettingsEdit | None:
+        return SettingsEdit("home/.gemini/settings.json", json=gemini_settings)
+
 
 # Claude Code: CLAUDE_CONFIG_DIR moves ~/.claude, and ~/.claude.json with it
 # (to $CLAUDE_CONFIG_DIR/.claude.json), so one variable covers both.
-CLAUDE = Profile(
+CLAUDE = ClaudeCode(
     name="claude",
     commands=("claude",),
     entries=(
@@ -142,7 +224,7 @@ CLAUDE = Profile(
     sandbox_note="its own sandbox (sandbox.enabled) is off in the session's settings",
 )
 
-CODEX = Profile(
+CODEX = Codex(
     name="codex",
     commands=("codex",),
     entries=(Entry("~/.codex", "codex", True),),
@@ -175,7 +257,7 @@ CODEX = Profile(
     sandbox_note="runs with sandbox_mode=danger-full-access (no nested bwrap/Landlock)",
 )
 
-GEMINI = Profile(
+GEMINI = Gemini(
     name="gemini",
     commands=("gemini",),
     entries=(Entry("~/.gemini", "home/.gemini", True),),
@@ -233,16 +315,6 @@ def pick(cmd: Sequence[str], name: str, extra: Mapping[str, Profile]) -> Profile
         return known[name]
     base = os.path.basename(cmd[0]) if cmd else ""
     return next((p for p in known.values() if base in p.commands), None)
-
-
-def workdir_key(profile: Profile, workdir: str, host_projects: Mapping[str, Any]) -> str:
-    """The name the agent gives the workdir's entry in its per-project dirs."""
-    if profile.name == "claude":
-        return re.sub(r"[^A-Za-z0-9]", "-", workdir)
-    if profile.name == "gemini":
-        found = host_projects.get(workdir)
-        return found if isinstance(found, str) else ""
-    return ""
 
 
 def match(pattern: str, rel: str) -> bool:

@@ -354,7 +354,7 @@ def check_agents(cfg: Config) -> list[Check]:
         added = f"; its hosts are added per session ({', '.join(hosts)})" if hosts else ""
         out.append(Check(OK, f"{what}; config present (a private copy per session){added}{note}",
                          group="agents ready", short=profile.name))
-        if profile.name == "claude":
+        if profile.reads_managed_settings():
             out.append(check_claude_managed(cfg))
     return out
 
