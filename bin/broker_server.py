@@ -1,7 +1,7 @@
 """Run commands from the sandbox, each in its own fresh sandbox, over a unix socket.
 
 Usage:
-  broker-server --socket=PATH --workdir=DIR [--sandbox=KIND] [--profile=FILE]
+  broker-server (--socket=PATH | --socket-fd=N) --workdir=DIR [--sandbox=KIND] [--profile=FILE]
                 [--env-allow=NAMES] [--sign-key=KEY]... [--audit=FILE]
   broker-server -h | --help
   broker-server --version
@@ -14,6 +14,10 @@ socket and exits 0.
 
 Options:
   --socket=PATH      The unix socket to listen on.
+  --socket-fd=N      Serve descriptor N instead: a unix socket already bound and
+                     listening, handed over by whoever started the server (socket
+                     activation, docs/fast-start.md; a connection made before the
+                     server serves waits in its backlog).  It is not removed at the end.
   --workdir=DIR      The directory commands may write, and the only place they may run.
   --sandbox=KIND     nono (Landlock), bwrap, or auto (says what it picked) [default: auto].
   --profile=FILE     JSON profile: filesystem read/write/deny, network, environment.
@@ -36,9 +40,14 @@ from libbroker.cli import Args, parse, run
 
 def _main(args: Args) -> int:
     from libbroker.broker.server import run_server
+    from libbroker.errors import UsageError
 
+    fd = args.get("--socket-fd")
+    if fd is not None and (not fd.isdigit() or len(fd) > 7):
+        raise UsageError(f"--socket-fd must be a descriptor number: {fd!r}")
     return run_server(
         socket_path=args["--socket"],
+        socket_fd=int(fd) if fd is not None else -1,
         workdir=args["--workdir"],
         sandbox=args["--sandbox"],
         profile_path=args["--profile"],

@@ -1,7 +1,8 @@
 """The sandbox's egress proxy: allow list, address rules, token and secret injection.
 
 Usage:
-  egress-proxy --listen=HOST:PORT [--socks=HOST:PORT] [--allow=PATTERNS]
+  egress-proxy (--listen=HOST:PORT | --listen-fd=N) [--socks=HOST:PORT | --socks-fd=N]
+               [--allow=PATTERNS]
                [--inject=HOSTS] [--egress-dir=DIR] [--token-command=CMD]
                [--token-every=SECONDS] [--token-timeout=SECONDS] [--secrets=FILE]
                [--repos=REPOS]
@@ -24,6 +25,14 @@ once serving; SIGTERM or SIGINT ends it with status 0.
 Options:
   --listen=HOST:PORT         HTTP proxy address (IP literal; port 0 picks one).
   --socks=HOST:PORT          Also serve SOCKS5 (CONNECT) at this address.
+  --listen-fd=N              Serve HTTP on descriptor N instead: a TCP socket that
+                             already listens, handed over by whoever started the
+                             proxy (socket activation, docs/fast-start.md); a
+                             connection made before the proxy serves waits in its
+                             backlog.  With every listener handed over, the
+                             `listening` lines are printed once the egress dir is
+                             written, before the first-token wait.
+  --socks-fd=N               The same for SOCKS5.
   --allow=PATTERNS           Comma-separated hosts: example.com, *.example.com,
                              host:port (without a port: 80 and 443).
   --inject=HOSTS             Hosts that get the token [default: github.com,api.github.com].

@@ -8,11 +8,11 @@ import ipaddress
 import os
 import resource
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TextIO
 
-from libbroker.errors import UsageError
+from libbroker.errors import EgressError, UsageError
 from libegress.addresses import parse_cidr
 from libegress.allowlist import parse_patterns
 from libegress.ca import LeafCache, make_authority
@@ -25,7 +25,7 @@ from libegress.record import Recorder
 from libegress.route import EgressPolicy, Pin, parse_pin
 from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, login_hosts, parse_secrets
-from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind
+from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind, inherited
 from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
 
 DEFAULT_INJECT = "github.com,api.github.com"
@@ -79,6 +79,25 @@ def _listen(text: str, scheme: str) -> Listen:
     except (ValueError, BadHost):
         pass
     raise UsageError(f"listen address must be IP:PORT (port 0 picks one): {text!r}")
+
+
+def _listen_fd(text: str, scheme: str) -> Listen:
+    """``--listen-fd`` / ``--socks-fd``: a listening socket handed over (docs/fast-start.md)."""
+    flag = "--listen-fd" if scheme == "http" else "--socks-fd"
+    if not text.isdigit() or len(text) > 7:
+        raise UsageError(f"{flag} must be a descriptor number: {text!r}")
+    try:
+        return inherited(int(text), scheme)
+    except EgressError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def _listener(args: dict[str, Any], scheme: str) -> Listen | None:
+    """The listener for ``scheme``: an address to bind, a handed-over socket, or none."""
+    addr, fd = ("--listen", "--listen-fd") if scheme == "http" else ("--socks", "--socks-fd")
+    if args.get(fd) is not None:
+        return _listen_fd(str(args[fd]), scheme)
+    return _listen(args[addr], scheme) if args.get(addr) else None
 
 
 def _pin(text: str) -> tuple[str, Pin]:
@@ -148,9 +167,12 @@ def options_from_args(args: dict[str, Any]) -> Options:
         raise UsageError(str(exc)) from None
     secrets_file = args.get("--secrets")
     secrets = read_secrets(secrets_file, inject) if secrets_file else ()
+    listen = _listener(args, "http")
+    if listen is None:
+        raise UsageError("one of --listen or --listen-fd is needed")
     return Options(
-        listen=_listen(args["--listen"], "http"),
-        socks=_listen(args["--socks"], "socks5") if args.get("--socks") else None,
+        listen=listen,
+        socks=_listener(args, "socks5"),
         policy=EgressPolicy(allow=allow, inject=_inject_hosts(inject, secrets),
                             pins=pins, allow_cidrs=cidrs, learn=bool(args.get("--learn"))),
         secrets=secrets,
@@ -216,17 +238,30 @@ def serve(options: Options) -> int:
         listeners: list[tuple[socket.socket, str]] = [(bind(options.listen), "http")]
         if options.socks is not None:
             listeners.append((bind(options.socks), "socks5"))
+        announce = announce_lines(listeners)
+        if all(listen.fd >= 0 for listen in (options.listen, options.socks) if listen):
+            # Handed-over sockets listen already: a connection waits in their
+            # backlog until the loop below accepts it (after the first token,
+            # as before), so `listening` can be said now; it then tells the
+            # launcher that the egress dir is written (docs/fast-start.md).
+            announce()
+            announce = _said
         try:
             asyncio.run(_run(options, log, authority_cache=LeafCache(authority,
                                                                      list(options.policy.inject)),
-                             listeners=listeners))
+                             listeners=listeners, announce=announce))
         finally:
             record.close()
     return 0
 
 
+def _said() -> None:
+    """The ``listening`` lines were printed before the loop started."""
+
+
 async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
-               listeners: list[tuple[socket.socket, str]]) -> None:
+               listeners: list[tuple[socket.socket, str]],
+               announce: Callable[[], None]) -> None:
     tokens = TokenKeeper(options.token_argv, options.token_every, log.note,
                          bound=options.token_timeout)
     services = Services(
@@ -248,5 +283,4 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         # system's roots load on first use (Services.upstream_tls).
         services.load_upstream_tls()
     server = ProxyServer(services)
-    await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners],
-                     announce_lines(listeners))
+    await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners], announce)

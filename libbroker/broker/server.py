@@ -20,7 +20,7 @@ import stat
 import sys
 
 from libbroker.broker.connection import Connection, Settings
-from libbroker.errors import SocketInUse
+from libbroker.errors import SocketInUse, UsageError
 from libbroker.server_lines import listening_line
 
 SHUTDOWN_GRACE = 5.0
@@ -61,6 +61,33 @@ def bind_socket(path: str) -> socket.socket:
         os.umask(old_umask)
     os.chmod(path, 0o600)
     sock.listen(512)
+    sock.setblocking(False)
+    return sock
+
+
+def inherited_socket(fd: int) -> socket.socket:
+    """The handed-over listening unix socket ``fd`` (``--socket-fd``, docs/fast-start.md).
+
+    Whoever started the server bound it (mode 0600 is theirs to set) and made
+    it listen, so a connection made before the server runs waits in its
+    backlog.  Anything else (a descriptor of stdio, a file, a TCP socket, a
+    socket not listening, a closed descriptor) is refused by name.
+    """
+    if fd < 3:
+        raise UsageError(f"--socket-fd={fd}: not a handed-over socket (0-2 are stdio)")
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise UsageError(f"--socket-fd={fd}: {exc.strerror or exc}") from None
+    try:
+        ok = (sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM
+              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+              and isinstance(sock.getsockname(), str) and bool(sock.getsockname()))
+    except OSError:
+        ok = False
+    if not ok:
+        sock.detach()
+        raise UsageError(f"--socket-fd={fd}: not a listening unix socket bound to a path")
     sock.setblocking(False)
     return sock
 
@@ -109,12 +136,21 @@ class Connections:
             await asyncio.wait(pending, timeout=grace)
 
 
-async def serve(path: str, settings: Settings) -> None:
-    """Serve until SIGTERM/SIGINT; then end every command and remove the socket."""
+async def serve(path: str, settings: Settings, fd: int = -1) -> None:
+    """Serve until SIGTERM/SIGINT; then end every command and remove the socket.
+
+    ``fd`` >= 0: serve the handed-over socket instead of binding ``path``; it
+    is left where it is at the end (whoever bound it removes it).
+    """
     loop = asyncio.get_running_loop()
-    sock = bind_socket(path)
-    st = os.lstat(path)
-    identity = (st.st_dev, st.st_ino)
+    if fd >= 0:
+        sock = inherited_socket(fd)
+        path = sock.getsockname()
+        identity = (-1, -1)
+    else:
+        sock = bind_socket(path)
+        st = os.lstat(path)
+        identity = (st.st_dev, st.st_ino)
     stopping = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stopping.set)
@@ -150,20 +186,22 @@ async def serve(path: str, settings: Settings) -> None:
         try:
             await connections.close(SHUTDOWN_GRACE)
         finally:
-            remove_own_socket(path, identity)
+            if fd < 0:
+                remove_own_socket(path, identity)
             for signum in (signal.SIGTERM, signal.SIGINT):
                 loop.remove_signal_handler(signum)
 
 
 def run_server(
     *,
-    socket_path: str,
+    socket_path: str | None,
     workdir: str,
     sandbox: str = "auto",
     profile_path: str | None = None,
     env_allow: str | None = None,
     sign_keys: tuple[str, ...] = (),
     audit_path: str | None = None,
+    socket_fd: int = -1,
 ) -> int:
     """Build everything from the command line's values and serve; return 0 on a clean stop."""
     import shutil
@@ -177,7 +215,12 @@ def run_server(
     real_workdir = os.path.realpath(workdir)
     if not os.path.isdir(real_workdir):
         raise ConfigError(f"--workdir {workdir} is not a directory")
-    if not socket_path.startswith("/"):
+    if socket_fd >= 0:  # checked before anything else is built
+        inherited_socket(socket_fd).detach()
+        socket_path = ""
+    elif not socket_path:
+        raise ConfigError("one of --socket or --socket-fd is needed")
+    elif not socket_path.startswith("/"):
         socket_path = os.path.abspath(socket_path)
     profile = load_profile(profile_path) if profile_path else default_profile()
     if env_allow is not None:
@@ -196,7 +239,7 @@ def run_server(
         gpg=shutil.which("gpg") if sign_keys else None,
     )
     try:
-        asyncio.run(serve(socket_path, settings))
+        asyncio.run(serve(socket_path, settings, socket_fd))
     finally:
         executor.close()
         audit.close()

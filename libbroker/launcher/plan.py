@@ -36,11 +36,16 @@ class Listening:
         self.broker = ""
 
 
-def proxy_args(cfg: Config, rt: Runtime) -> list[str]:
-    """egress-proxy's arguments for this session."""
+def proxy_args(cfg: Config, rt: Runtime, fds: tuple[int, int] | None = None) -> list[str]:
+    """egress-proxy's arguments for this session.
+
+    ``fds``: its HTTP and SOCKS listeners, handed over (:mod:`.handoff`);
+    without them it binds free ports itself.
+    """
+    listen = (["--listen=127.0.0.1:0", "--socks=127.0.0.1:0"] if fds is None
+              else [f"--listen-fd={fds[0]}", f"--socks-fd={fds[1]}"])
     args = [
-        "--listen=127.0.0.1:0",
-        "--socks=127.0.0.1:0",
+        *listen,
         "--allow=" + ",".join(cfg.domains),
         "--inject=" + ",".join(cfg.inject),
         "--egress-dir=" + rt.egress_dir,
@@ -99,10 +104,14 @@ def secrets_json(cfg: Config) -> str:
     return json.dumps([s.proxy_entry() for s in cfg.secrets])
 
 
-def broker_args(cfg: Config, rt: Runtime, backend: str) -> list[str]:
-    """broker-server's arguments for this session."""
+def broker_args(cfg: Config, rt: Runtime, backend: str, fd: int = -1) -> list[str]:
+    """broker-server's arguments for this session.
+
+    ``fd``: its socket, bound at ``rt.broker_socket`` and handed over
+    (:mod:`.handoff`); without it the broker binds that path itself.
+    """
     args = [
-        "--socket=" + rt.broker_socket,
+        f"--socket-fd={fd}" if fd >= 0 else "--socket=" + rt.broker_socket,
         "--workdir=" + cfg.workdir,
         "--sandbox=" + backend,
         "--profile=" + rt.profile,

@@ -24,6 +24,7 @@ import os
 from libbroker.errors import LaunchError
 from libbroker.launcher import boot, serve_link
 from libbroker.launcher.child import Child, spawn
+from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
 from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
@@ -59,11 +60,15 @@ class Servers:
 
     With the resident service (:mod:`.serve_link`), ``service`` is the link to
     it and ``proxy`` is None: the session's tenant lives in its gateway.
+    ``sockets``: the servers' listening sockets, made here and handed to them
+    at the spawn (:mod:`.handoff`); the broker's is bound by the session.
     """
 
-    def __init__(self, proxy: Child | None, broker: Child, service: Link | None = None) -> None:
+    def __init__(self, proxy: Child | None, broker: Child, sockets: Sockets,
+                 service: Link | None = None) -> None:
         self.proxy = proxy
         self.broker = broker
+        self.sockets = sockets
         self.service = service
         self.taken = False  # a session owns them from then on
 
@@ -145,23 +150,37 @@ def backend_hint(argv: list[str]) -> str:
     return choose_backend(named[-1] if named else AUTO)
 
 
-def start_proxy() -> Child:
-    """egress-proxy in its deferred boot (LaunchError if it cannot start)."""
-    return spawn(
+def start_proxy(sockets: Sockets) -> Child:
+    """egress-proxy in its deferred boot, with its listeners (LaunchError if it cannot start)."""
+    proxy = spawn(
         "egress-proxy",
         boot.deferred_python_argv("egress-proxy", "bin.egress_proxy", PROXY_WARM),
         stdin_pipe=True,
+        pass_fds=sockets.proxy_fds,
     )
+    sockets.proxy_taken()
+    return proxy
 
 
 def start(backend: str) -> Servers:
     """Spawn the servers in their deferred boot (LaunchError if one cannot start).
 
-    When the resident service answers on its socket, only the broker: the
+    Each gets its listening socket(s) at the spawn (:mod:`.handoff`).  When
+    the resident service answers on its socket, only the broker: the
     session's egress is a tenant of the service's gateway.
     """
     service = serve_link.connect()
-    proxy = None if service is not None else start_proxy()
+    try:
+        sockets = Sockets(proxy=service is None)
+    except OSError as exc:
+        if service is not None:
+            service.close()
+        raise LaunchError(f"cannot make the servers' sockets: {exc.strerror or exc}") from None
+    try:
+        proxy = None if service is not None else start_proxy(sockets)
+    except LaunchError:
+        sockets.close()
+        raise
     try:
         warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
@@ -171,14 +190,16 @@ def start(backend: str) -> Servers:
             boot.deferred_python_argv("broker-server", "bin.broker_server", warm),
             env=env,
             stdin_pipe=True,
+            pass_fds=(sockets.broker_fd,),
         )
     except LaunchError:
+        sockets.close()
         if proxy is not None:
             _end(proxy)
         if service is not None:
             service.close()
         raise
-    return Servers(proxy, broker, service)
+    return Servers(proxy, broker, sockets, service)
 
 
 def try_start(argv: list[str]) -> Servers | None:
@@ -221,6 +242,7 @@ def discard(servers: Servers | None) -> None:
     gitfacts.discard_early()
     if servers is not None and not servers.taken:
         servers.taken = True
+        servers.sockets.close()
         for child in (servers.broker, servers.proxy):
             if child is not None:
                 _end(child)

@@ -116,6 +116,7 @@ class Session:
         self._live = False  # servers' stderr is copied to the log once started
         self._log = 2
         self._early: list[str] = []
+        self._serving: set[str] = set()  # servers that said `listening`
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
         self.gate: Gate | None = None  # its fanotify gate, where allowed (hostrun_gate)
@@ -181,11 +182,17 @@ class Session:
         if cfg.git_dirs:  # a linked worktree's common dir, a submodule's git dir
             self.gitdirs = gitdir_guard.start(cfg, rt.root, hostrun_guard.state_dir(cfg.home))
         if servers is None:
-            servers = prestart.start(self.backend)
+            self.servers = servers = prestart.start(self.backend)
             servers.taken = True
             self._take(servers)
         for child in self.children:
             self.janitor.watch(child)
+        sockets = servers.sockets
+        try:  # the broker's socket, at its path: connections wait in its backlog from now on
+            sockets.bind_broker(rt.broker_socket)
+        except OSError as exc:
+            raise LaunchError(f"cannot bind the broker's socket {rt.broker_socket}: "
+                              f"{exc.strerror or exc}") from None
         self.box.open()
         proxy, broker = servers.proxy, servers.broker
         git = config_file.ask_sign_key(cfg)  # runs while the proxy gets its arguments
@@ -200,7 +207,7 @@ class Session:
         if self.service is None:
             if proxy is None:  # the service cannot take this session, or is gone
                 proxy = servers.proxy = self._late_proxy()
-            proxy.send_args(boot.encode_args(plan.proxy_args(cfg, rt)))
+            proxy.send_args(boot.encode_args(plan.proxy_args(cfg, rt, sockets.proxy_fds)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
         host = install.host_facts(os.getcwd())
@@ -217,7 +224,8 @@ class Session:
         self.cfg = cfg = config_file.take_sign_key(cfg, git)
         if cfg.sign_problem:  # git would sign with a key this session cannot enable
             os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
-        broker.send_args(boot.encode_args(plan.broker_args(cfg, rt, self.backend)))
+        broker_args = plan.broker_args(cfg, rt, self.backend, sockets.broker_fd)
+        broker.send_args(boot.encode_args(broker_args))
         _trace("servers have their arguments")
         self._write_gpg_program(host)
         fixed = self.box.fixed_ports()  # known before the proxy listens: used meanwhile
@@ -393,7 +401,13 @@ class Session:
 
     def _late_proxy(self) -> supervise.Child:
         """Our own egress-proxy after all (the service could not take the session)."""
-        proxy = prestart.start_proxy()
+        assert self.servers is not None
+        sockets = self.servers.sockets
+        try:
+            sockets.make_proxy()
+        except OSError as exc:
+            raise LaunchError(f"cannot make the proxy's sockets: {exc.strerror or exc}") from None
+        proxy = prestart.start_proxy(sockets)
         self.children.insert(0, proxy)
         assert self.janitor is not None
         self.janitor.watch(proxy)
@@ -423,7 +437,13 @@ class Session:
         poller.register(wake_r, select.POLLIN)
         pending: dict[int, bytes] = {}
         self._poller, self._owners, self._pending = poller, owners, pending
-        while not (found.http_port and found.socks_port and found.broker):
+        # Only the proxy is waited for: its `listening` lines say its egress dir
+        # (the CA the command trusts) is written.  Both servers' sockets listen
+        # already (handed over, :mod:`.handoff`): a connection waits in the
+        # backlog until its server accepts it, so the broker's own line comes
+        # when it comes, and a server that dies later ends the session
+        # (:meth:`_supervise`).
+        while not (found.http_port and found.socks_port):
             left = deadline - time.monotonic()
             if left <= 0:
                 late = proxy if proxy and not (found.http_port and found.socks_port) else broker
@@ -439,6 +459,8 @@ class Session:
                     continue
                 dead = next((c for c in self.children if c.pidfd == fd), None)
                 if dead is not None:
+                    if self.sandbox is not None and self.sandbox.exited():
+                        dead = self.sandbox  # the root cause when a server's probe of it failed too
                     self._drain_all()
                     code = dead.proc.wait()
                     hint = " (agent-sandbox doctor tells why)" if dead is self.sandbox else ""
@@ -450,6 +472,13 @@ class Session:
                     source, kind = owners[fd]
                     if kind == "out":
                         plan.parse_listening(source.name, line, found)
+        assert self.servers is not None
+        sockets = self.servers.sockets
+        if proxy is not None and (found.http_port, found.socks_port) != (
+            sockets.http_port, sockets.socks_port
+        ):  # never: it serves what it was handed; if it did not, nothing goes on
+            raise LaunchError(f"egress-proxy listens on {found.http_port} and "
+                              f"{found.socks_port}, not on the ports it was handed")
         return found
 
     def _read_lines(self, fd: int) -> list[str]:
@@ -467,6 +496,9 @@ class Session:
         self._pending[fd] = rest
         out = [line.decode(errors="replace") for line in lines]
         for line in out:
+            if kind == "out" and server_lines.listening_url(line) is not None:
+                self._serving.add(child.name)  # it accepts now (the socket listened already)
+                continue  # not a line for an error's tail
             if kind == "out" and self.record is not None and server_lines.is_event(line):
                 # A server's event (libbroker.launcher.record): into the record, not the tail.
                 if self.record.server(child.name, line) is False and child.name == "broker-server":
@@ -536,14 +568,13 @@ class Session:
                 else:
                     dead = next((c for c in self.children if c.pidfd == fd), None)
                     if dead is not None and crash is None:
-                        self._drain_all()
-                        crash = (
-                            f"{dead.name} exited unexpectedly (status {dead.proc.wait()})"
-                            + dead.error_tail()
-                        )
+                        crash = self._crashed(dead)
                         self._poller.unregister(fd)
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
+        if crash is None:  # the command ended first: a server gone meanwhile is still told
+            dead = next((c for c in self.children if c is not sandbox and c.exited()), None)
+            crash = self._crashed(dead) if dead is not None else None
         self._drain_all()  # the servers' last log lines before they go
         self._teardown()
         if self.record is not None:
@@ -552,6 +583,13 @@ class Session:
         if crash is not None:
             raise LaunchError(crash + "; the session was ended")
         return status
+
+    def _crashed(self, dead: supervise.Child) -> str:
+        """The line for a server that exited by itself: before it served, or after."""
+        self._drain_all()
+        code = dead.proc.wait()
+        when = "" if dead.name in self._serving else ", while starting"
+        return f"{dead.name} exited unexpectedly (status {code}{when})" + dead.error_tail()
 
     def _relay_signals(self, deadline: float | None) -> float | None:
         while self.signals:
