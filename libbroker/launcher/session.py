@@ -258,7 +258,7 @@ class Session:
             self.live.wait_ready()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
         _trace("host-run files fingerprinted")
-        self.box.go(host, found)
+        self._go(host, found)
         _trace("go")
         trace.mark("go")
         if self._record_dir:  # after go: the record never delays the command
@@ -459,15 +459,7 @@ class Session:
                     continue
                 dead = next((c for c in self.children if c.pidfd == fd), None)
                 if dead is not None:
-                    if self.sandbox is not None and self.sandbox.exited():
-                        dead = self.sandbox  # the root cause when a server's probe of it failed too
-                    self._drain_all()
-                    code = dead.proc.wait()
-                    hint = " (agent-sandbox doctor tells why)" if dead is self.sandbox else ""
-                    raise LaunchError(
-                        f"{dead.name} exited with status {code} while starting{hint}"
-                        + dead.error_tail()
-                    )
+                    raise self._died_starting(dead)
                 for line in self._read_lines(fd):
                     source, kind = owners[fd]
                     if kind == "out":
@@ -480,6 +472,31 @@ class Session:
             raise LaunchError(f"egress-proxy listens on {found.http_port} and "
                               f"{found.socks_port}, not on the ports it was handed")
         return found
+
+    def _died_starting(self, dead: supervise.Child) -> LaunchError:
+        """The error for a child that exited before go (the sandbox named first)."""
+        if self.sandbox is not None and dead is not self.sandbox and (
+            self.sandbox.exited() or self.sandbox.wait(0.5)
+        ):  # the root cause when a server's probe of the sandbox failed too
+            dead = self.sandbox
+        self._drain_all()
+        code = dead.proc.wait()
+        hint = " (agent-sandbox doctor tells why)" if dead is self.sandbox else ""
+        return LaunchError(
+            f"{dead.name} exited with status {code} while starting{hint}" + dead.error_tail()
+        )
+
+    def _go(self, host: Host, found: plan.Listening) -> None:
+        """Let the command run, unless a child has died meanwhile (the servers are not
+        waited for: one may have failed since, and the sandbox with it)."""
+        dead = next((c for c in self.children if c.exited()), None)
+        if dead is not None:
+            raise self._died_starting(dead)
+        try:
+            self.box.go(host, found)
+        except BrokenPipeError:  # the sandbox died just now: its status says why
+            assert self.sandbox is not None
+            raise self._died_starting(self.sandbox) from None
 
     def _read_lines(self, fd: int) -> list[str]:
         """Read what is there on a child's pipe; complete lines, copied to stderr when errors."""
