@@ -13,15 +13,26 @@ host's git used it, appends a line to a canary file outside the workdir:
 - a new gitlink ``sub2/.git`` (``gitdir: ../.gitc``), with the host running
   ``git -C sub2 status``.
 
-Side by side in one run: the same planting and host loop with no sandbox
-(the baseline: what the loop catches when nothing guards), then per
-backend.  Printed per row: host iterations, plant rounds, plant runs (the
-canary's lines), and runs per 1000 iterations.  BENCH_LIVE_SECONDS (10)
-sets each row's length.
+Two host loops run at once: a shell started *before* the session, in the
+workdir (its working directory predates the live gate's mounts: git at the
+top opens ``.git/...`` relative to it), and a loop that starts each ``git``
+with the workdir named by path.
+
+Side by side in one run: the same planting and host loops with no sandbox
+(the baseline: what the loops catch when nothing guards), then per backend
+with the watcher alone (``AGENT_SANDBOX_LIVE_GATE=off``) and with the gate
+(fanotify; root only).  Printed per row: host iterations (both loops), plant
+rounds, plant runs (the canary's lines), and runs per 1000 iterations.
+
+Then the cost, with no plants: a session runs ``git status`` in a loop
+inside while the host loops run; per backend, gate off and on, the inside
+and host iterations and the ratio on/off.  BENCH_LIVE_SECONDS (10) sets
+each row's length.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -70,6 +81,23 @@ def make_workdir(tmp: str, env: dict[str, str]) -> str:
     return work
 
 
+HOST_SHELL = r"""
+n=0
+while [ ! -e {stop} ]; do
+  touch a.txt; git status --porcelain >/dev/null 2>&1
+  [ -e sub2/.git ] && (cd sub2 && git status --porcelain >/dev/null 2>&1)
+  n=$((n+1))
+done
+echo $n > {stop}.n
+"""
+
+INSIDE = r"""
+end=$(( $(date +%s) + {seconds} )); n=0
+while [ "$(date +%s)" -lt "$end" ]; do git status --porcelain >/dev/null; n=$((n+1)); done
+echo $n > .inside-rounds
+"""
+
+
 def host_loop(work: str, stop: threading.Event, env: dict[str, str]) -> int:
     """What the person runs meanwhile: ``git status`` (and in ``sub2``); iterations."""
     n = 0
@@ -83,9 +111,10 @@ def host_loop(work: str, stop: threading.Event, env: dict[str, str]) -> int:
     return n
 
 
-def measure(backend: str, seconds: float, tmp: str) -> tuple[int, int, int, str]:
-    """(host iterations, plant rounds, plant runs, the session's stderr) for one row;
-    ``backend`` "none": the plants run on the host with no sandbox."""
+def measure(backend: str, seconds: float, tmp: str, *, gate: bool = True,
+            inside: str = PLANT) -> tuple[int, int, int, str]:
+    """(host iterations, rounds inside, plant runs, the session's stderr) for one row;
+    ``backend`` "none": the script runs on the host with no sandbox."""
     home = os.path.join(tmp, "home")
     os.makedirs(home)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AGENT_SANDBOX", "GIT_"))},
@@ -93,7 +122,7 @@ def measure(backend: str, seconds: float, tmp: str) -> tuple[int, int, int, str]
     work = make_workdir(tmp, env)
     canary = os.path.join(tmp, "canary")
     os.makedirs(canary)
-    script = PLANT.format(canary=canary, seconds=int(seconds))
+    script = inside.format(canary=canary, seconds=int(seconds))
     config = os.path.join(tmp, "config.toml")
     with open(config, "w") as fh:
         fh.write(f'workdir = "{work}"\ntoken_command = ""\nrecord = false\n')
@@ -106,6 +135,10 @@ def measure(backend: str, seconds: float, tmp: str) -> tuple[int, int, int, str]
     count: list[int] = []
     host_env = {**env, "HOME": os.path.join(tmp, "person")}
     os.makedirs(host_env["HOME"])
+    flag = os.path.join(tmp, "stop-shell")
+    shell = subprocess.Popen(["sh", "-c", HOST_SHELL.format(stop=flag)], cwd=work, env=host_env)
+    if not gate:
+        env = {**env, "AGENT_SANDBOX_LIVE_GATE": "off"}
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     while not os.path.exists(os.path.join(work, ".git")):
@@ -117,9 +150,14 @@ def measure(backend: str, seconds: float, tmp: str) -> tuple[int, int, int, str]
     finally:
         stop.set()
         thread.join()
+        with open(flag, "w"):
+            pass
+        shell.wait()
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    with contextlib.suppress(OSError, ValueError), open(flag + ".n") as fh:
+        count.append(int(fh.read().strip() or 0))
     with open(os.path.join(canary, "runs"), "a+") as fh:
         fh.seek(0)
         lines = fh.read().splitlines()
@@ -127,34 +165,56 @@ def measure(backend: str, seconds: float, tmp: str) -> tuple[int, int, int, str]
     if os.environ.get("BENCH_LIVE_SHOW"):
         kinds = {k: lines.count(k) for k in dict.fromkeys(lines)}
         print(f"  {backend}: runs by plant: {kinds}", file=sys.stderr)
-    try:
-        with open(os.path.join(work, ".plant-rounds")) as fh:
+    rounds = 0
+    for name in (".plant-rounds", ".inside-rounds"):
+        with contextlib.suppress(OSError, ValueError), open(os.path.join(work, name)) as fh:
             rounds = int(fh.read().strip() or 0)
-    except (OSError, ValueError):
-        rounds = 0
-    return count[0] if count else 0, rounds, runs, err
+    return sum(count), rounds, runs, err
 
 
 def main() -> int:
-    backends = ["none", *(["bwrap"] if shutil.which("bwrap") else []), "nono"]
-    print(f"live window: {SECONDS:g} s of planting per row while the host loops git status")
-    print(f"{'row':<10} {'iterations':>10} {'rounds':>8} {'runs':>6} {'runs/1000 it':>13}")
+    backends = [*(["bwrap"] if shutil.which("bwrap") else []), "nono"]
+    gate = os.geteuid() == 0  # fanotify permission events need CAP_SYS_ADMIN
+    rows = [("no guard", "none", False)] + [
+        (f"{b} {kind}", b, on) for b in backends
+        for kind, on in (("watcher", False), *((("gate", True),) if gate else ()))]
+    print(f"live window: {SECONDS:g} s of planting per row while two host loops run "
+          "git status (a shell older than the session, and new processes)")
+    print(f"{'row':<14} {'iterations':>10} {'rounds':>8} {'runs':>6} {'runs/1000 it':>13}")
     worst = 0
-    for backend in backends:
-        tmp = tempfile.mkdtemp(prefix=f"bench-live-{backend}-")
-        try:
-            its, rounds, runs, err = measure(backend, SECONDS, tmp)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+    for name, backend, on in rows:
+        its, rounds, runs, err = _row(backend, on, PLANT)
         rate = 1000 * runs / its if its else 0.0
-        name = "no guard" if backend == "none" else backend
-        print(f"{name:<10} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
+        print(f"{name:<14} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
         if backend != "none":
-            worst = max(worst, runs)
+            worst = max(worst, runs) if on or not gate else worst
             if os.environ.get("BENCH_LIVE_SHOW"):
                 print(err, file=sys.stderr)
-    print(f"goal: 0 plant runs under a guard; worst here: {worst}")
+    print(f"goal: 0 plant runs {'with the gate' if gate else 'under a guard'}; "
+          f"worst here: {worst}")
+    if not gate:
+        print("(not root: no gate rows; the watcher's window above is the ordinary user's)")
+        return 0
+    print(f"\ncost, no plants: {SECONDS:g} s of git status inside while the host loops run")
+    print(f"{'row':<14} {'inside it':>10} {'host it':>8} {'inside on/off':>14} "
+          f"{'host on/off':>12}")
+    for backend in backends:
+        off = _row(backend, False, INSIDE)
+        on = _row(backend, True, INSIDE)
+        for kind, got in (("gate off", off), ("gate on", on)):
+            print(f"{backend + ' ' + kind:<14} {got[1]:>10} {got[0]:>8}", end="")
+            if got is on:
+                print(f" {on[1] / max(off[1], 1):>14.2f} {on[0] / max(off[0], 1):>12.2f}", end="")
+            print()
     return 0
+
+
+def _row(backend: str, gate: bool, inside: str) -> tuple[int, int, int, str]:
+    tmp = tempfile.mkdtemp(prefix=f"bench-live-{backend}-")
+    try:
+        return measure(backend, SECONDS, tmp, gate=gate, inside=inside)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

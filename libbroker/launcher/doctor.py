@@ -309,7 +309,11 @@ def check_hostrun(cfg: Config) -> list[Check]:
         "(swept back to their state at the start when every session ends; "
         "doctor --verbose lists them)",
     )
-    return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines()),
+    from libbroker.launcher.hostrun_gate import describe
+
+    gate, what = describe()
+    live = Check(OK, what) if gate else Check(WARN, what, "run as root for the gate")
+    return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines()), live,
             *_live_leftovers(cfg)]
 
 

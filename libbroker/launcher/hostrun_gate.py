@@ -246,6 +246,20 @@ class Gate:
         return lines
 
 
+def describe() -> tuple[bool, str]:
+    """(whether sessions here get the gate, the line ``doctor`` prints about it)."""
+    if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off":
+        return False, ("live guard: the watcher only (AGENT_SANDBOX_LIVE_GATE=off): a host "
+                       "git looping while a session plants can run a plant before it acts")
+    if not fanotify.available():
+        return False, ("live guard: the watcher only (the fanotify gate needs CAP_SYS_ADMIN): "
+                       "a host git looping while a session plants can run a plant before it "
+                       "acts (docs/hostrun-live.md has the measured window)")
+    return True, ("live guard: the fanotify gate: host processes never open a planted "
+                  "host-run file while a session runs (bwrap; Landlock with its own mount "
+                  "namespace)")
+
+
 def _comm(pid: int) -> str:
     """The process's name (it waits on us: its pid cannot be reused meanwhile)."""
     try:

@@ -1,0 +1,192 @@
+"""The live gate through real sessions: a host git running meanwhile runs no plant.
+
+As root (fanotify needs CAP_SYS_ADMIN), on both backends: a shell started
+*before* the session, standing in the workdir (its working directory is the
+mount from before the gate's binds), loops ``git status`` and ``git status``
+in a new gitlink's directory while the session plants a ``commondir``, a
+gitlink, a new git dir's config and hook, and a link named ``commondir``
+to an innocent-looking file; the canary outside the workdir stays empty.
+Without plants the host's git works meanwhile, the session's git too, and
+no mount of the gate is left after the session, nor after a ``kill -9`` of
+the launcher.  As an ordinary user the gate is off (no mounts) and the
+watcher guards alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from launcher_world import World
+from test_hostrun_live import _repo, _wait
+from test_hostrun_sweep import git
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the gate needs root (fanotify)")
+
+PLANTS = (
+    "mkdir -p .gitc/objects .gitc/refs .gitc/hooks && echo 'ref: refs/heads/main' > .gitc/HEAD; "
+    "hook() {{ printf '#!/bin/sh\\necho $2 >> {canary}/runs\\n' > $1; chmod +x $1; }}; "
+    "i=0; touch planted; while [ ! -e go ] && [ $i -lt 400 ]; do "
+    "printf '[core]\\n\\tfsmonitor = \"echo gitc >> {canary}/runs; false\"\\n' > .gitc/config; "
+    "hook .gitc/hooks/post-index-change gitc-hook; hook .git/hooks/post-index-change hook; "
+    "echo ../.gitc > .git/commondir; "
+    "echo ../.gitc > x.txt; ln -sf ../x.txt .git/commondir 2>/dev/null; "
+    "mkdir -p sub2 && echo 'gitdir: ../.gitc' > sub2/.git; "
+    "i=$((i+1)); done"
+)
+
+HOST = (  # the person's terminal: there before the session, standing in the workdir
+    "while [ ! -e planted ]; do sleep 0.01; done; n=0; "
+    "while [ ! -e go ]; do touch a.txt; git status --porcelain >/dev/null 2>&1; "
+    "[ -e sub2/.git ] && (cd sub2 && git status --porcelain >/dev/null 2>&1); "
+    "n=$((n+1)); done; echo $n > {out}"
+)
+
+
+def _mounts(path: Path) -> list[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return [line for line in fh if str(path) in line.split()[4]]
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_a_shell_older_than_the_session_runs_no_plant(world: World, tmp_path: Path,
+                                                       backend: str) -> None:
+    work = _repo(world)
+    canary = tmp_path / "canary"
+    canary.mkdir()
+    out = tmp_path / "iterations"
+    env = {k: v for k, v in world.env().items() if not k.startswith("AGENT_SANDBOX")}
+    env.update(GIT_CONFIG_NOSYSTEM="1", HOME=str(tmp_path))
+    host = subprocess.Popen(["sh", "-c", HOST.format(out=out)], cwd=work, env=env)
+    proc = world.launch("sh", "-c", PLANTS.format(canary=canary), sandbox=backend)
+    try:
+        _wait(work / "planted")
+        assert _mounts(work), "the gate's binds while the session runs"
+        time.sleep(4)
+        (work / "go").touch()
+        _, err = proc.communicate(timeout=90)
+        host.wait(timeout=30)
+    finally:
+        proc.kill()
+        host.kill()
+    assert proc.returncode == 0, err
+    assert int(out.read_text()) > 0  # the host loop ran
+    assert not (canary / "runs").exists(), (canary / "runs").read_text()
+    assert "the live guard refused" in err, err
+    assert _mounts(work) == []
+    git(work, "status", "--short")  # after the sweep, git works and runs nothing
+    assert not (canary / "runs").exists()
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_without_plants_the_hosts_git_works_meanwhile(world: World, backend: str) -> None:
+    work = _repo(world)
+    inside = ("git status --porcelain >/dev/null && echo b > b.txt && git add b.txt && "
+              "git -c user.name=a -c user.email=a@a commit -q -m inside && touch planted && "
+              "while [ ! -e go ]; do sleep 0.05; done")
+    proc = world.launch("sh", "-c", inside, sandbox=backend)
+    try:
+        _wait(work / "planted")
+        assert _mounts(work)
+        (work / "a.txt").write_text("changed\n")  # an editor saving a file
+        status = git(work, "status", "--short").stdout.splitlines()
+        assert " M a.txt" in status and "?? remote.git/" in status, status
+        assert git(work, "log", "--format=%s", "-1").stdout.strip() == "inside"
+        git(work, "diff", "--quiet", check=False)
+        (work / "go").touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert "refused" not in err, err
+    assert _mounts(work) == []
+
+
+def test_a_killed_launcher_leaves_no_mount(world: World) -> None:
+    work = _repo(world)
+    proc = world.launch("sh", "-c", "touch planted && exec sleep 60", sandbox="bwrap")
+    _wait(work / "planted")
+    assert len(_mounts(work)) == 2  # the workdir and its .git
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    deadline = time.monotonic() + 30
+    while _mounts(work) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _mounts(work) == []  # the janitor unbound them
+    git(work, "status", "--short")
+
+
+def test_off_leaves_the_watcher_alone(world: World) -> None:
+    """AGENT_SANDBOX_LIVE_GATE=off (what an ordinary user gets): no mounts; doctor says so."""
+    work = _repo(world)
+    env = {**world.env(), "AGENT_SANDBOX_LIVE_GATE": "off"}
+    proc = world.launch("sh", "-c", "touch planted; while [ ! -e go ]; do sleep 0.05; done",
+                        sandbox="bwrap", env=env)
+    try:
+        _wait(work / "planted")
+        assert _mounts(work) == []
+        (work / "go").touch()
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    doctor = subprocess.run(["agent-sandbox", "doctor", f"--config={world.config()}"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert "live guard: the watcher only" in doctor.stdout + doctor.stderr
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_an_ordinary_user_gets_the_watcher(backend: str) -> None:
+    """No CAP_SYS_ADMIN: no gate, no mounts; the watcher still moves a planted commondir
+    aside while the session runs, and doctor names the watcher."""
+    import shutil
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "sandbox"))
+    from as_user import ordinary_user
+
+    user = ordinary_user()
+    if user.unavailable:
+        pytest.skip(user.unavailable)
+    tmp = Path(tempfile.mkdtemp(prefix="hostrun-gate-user-"))  # pytest's is 0700
+    tmp.chmod(0o755)
+    try:
+        home, work, runtime = tmp / "home", tmp / "work", tmp / "run"
+        for d in (home, work, runtime):
+            d.mkdir()
+        runtime.chmod(0o700)
+        git(work, "init", "-q", "-b", "trunk")
+        git(work, "commit", "-q", "--allow-empty", "-m", "init")
+        config = tmp / "config.toml"
+        config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n')
+        user.own(home, work, runtime, config)
+        env = user.env(home, XDG_RUNTIME_DIR=str(runtime), GIT_CONFIG_NOSYSTEM="1")
+        env["PATH"] = os.path.dirname(sys.executable) + ":" + env.get("PATH", "/usr/bin:/bin")
+        inside = ("echo ../x > .git/commondir; touch planted; "
+                  "while [ ! -e go ]; do sleep 0.05; done")
+        proc = subprocess.Popen(
+            user.argv(["agent-sandbox", "run", f"--sandbox={backend}", f"--config={config}",
+                       "--", "sh", "-c", inside]),
+            env=env, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            stdin=subprocess.DEVNULL)
+        try:
+            _wait(work / "planted", 60)
+            assert _mounts(work) == []
+            deadline = time.monotonic() + 10
+            while (work / ".git/commondir").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not (work / ".git/commondir").exists()  # the watcher, meanwhile
+            (work / "go").touch()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err
+        doctor = subprocess.run(user.argv(["agent-sandbox", "doctor", f"--config={config}"]),
+                                env=env, cwd=work, capture_output=True, text=True, timeout=60)
+        assert "live guard: the watcher only" in doctor.stdout + doctor.stderr, doctor.stdout
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
