@@ -15,11 +15,11 @@ import asyncio
 import contextlib
 import os
 import socket
-import stat
 import struct
 from typing import TYPE_CHECKING, Any
 
-from libbroker.errors import EgressError, UsageError
+from libbroker.errors import EgressError, SocketInUse, UsageError
+from libbroker.unix_listen import listen_unix
 from libegress.control_frames import MAX_LINE, Add, BadFrame, Remove, parse_request, reply
 from libegress.eventlog import EventLog
 
@@ -35,27 +35,6 @@ def peer_uid(sock: socket.socket) -> int:
     _, uid, _ = _UCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                               _UCRED.size))
     return uid
-
-
-def _clear_stale(path: str) -> None:
-    """Remove a socket left by a gateway that is gone; refuse anything else there."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise UsageError(f"--control {path}: {exc.strerror}") from None
-    if not stat.S_ISSOCK(mode):
-        raise UsageError(f"--control {path}: exists and is not a socket")
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(path)
-        except ConnectionRefusedError:
-            os.unlink(path)
-            return
-        except OSError as exc:
-            raise UsageError(f"--control {path}: {exc.strerror}") from None
-    raise UsageError(f"--control {path}: another gateway listens there")
 
 
 class Control:
@@ -129,21 +108,11 @@ async def answer(gate: Gate, log: EventLog, line: bytes) -> bytes:
 
 
 def open_control(path: str) -> Control:
-    """Bind and listen at ``path`` (0600); UsageError when it cannot."""
-    _clear_stale(path)
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
+    """Bind and listen at ``path`` (0600, a stale socket replaced); UsageError when it cannot."""
     try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"--control {path}: {exc.strerror}") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(64)
-    sock.setblocking(False)
-    return Control(path, sock)
+        return Control(path, listen_unix(path, 64))
+    except SocketInUse as exc:
+        raise UsageError(f"--control: {exc}") from None
 
 
 def control_request(path: str, frame: dict[str, Any], timeout: float = 10.0) -> dict[str, Any]:

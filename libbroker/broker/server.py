@@ -20,49 +20,17 @@ import stat
 import sys
 
 from libbroker.broker.connection import Connection, Settings
-from libbroker.errors import SocketInUse, UsageError
+from libbroker.errors import UsageError
 from libbroker.server_lines import listening_line
+from libbroker.unix_listen import listen_unix
 
 SHUTDOWN_GRACE = 5.0
 ACCEPT_BACKOFF = 0.1
 
 
 def bind_socket(path: str) -> socket.socket:
-    """A listening unix socket at ``path`` with mode 0600.
-
-    A stale socket (nobody answers) is replaced; a live one is refused, and so
-    is anything at the path that is not a socket.
-    """
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        pass
-    else:
-        if not stat.S_ISSOCK(st.st_mode):
-            raise SocketInUse(f"{path} exists and is not a socket; not replacing it")
-        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            probe.connect(path)
-        except (ConnectionRefusedError, FileNotFoundError):
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path)  # stale: left behind by a server that died
-        else:
-            raise SocketInUse(f"a server is already listening on {path}; not taking it over")
-        finally:
-            probe.close()
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old_umask = os.umask(0o177)  # no window in which the socket is wider than 0600
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise SocketInUse(f"cannot bind {path}: {exc.strerror or exc}") from None
-    finally:
-        os.umask(old_umask)
-    os.chmod(path, 0o600)
-    sock.listen(512)
-    sock.setblocking(False)
-    return sock
+    """broker-server's listening socket at ``path`` (:func:`libbroker.unix_listen.listen_unix`)."""
+    return listen_unix(path, 512)
 
 
 def inherited_socket(fd: int) -> socket.socket:

@@ -35,7 +35,7 @@ import stat
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from libbroker.launcher import agent_copy, agents
+from libbroker.launcher import agent_copy, agent_settings, agents
 from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
 from libbroker.launcher.trace import trace
 
@@ -418,7 +418,7 @@ def _bring(
         except ValueError:
             return
         if rel.endswith("claude/settings.json") and isinstance(session, dict):
-            session = agents.claude_unsettle(session, claude_session)
+            session = agent_settings.claude_unsettle(session, claude_session)
         host = _read_json(target)
         merged = merge_keys(host, session, rule.keep)
         if merged != host:
