@@ -11,8 +11,9 @@ It holds one login of the kind asked for, as the real service would:
 - the API takes only the current access token (``Authorization: Bearer``;
   Claude: with ``anthropic-beta: oauth-2025-04-20``; Codex: with the
   account's ``chatgpt-account-id``), else 401;
-- a refresh with the current refresh token and the agent's client id issues
-  a new pair (Codex: JWT access and id tokens, with ``exp``) and revokes the
+- a refresh with the current refresh token and the agent's client id, or
+  the exchange of its one authorization code (``code``, with a verifier: a
+  ``/login``), issues a new pair (Codex: JWT access and id tokens, with ``exp``) and revokes the
   old one (the refresh token rotates; Google's does not, and its access
   tokens stay valid until they expire); anything else is ``400 invalid_grant``;
 - every request is recorded (host, path, headers, body) for the tests, and
@@ -87,6 +88,7 @@ class Oauth:
     issued: list[tuple[str, str]] = field(default_factory=list)  # every pair, oldest first
     seen: list[Request] = field(default_factory=list)
     on_refresh: Callable[[], None] | None = None  # called after each rotation
+    code: str = field(default_factory=lambda: f"code-{uuid.uuid4().hex}")  # one, for a /login
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -104,6 +106,14 @@ class Oauth:
         self.access = f"ya29.real-{uuid.uuid4().hex}"
         self.refresh = f"1//real-{uuid.uuid4().hex}"
         self.issued = [(self.access, self.refresh)]
+
+    def exchanged(self, body: dict[str, object], client: str) -> bool:
+        """Whether ``body`` exchanges the stand-in's one authorization code (then spent)."""
+        if body.get("grant_type") != "authorization_code" or body.get("client_id") != client \
+                or body.get("code") != self.code or not body.get("code_verifier"):
+            return False
+        self.code = f"spent-{uuid.uuid4().hex}"
+        return True
 
     def refreshes(self) -> list[Request]:
         return [r for r in self.seen if r.path in ("/v1/oauth/token", "/oauth/token", "/token")]
@@ -166,14 +176,14 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
         def _token(self, raw: bytes) -> None:
             try:
                 body = json.loads(raw)
-            except ValueError:
-                body = {}
+            except ValueError:  # Codex sends its code exchange as a form
+                body = dict(parse_qsl(raw.decode("ascii", "replace")))
             client = CODEX_CLIENT_ID if o.kind == "codex" else CLIENT_ID
             answer: dict[str, object] = {}
             with o.lock:
                 good = (body.get("grant_type") == "refresh_token"
                         and body.get("client_id") == client
-                        and body.get("refresh_token") == o.refresh)
+                        and body.get("refresh_token") == o.refresh) or o.exchanged(body, client)
                 if good and o.kind == "codex":  # rotate: the old pair is revoked
                     o.id_token, o.access, o.refresh = codex_pair(o.lifetime_s)
                     answer = {"id_token": o.id_token, "access_token": o.access,
@@ -202,10 +212,13 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
         def _google_token(self, raw: bytes) -> None:
             form = dict(parse_qsl(raw.decode("ascii", "replace")))
             with o.lock:
-                good = (form.get("grant_type") == "refresh_token"
-                        and form.get("client_id") == GEMINI_CLIENT_ID
-                        and form.get("client_secret", "").startswith("GOCSPX-")
-                        and form.get("refresh_token") == o.refresh)
+                code = o.exchanged(form, GEMINI_CLIENT_ID)
+                good = code or (form.get("grant_type") == "refresh_token"
+                                and form.get("client_id") == GEMINI_CLIENT_ID
+                                and form.get("client_secret", "").startswith("GOCSPX-")
+                                and form.get("refresh_token") == o.refresh)
+                if code:  # a new login: a new refresh token too
+                    o.refresh = f"1//real-{uuid.uuid4().hex}"
                 if good:  # a new access token; Google keeps the refresh token
                     o.access = f"ya29.real-{uuid.uuid4().hex}"
                     o.issued.append((o.access, o.refresh))
@@ -214,9 +227,12 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
                 return
             if o.on_refresh is not None:
                 o.on_refresh()
-            self._reply(200, json.dumps({
-                "access_token": o.access, "expires_in": int(o.lifetime_s), "token_type": "Bearer",
-                "scope": "https://www.googleapis.com/auth/cloud-platform"}).encode())
+            answer = {"access_token": o.access, "expires_in": int(o.lifetime_s),
+                      "token_type": "Bearer",
+                      "scope": "https://www.googleapis.com/auth/cloud-platform"}
+            if code:
+                answer["refresh_token"] = o.refresh
+            self._reply(200, json.dumps(answer).encode())
 
         def _tokeninfo(self) -> None:
             if not self._authorized():
