@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher import doctor, settings
+from libbroker.launcher import doctor, doctor_agents, settings
 from libbroker.launcher.config import HostFacts
 from libbroker.launcher.config_file import load
 
@@ -108,7 +108,7 @@ def test_the_drop_in_fix_as_printed_turns_its_check_ok(
     cfg = load(None, HostFacts(home=str(home), cwd=str(work), gh_present=False))
     target.parent.mkdir()
     target.write_text(json.dumps({"sandbox": {"enabled": True}}))  # an old one
-    check = doctor.check_claude_managed(cfg)
+    check = doctor_agents.check_claude_managed(cfg)
     assert check.level == doctor.WARN
     install, remove = _commands(check.line())
     assert install.startswith("agent-sandbox render-settings | sudo install")
@@ -116,6 +116,6 @@ def test_the_drop_in_fix_as_printed_turns_its_check_ok(
     done = subprocess.run(["sh", "-c", install.replace("sudo ", "")], env=env, cwd=work,
                           timeout=60, check=False, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    assert doctor.check_claude_managed(cfg).level == doctor.OK
+    assert doctor_agents.check_claude_managed(cfg).level == doctor.OK
     subprocess.run(["sh", "-c", remove.replace("sudo ", "")], check=True, timeout=30)
     assert not target.exists()

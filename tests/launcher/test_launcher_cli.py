@@ -150,20 +150,20 @@ def test_doctor_judges_a_machine_wide_drop_in(
 ) -> None:
     """None: fine (optional). An old one (sandbox on, or a hook that runs outside
     sessions): a warning with the fix. The current rendering: fine."""
-    from libbroker.launcher import doctor, settings
+    from libbroker.launcher import doctor, doctor_agents, settings
     from libbroker.launcher.config import Config
 
     target = tmp_path / "agent-sandbox.json"
     monkeypatch.setattr(settings, "target_path", lambda: str(target))
     cfg = Config(workdir=str(tmp_path), home=str(tmp_path), harness=str(tmp_path / ".claude"))
-    assert doctor.check_claude_managed(cfg).level == doctor.OK
+    assert doctor_agents.check_claude_managed(cfg).level == doctor.OK
     current = json.loads(settings.render(cfg))
     old_hook = current["hooks"]["PreToolUse"][0]["hooks"][0]["command"].split("; ", 1)[1]
     for old in ({**current, "sandbox": {"enabled": True}},
                 {"hooks": {"PreToolUse": [{"matcher": "x", "hooks": [
                     {"type": "command", "command": old_hook}]}]}}):
         target.write_text(json.dumps(old))
-        check = doctor.check_claude_managed(cfg)
+        check = doctor_agents.check_claude_managed(cfg)
         assert check.level == doctor.WARN and "render-settings" in check.fix, check
     target.write_text(settings.render(cfg))
-    assert doctor.check_claude_managed(cfg).level == doctor.OK
+    assert doctor_agents.check_claude_managed(cfg).level == doctor.OK
