@@ -166,8 +166,10 @@ def start(backend: str) -> Servers:
     """Spawn the servers in their deferred boot (LaunchError if one cannot start).
 
     Each gets its listening socket(s) at the spawn (:mod:`.handoff`).  When
-    the resident service answers on its socket, only the broker: the
-    session's egress is a tenant of the service's gateway.
+    the resident service answers on its socket, neither is spawned: its
+    zygote forks the session's broker (with the broker's socket), and the
+    session's egress becomes a tenant of its gateway (or, for a config the
+    gateway cannot serve, its own proxy, started then by the session).
     """
     service = serve_link.connect()
     try:
@@ -176,11 +178,26 @@ def start(backend: str) -> Servers:
         if service is not None:
             service.close()
         raise LaunchError(f"cannot make the servers' sockets: {exc.strerror or exc}") from None
+    broker: Child | None = None
+    if service is not None:  # the session's own broker, forked warm by the service's zygote
+        try:
+            broker = service.broker({**os.environ, "AGENT_SANDBOX": "1"}, sockets.broker_fd)
+        except LaunchError as exc:  # the service failed us: everything of our own
+            trace(f"resident service not used: {exc}")
+            service.close()
+            service = None
+            try:
+                sockets.make_proxy()
+            except OSError as err:
+                sockets.close()
+                raise LaunchError(f"cannot make the proxy's sockets: {err.strerror}") from None
     try:
         proxy = None if service is not None else start_proxy(sockets)
     except LaunchError:
         sockets.close()
         raise
+    if broker is not None:
+        return Servers(proxy, broker, sockets, service)
     try:
         warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.

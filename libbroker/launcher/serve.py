@@ -2,9 +2,10 @@
 
 It keeps one egress-proxy running in gateway mode (``--control``, docs/gateway.md)
 and registers each session's tenant in it, so a session does not pay for an
-egress-proxy interpreter of its own.  The broker is not resident: a brokered
-command runs on the host under its session's profile and door, so each session
-keeps a broker-server of its own (docs/serve.md says why).
+egress-proxy interpreter of its own.  No broker is shared: a brokered command
+runs on the host under its session's profile and door, so each session keeps
+a broker-server of its own, forked warm by the service's zygote
+(:mod:`.broker_zygote`; docs/serve.md says why).
 
 Sessions reach the service on a unix socket: bound here (0600 under a 0177
 umask, a stale one replaced) or handed over by systemd (``LISTEN_FDS``).  A
@@ -12,7 +13,8 @@ peer must be of this uid (``SO_PEERCRED``) and in this network namespace (a
 bwrap sandbox has one of its own: even if the socket were in its reach, it is
 refused).  One connection is one session: it sends one ``session`` request
 (:mod:`.serve_link`), gets the gateway's ports, and the tenant lives exactly as
-long as the connection.  Nothing else is accepted on it.
+long as the connection; before it, at most one ``broker`` request.  Nothing
+else is accepted on it.
 
 When the gateway exits, the service exits (status 1): every link closes, and
 every launcher ends its session.  SIGTERM and SIGINT end the service the same
@@ -34,12 +36,15 @@ from typing import Any
 
 from libbroker.errors import LaunchError, UsageError
 from libbroker.launcher import boot
+from libbroker.launcher.serve_brokers import Zygote
+from libbroker.launcher.serve_conn import Closed, Conn
 from libbroker.launcher.serve_link import MAX_REPLY, peer_ids
 from libbroker.server_lines import listening_url
 
 SD_LISTEN_FDS_START = 3
 START_TIMEOUT = 20.0
-_SESSION_KEYS = {"op", "tenant", "password", "policy", "env"}
+_KEYS = {"session": {"op", "tenant", "password", "policy", "env"},
+         "broker": {"op", "env", "cwd", "umask", "socket_fd"}}
 
 
 def _say(line: str) -> None:
@@ -115,9 +120,13 @@ def bind_socket(path: str) -> socket.socket:
     return sock
 
 
-def session_frame(line: bytes) -> dict[str, Any]:
-    """The checked ``session`` request on ``line``; ValueError naming what is wrong.
+def request_frame(line: bytes) -> dict[str, Any]:
+    """The checked request on ``line``; ValueError naming what is wrong.
 
+    ``{"op": "broker", "env": {...}, "cwd": DIR, "umask": N, "socket_fd": N}``
+    (with four descriptors: stdin, stdout, stderr, its listening socket) asks for
+    the session's broker; ``{"op": "session", "tenant":
+    NAME, "password": PASSWORD, "policy": {...}, "env": {...}}`` for its tenant.
     The gateway checks the tenant, password, policy and environment again (its
     own rules); here only the shape, so a wrong op is refused before it gets there.
     """
@@ -125,15 +134,23 @@ def session_frame(line: bytes) -> dict[str, Any]:
         frame = json.loads(line)
     except ValueError:
         raise ValueError("not a JSON object on one line") from None
-    if not isinstance(frame, dict) or frame.get("op") != "session":
-        raise ValueError("the only request is {\"op\": \"session\", ...}")
-    extra = sorted(set(frame) - _SESSION_KEYS)
+    op = frame.get("op") if isinstance(frame, dict) else None
+    if op not in _KEYS:
+        raise ValueError("the requests are {\"op\": \"broker\", ...} and "
+                         "{\"op\": \"session\", ...}")
+    extra = sorted(set(frame) - _KEYS[op])
     if extra:
         raise ValueError(f"unknown key {extra[0]!r}")
-    for key in ("tenant", "password"):
-        if not isinstance(frame.get(key), str):
-            raise ValueError(f"{key!r} must be a string")
-    return frame
+    wanted = {"tenant": str, "password": str} if op == "session" else {
+        "env": dict, "cwd": str, "umask": int, "socket_fd": int}
+    for key, kind in wanted.items():
+        if not isinstance(frame.get(key), kind):
+            raise ValueError(f"{key!r} must be a {kind.__name__}")
+    if op == "broker" and not all(isinstance(k, str) and isinstance(v, str) and "\0" not in v
+                                  for k, v in frame["env"].items()):
+        raise ValueError("\"env\" must map names to strings")
+    checked: dict[str, Any] = frame
+    return checked
 
 
 class Service:
@@ -147,6 +164,7 @@ class Service:
         self.http_port = 0
         self.socks_port = 0
         self.sessions = 0
+        self.zygote = Zygote()
         self._netns = os.stat("/proc/self/ns/net").st_ino
 
     async def start_gateway(self) -> None:
@@ -198,61 +216,85 @@ class Service:
             return f"peer pid {pid} is in another network namespace (a sandbox)"
         return ""
 
-    async def client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """One session: check the peer, add its tenant, hold it until the link closes."""
+    async def client(self, conn: Conn) -> None:
+        """One session: check the peer, then its requests; its broker and tenant end with it."""
         tenant = ""
+        broker = -1  # the pidfd of the session's broker, from the zygote
         try:
-            refusal = self._refusal(writer.get_extra_info("socket"))
+            refusal = self._refusal(conn.sock)
             if refusal:
-                _say(f"refused a session: {refusal}")
-                writer.write(_reply(False, error=refusal))
-                await writer.drain()
-                return
-            try:
-                line = await reader.readuntil(b"\n")
-            except asyncio.LimitOverrunError:
-                _say("refused a session: request line over the limit")
-                writer.write(_reply(False, error="request line over the limit"))
-                await writer.drain()
-                return
-            except asyncio.IncompleteReadError:
-                return
-            try:
-                frame = session_frame(line)
-            except ValueError as exc:
-                _say(f"refused a session: {exc}")
-                writer.write(_reply(False, error=str(exc)))
-                await writer.drain()
-                return
-            add = {"op": "add", "tenant": frame["tenant"], "password": frame["password"],
-                   "policy": frame.get("policy") or {}}
-            if frame.get("env") is not None:
-                add["env"] = frame["env"]
-            answer = await self._gateway(add)
-            if answer.get("ok") is not True:
-                writer.write(_reply(False, error=str(answer.get("error", "refused"))))
-                await writer.drain()
-                return
-            tenant = frame["tenant"]
-            self.sessions += 1
-            _say(f"session {tenant} started ({self.sessions} now)")
-            writer.write(_reply(True, tenant=tenant, http_port=self.http_port,
-                                socks_port=self.socks_port))
-            await writer.drain()
+                return self._refuse(conn, refusal)
+            while not tenant:
+                try:
+                    line, fds = await conn.line()
+                except ValueError as exc:
+                    return self._refuse(conn, str(exc))
+                try:
+                    frame = request_frame(line)
+                    if frame["op"] == "broker":
+                        if broker >= 0 or len(fds) != 4:
+                            raise ValueError("one broker per session, on four descriptors")
+                        pid, broker = await self.zygote.fork(
+                            frame["env"], frame["cwd"], frame["umask"], frame["socket_fd"], fds)
+                        conn.send(_reply(True, pid=pid), [broker])
+                        continue
+                    if fds:
+                        raise ValueError("descriptors sent with a session request")
+                finally:
+                    for fd in fds:
+                        os.close(fd)
+                add = {"op": "add", "tenant": frame["tenant"], "password": frame["password"],
+                       "policy": frame.get("policy") or {}}
+                if frame.get("env") is not None:
+                    add["env"] = frame["env"]
+                answer = await self._gateway(add)
+                if answer.get("ok") is not True:
+                    conn.send(_reply(False, error=str(answer.get("error", "refused"))))
+                    return None
+                tenant = frame["tenant"]
+                self.sessions += 1
+                _say(f"session {tenant} started ({self.sessions} now)")
+                conn.send(_reply(True, tenant=tenant, http_port=self.http_port,
+                                 socks_port=self.socks_port))
             # The connection is the registration: anything more on it, or its
             # end, ends the session.
-            await reader.read(1)
-        except (OSError, ValueError, asyncio.IncompleteReadError):
+            await conn.closed()
+        except ValueError as exc:
+            self._refuse(conn, str(exc))
+        except (OSError, Closed, LaunchError):
             pass
         finally:
+            if broker >= 0:  # whatever of the session's broker is left goes with it
+                with contextlib.suppress(OSError):
+                    signal.pidfd_send_signal(broker, signal.SIGKILL)
+                os.close(broker)
             if tenant:
                 self.sessions -= 1
                 with contextlib.suppress(OSError, ValueError, asyncio.IncompleteReadError):
                     await self._gateway({"op": "remove", "tenant": tenant})
                 _say(f"session {tenant} ended ({self.sessions} now)")
-            writer.close()
-            with contextlib.suppress(OSError):
-                await writer.wait_closed()
+            conn.close()
+        return None
+
+    @staticmethod
+    def _refuse(conn: Conn, why: str) -> None:
+        _say(f"refused a session: {why}")
+        with contextlib.suppress(OSError):
+            conn.send(_reply(False, error=why))
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                sock, _ = await loop.sock_accept(self.listener)
+                task = asyncio.create_task(self.client(Conn(sock)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run(self) -> int:
         loop = asyncio.get_running_loop()
@@ -264,23 +306,29 @@ class Service:
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, stopping, sig)
-        await self.start_gateway()
-        assert self.gateway is not None
+        await asyncio.gather(self.start_gateway(), self.zygote.start())
+        assert self.gateway is not None and self.zygote.proc is not None
         self.listener.setblocking(False)
-        server = await asyncio.start_unix_server(self.client, sock=self.listener,
-                                                 limit=MAX_REPLY)
+        accepting = asyncio.ensure_future(self._accept())
         _say(f"serving: gateway http 127.0.0.1:{self.http_port}, "
-             f"socks 127.0.0.1:{self.socks_port}")
+             f"socks 127.0.0.1:{self.socks_port}; broker zygote pid {self.zygote.proc.pid}")
         gateway_done = asyncio.ensure_future(self.gateway.wait())
-        async with server:
-            done, _ = await asyncio.wait({stop, gateway_done},
-                                         return_when=asyncio.FIRST_COMPLETED)
+        zygote_done = asyncio.ensure_future(self.zygote.proc.wait())
+        done, _ = await asyncio.wait({stop, gateway_done, zygote_done},
+                                     return_when=asyncio.FIRST_COMPLETED)
+        accepting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await accepting
         if gateway_done in done:
             _say(f"egress-proxy exited (status {gateway_done.result()}): every session ends")
+            return 1
+        if zygote_done in done:
+            _say(f"the broker zygote exited (status {zygote_done.result()}): every session ends")
             return 1
         return 0
 
     async def close(self) -> None:
+        await self.zygote.close()
         proc = self.gateway
         if proc is not None and proc.returncode is None:
             proc.terminate()

@@ -20,14 +20,22 @@ from __future__ import annotations
 
 import _socket
 import contextlib
+import io
 import os
+import select
 
 from libbroker.errors import LaunchError
+from libbroker.launcher.child import Child, Proc
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the start's cost)
+if TYPE_CHECKING:
+    from typing import Any
 
 SOCKET_ENV = "AGENT_SANDBOX_SERVE"  # the service's socket; "off" (or "") asks for none
 SOCKET_NAME = "serve.sock"
 MAX_REPLY = 64 * 1024
 _UCRED_SIZE = 12  # struct ucred: pid, uid, gid
+_CMSG_ONE_FD = _socket.CMSG_SPACE(4)
 
 
 def default_socket(environ: dict[str, str] | None = None) -> str:
@@ -48,6 +56,35 @@ def peer_ids(sock: _socket.socket) -> tuple[int, int]:
     pid = int.from_bytes(raw[0:4], "little", signed=True)
     uid = int.from_bytes(raw[4:8], "little")
     return pid, uid
+
+
+class ForeignProc(Proc):
+    """A process the launcher did not fork (the zygote's child), known by its pidfd.
+
+    Its exit status goes to its parent, not to us: once the pidfd says it has
+    exited, ``returncode`` is 1 ("ended", status unknown).
+    """
+
+    def __init__(self, pid: int, pidfd: int, stdin: io.FileIO, stdout: io.FileIO,
+                 stderr: io.FileIO) -> None:
+        super().__init__(pid, stdin, stdout, stderr)
+        self.pidfd = pidfd
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            if poller.poll(0):
+                self.returncode = 1
+        return self.returncode
+
+    def wait(self) -> int:
+        if self.returncode is None:
+            poller = select.poll()
+            poller.register(self.pidfd, select.POLLIN)
+            poller.poll()
+            self.returncode = 1
+        return self.returncode
 
 
 class ServiceGone(LaunchError):
@@ -83,6 +120,82 @@ class Link:
         os.mkfifo(path, 0o600)
         self.record_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
         return self.record_fd
+
+    def broker(self, env: dict[str, str], socket_fd: int) -> Child:
+        """The session's broker-server, forked by the service's zygote on our pipes.
+
+        It waits for its arguments on stdin as a deferred boot does
+        (:meth:`Child.send_args`), and holds the listening socket ``socket_fd``
+        (bound later, :mod:`.handoff`) at that same number, as a spawned broker
+        would.  ServiceGone when the service cannot give one.
+        """
+        import json
+
+        ours: list[int] = []
+        theirs: list[int] = []
+        try:
+            for _ in range(3):
+                r, w = os.pipe2(os.O_CLOEXEC)
+                ours.append(r)
+                theirs.append(w)
+            # stdin: they read, we write; stdout and stderr: they write, we read.
+            ours[0], theirs[0] = theirs[0], ours[0]
+            umask = os.umask(0o077)
+            os.umask(umask)
+            frame = {"op": "broker", "env": env, "cwd": os.getcwd(), "umask": umask,
+                     "socket_fd": socket_fd}
+            data = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
+            self.sock.settimeout(10.0)
+            self.sock.sendmsg([data], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS,
+                                        b"".join(fd.to_bytes(4, "little")
+                                                 for fd in (*theirs, socket_fd)))])
+            answer, pidfd = self._answer_with_fd()
+        except OSError as exc:
+            for fd in ours:
+                os.close(fd)
+            raise ServiceGone(f"the resident service gave no broker: {exc.strerror}") from None
+        except LaunchError:
+            for fd in ours:
+                os.close(fd)
+            raise
+        finally:
+            for fd in theirs:
+                os.close(fd)
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(None)
+        pid = answer["pid"]
+        proc = ForeignProc(pid, pidfd, io.FileIO(ours[0], "wb"), io.FileIO(ours[1], "rb"),
+                           io.FileIO(ours[2], "rb"))
+        # The Child's own pidfd: a second descriptor of the same process.
+        return Child("broker-server", proc, os.dup(pidfd))
+
+    def _answer_with_fd(self) -> tuple[dict[str, Any], int]:
+        data = b""
+        fds: list[int] = []
+        while not data.endswith(b"\n"):
+            chunk, anc, _, _ = self.sock.recvmsg(MAX_REPLY, _CMSG_ONE_FD)
+            for level, kind, payload in anc:
+                if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                    fds += [int.from_bytes(payload[i:i + 4], "little")
+                            for i in range(0, len(payload) - 3, 4)]
+            if not chunk:
+                break
+            data += chunk
+        import json
+
+        try:
+            answer = json.loads(data) if data else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or answer.get("ok") is not True or len(fds) != 1 \
+                or not isinstance(answer.get("pid"), int):
+            for fd in fds:
+                os.close(fd)
+            if not data:
+                raise ServiceGone("the resident service closed the link")
+            error = answer.get("error") if isinstance(answer, dict) else "a malformed answer"
+            raise ServiceGone(f"the resident service gave no broker: {error}")
+        return answer, fds[0]
 
     def send(self, policy: dict[str, object], env: dict[str, str]) -> None:
         """The ``session`` request; ServiceGone when the service is not there to read it."""
@@ -132,8 +245,16 @@ class Link:
         self.http_port, self.socks_port = http, socks
         return http, socks
 
-    def gone(self) -> bool:
-        """Whether the service ended the link (end of file or an error on it)."""
+    def gone(self, wait: float = 0.0) -> bool:
+        """Whether the service ended the link (end of file or an error on it).
+
+        ``wait``: seconds to wait for that end (a service killed with SIGKILL
+        may close its sockets only after its children have had their signal).
+        """
+        if wait > 0:
+            poller = select.poll()
+            poller.register(self.sock.fileno(), select.POLLIN)
+            poller.poll(int(wait * 1000))
         try:
             return self.sock.recv(1, _socket.MSG_PEEK | _socket.MSG_DONTWAIT) == b""
         except BlockingIOError:

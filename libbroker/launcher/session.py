@@ -69,6 +69,8 @@ else:
 
 # How long a child gets between SIGTERM and SIGKILL at the end of a session.
 GRACE = 3.0
+_SERVICE_GONE = ("the resident service (agent-sandbox serve) went away: the session has no "
+                 "proxy any more")
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
@@ -127,6 +129,7 @@ class Session:
         self._record_dir = ""  # where it goes ("" when record = false)
         self._domains = cfg.domains  # as configured: an agent's hosts join later (the record)
         self.service: Link | None = None  # the resident service's link (docs/serve.md)
+        self._tenant = False  # the session's egress is a tenant of the service's gateway
         self._tenant_out: TenantOutput | None = None  # its gateway's record lines for us
 
     # --- the whole run -------------------------------------------------------
@@ -203,8 +206,8 @@ class Session:
         if cfg.secrets:  # read by egress-proxy as it starts
             runtime_dir.write_private(rt.secrets, plan.secrets_json(cfg))
         if self.service is not None:  # a tenant of the resident gateway, if it can be
-            self.service = session_service.register(self.service, cfg, rt)
-        if self.service is None:
+            self._tenant = session_service.register(self.service, cfg, rt)
+        if not self._tenant:
             if proxy is None:  # the service cannot take this session, or is gone
                 proxy = servers.proxy = self._late_proxy()
             proxy.send_args(boot.encode_args(plan.proxy_args(cfg, rt, sockets.proxy_fds)))
@@ -364,7 +367,7 @@ class Session:
             socks_port=socks_port,
             kubeconfig=self.rt.kubeconfig if self.cfg.kubeconfig else "",
             tmpdir=tmpdir,
-            credential=self.service.credential if self.service is not None else "",
+            credential=self.service.credential if self.service and self._tenant else "",
         )
         return agent_session.environment(self.agent, env, self.rt, os.environ)
 
@@ -420,7 +423,7 @@ class Session:
         deadline = time.monotonic() + self.cfg.start_timeout
         poller = select.poll()
         owners: dict[int, tuple[supervise.Child | TenantOutput, str]] = {}
-        if self.service is not None:  # the gateway's ports, for this session's tenant
+        if self.service is not None and self._tenant:  # the gateway's ports, for our tenant
             found.http_port, found.socks_port = self.service.reply(self.cfg.start_timeout)
             self._tenant_out = TenantOutput(self.service)
             if self.service.record_fd >= 0:
@@ -578,14 +581,15 @@ class Session:
                     self._poller.unregister(fd)
                     if crash is None:
                         self._drain_all()
-                        crash = ("the resident service (agent-sandbox serve) went away: the "
-                                 "session has no proxy any more")
+                        crash = _SERVICE_GONE
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
                 else:
                     dead = next((c for c in self.children if c.pidfd == fd), None)
                     if dead is not None and crash is None:
                         crash = self._crashed(dead)
+                        if link is not None and link.gone(0.5):  # the broker went with it
+                            crash = _SERVICE_GONE
                         self._poller.unregister(fd)
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
@@ -637,8 +641,6 @@ class Session:
             self._ask(signal.SIGTERM)
             if not self.sandbox.wait(GRACE):
                 self.sandbox.stop(signal.SIGKILL, 0)
-        if self.service is not None:  # the tenant goes: the gateway closes its record
-            self.service.close()
         # Then the broker (its clients are gone with the sandbox), then the
         # proxy.  A server with nothing in flight (no child process: no
         # brokered command, no token command) holds no state of its own, so
@@ -652,7 +654,11 @@ class Session:
                 child.stop(signal.SIGKILL, 0)
         if self.record is not None:  # their last events, written as they ended
             self._drain_all()
-        if self.service is not None:  # the tenant's last record lines, until the gateway's close
+        if self.service is not None:
+            # The link's end removes the tenant (the gateway closes its record) and
+            # ends what the zygote's broker left: after our own SIGTERM's grace.
+            self.service.close()
+            # The tenant's last record lines, until the gateway's close.
             if self.record is not None and self._tenant_out is not None:
                 self._tenant_out.drain(self._read_lines, self._poller)
             self.service.close_record()

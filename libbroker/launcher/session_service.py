@@ -36,18 +36,18 @@ def usable(cfg: Config) -> str:
     return ""
 
 
-def register(link: Link, cfg: Config, rt: Runtime) -> Link | None:
-    """Send the session's tenant to the service; None when the session runs its own proxy.
+def register(link: Link, cfg: Config, rt: Runtime) -> bool:
+    """Send the session's tenant to the service; False when the session runs its own proxy.
 
     Only a service that is not there (the request cannot be sent) or a
-    config it cannot serve gives None; a refusal in its reply is the
-    session's error (:meth:`Link.reply`).
+    config it cannot serve gives False; the link stays (it holds the
+    session's broker).  A refusal in the reply is the session's error
+    (:meth:`Link.reply`).
     """
     why = usable(cfg)
     if why:
-        trace(f"resident service not used: {why}")
-        link.close()
-        return None
+        trace(f"resident gateway not used: {why}")
+        return False
     record = ""
     if cfg.record:
         record = os.path.join(rt.host_only, RECORD_FIFO)
@@ -59,10 +59,9 @@ def register(link: Link, cfg: Config, rt: Runtime) -> Link | None:
     except ServiceGone:
         trace("resident service gone before the request: own proxy")
         link.close_record()
-        link.close()
-        return None
+        return False
     trace("tenant requested from the resident service")
-    return link
+    return True
 
 
 class TenantOutput:

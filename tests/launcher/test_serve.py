@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import secrets
 import signal
 import socket
@@ -63,7 +64,9 @@ def start_service(world: World, argv: list[str] | None = None, **env: str) -> Se
     log = world.root / f"serve-{secrets.token_hex(3)}.log"
     # The gateway trusts the stand-in's CA the way any process does (a session's
     # own upstream_ca is the whole gateway's option: such a session runs its own).
-    full = world.env(SSL_CERT_FILE=str(world.standin.ca_file), **env)
+    # Its own mark: the sessions' leftovers are told from the service's own processes.
+    full = world.env(SSL_CERT_FILE=str(world.standin.ca_file), AS_TEST_MARK="the-service",
+                     **env)
     with log.open("w") as fh:
         proc = subprocess.Popen(argv or ["agent-sandbox", "serve"], env=full, stdout=fh,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True)
@@ -110,11 +113,30 @@ def _records(world: World) -> dict[str, list[dict[str, object]]]:
     return out
 
 
-def _own_leftovers(world: World) -> list[str]:
+def _descendants(pid: int) -> list[int]:
+    out = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                out += [int(p) for p in fh.read().split()]
+    except OSError:
+        return []
+    return out + [d for p in out for d in _descendants(p)]
+
+
+def _brokers(service: Service) -> list[int]:
+    """The sessions' brokers: what the service's zygote has forked and is still there."""
+    zygote = re.search(r"broker zygote pid (\d+)", service.text())
+    assert zygote, service.text()
+    return _descendants(int(zygote.group(1)))
+
+
+def _own_leftovers(world: World, service: Service | None = None) -> list[str]:
     """Leftovers but the service's own entries (its socket and its private dir)."""
-    return [line for line in world.leftovers()
-            if "/agent-sandbox/serve" not in line and "agent-sandbox serve" not in line
-            and "egress-proxy" not in line]
+    found = [line for line in world.leftovers() if "/agent-sandbox/serve" not in line]
+    if service is not None and service.proc.poll() is None:
+        found += [f"broker pid {pid}" for pid in _brokers(service)]
+    return found
 
 
 # B: says where its broker socket, door and credential are, then waits.
@@ -229,7 +251,7 @@ def test_two_concurrent_sessions_share_the_gateway_and_nothing_else(
         capture_output=True, text=True, check=False)
     assert stale.stdout == "407", stale
     assert "session " in service.text() and service.text().count("ended (") == 2
-    assert _own_leftovers(world) == []
+    assert _own_leftovers(world, service) == []
 
 
 def test_without_a_service_the_session_starts_its_own_proxy(world: World) -> None:
@@ -292,6 +314,8 @@ def test_a_service_killed_mid_session_ends_the_session_closed(
     proc = world.launch("sh", "-c", script, config=cfg, sandbox=backend,
                         env=world.env(CANARY_TOKEN="tok-" + secrets.token_hex(8)))
     _wait_for(lambda: (world.workdir / "up").exists() or proc.poll() is not None, "up", 90)
+    ours = _descendants(service.proc.pid)  # its gateway, its zygote, the session's broker
+    assert len(ours) >= 3, ours
     service.proc.send_signal(signal.SIGKILL)
     service.proc.wait(timeout=10)
     out, err = proc.communicate(timeout=60)
@@ -300,8 +324,8 @@ def test_a_service_killed_mid_session_ends_the_session_closed(
     assert _kv(out).get("before") == "ok"
     # The gateway went with the service (PR_SET_PDEATHSIG): nothing serves its port.
     _wait_for(lambda: _own_leftovers(world) == [], "the session's processes to go", 30)
-    _wait_for(lambda: not any("egress-proxy" in line for line in world.leftovers()),
-              "the gateway to go", 30)
+    _wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/exe") for pid in ours),
+              "the gateway, the zygote and the broker to go", 30)
 
 
 def test_a_killed_launcher_removes_its_tenant(world: World, service: Service) -> None:
@@ -310,18 +334,40 @@ def test_a_killed_launcher_removes_its_tenant(world: World, service: Service) ->
                         env=world.env(CANARY_TOKEN="tok-x"))
     _wait_for(lambda: (world.workdir / "up").exists() or proc.poll() is not None, "up", 90)
     assert "tenant added" in service.text()
+    assert len(_brokers(service)) == 1  # the session's broker, forked by the zygote
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=10)
     _wait_for(lambda: "tenant removed" in service.text(), "the tenant's removal", 30)
-    _wait_for(lambda: _own_leftovers(world) == [], "the janitor's cleanup", 60)
+    _wait_for(lambda: _own_leftovers(world, service) == [], "the janitor's cleanup", 60)
     assert service.proc.poll() is None  # one session's end is not the service's
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_brokered_command_runs_as_the_launcher_would_run_it(
+    world: World, service: Service, backend: str
+) -> None:
+    cfg = _config(world, "b.toml")
+    # The launcher's umask and working directory, not the service's (022, /).
+    inner = ("broker-client -- sh -c 'echo \"umask=$(umask)\"; echo \"cwd=$PWD\"; "
+             "echo \"sandboxed=$AGENT_SANDBOX\"'")
+    argv = ["sh", "-c", 'umask 027; exec "$@"', "sh", "agent-sandbox", "run",
+            f"--config={cfg}", f"--sandbox={backend}", "--", "sh", "-c", inner]
+    done = subprocess.run(argv, env=world.env(CANARY_TOKEN="tok-b"), cwd=str(world.workdir),
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    got = _kv(done.stdout)
+    assert got == {"umask": "0027", "cwd": str(world.workdir), "sandboxed": "1"}, done.stdout
+    assert "tenant added" in service.text()  # it was the service's session
+    assert _own_leftovers(world, service) == []
 
 
 def test_a_request_that_is_no_session_is_refused_with_a_line(
     world: World, service: Service
 ) -> None:
     for line in (b"{nope\n", b'{"op":"add","tenant":"x"}\n',
-                 b'{"op":"session","tenant":"s1","password":"p","extra":1}\n'):
+                 b'{"op":"session","tenant":"s1","password":"p","extra":1}\n',
+                 b'{"op":"broker","env":{},"cwd":"/","umask":18}\n',  # no descriptors
+                 b'{"op":"broker","env":{"A":1},"cwd":"/","umask":18}\n'):
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(10)
             s.connect(str(service.path))
@@ -335,7 +381,7 @@ def test_a_request_that_is_no_session_is_refused_with_a_line(
         s.sendall(b'{"op":"session","tenant":"s1","password":"short-secret-x"}\n')
         answer = json.loads(s.makefile().readline())
     assert answer["ok"] is False and "short-secret-x" not in answer["error"] + service.text()
-    assert service.text().count("refused a session") == 3
+    assert service.text().count("refused a session") == 5
     assert service.proc.poll() is None
 
 

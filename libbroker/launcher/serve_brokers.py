@@ -1,0 +1,94 @@
+"""The service's side of the broker zygote (:mod:`.broker_zygote`): start it, ask for forks.
+
+The zygote is a child of the service on a ``SOCK_SEQPACKET`` pair (one message
+per request, descriptors attached).  Requests are serialized: a fork takes
+milliseconds.  If the zygote dies, the service ends (as when its gateway dies):
+every link closes and every session ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+from collections.abc import Callable
+
+from libbroker.errors import LaunchError
+from libbroker.launcher import boot
+
+MAX_REPLY = 4096
+START_TIMEOUT = 20.0
+
+
+class Zygote:
+    def __init__(self) -> None:
+        self.proc: asyncio.subprocess.Process | None = None
+        self._sock: socket.socket | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        module = "libbroker.launcher.broker_zygote"
+        argv = [*boot.python_argv("agent-sandbox-broker-zygote", module,
+                                  die_with_sig=signal.SIGKILL),
+                str(theirs.fileno()), str(os.getpid())]
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *argv, stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()
+        ours.setblocking(False)
+        self._sock = ours
+        async with asyncio.timeout(START_TIMEOUT):
+            ready = await asyncio.get_running_loop().sock_recv(ours, MAX_REPLY)
+        if not ready:
+            raise LaunchError(f"the broker zygote exited while starting "
+                              f"(status {await self.proc.wait()})")
+
+    async def fork(self, env: dict[str, str], cwd: str, umask: int, socket_fd: int,
+                   fds: list[int]) -> tuple[int, int]:
+        """A new broker on ``fds`` (stdin, stdout, stderr, its socket): its (pid, pidfd)."""
+        sock = self._sock
+        assert sock is not None
+        loop = asyncio.get_running_loop()
+        request = json.dumps({"env": env, "cwd": cwd, "umask": umask,
+                              "socket_fd": socket_fd}).encode()
+        async with self._lock:
+            sock.setblocking(True)
+            try:
+                socket.send_fds(sock, [request], fds)
+            finally:
+                sock.setblocking(False)
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(sock.fileno(), _waker(ready))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(sock.fileno())
+            data, got, _, _ = socket.recv_fds(sock, MAX_REPLY, 1)
+        if not data:
+            raise LaunchError("the broker zygote is gone")
+        answer = json.loads(data)
+        if not got or not isinstance(answer.get("pid"), int):
+            for fd in got:
+                os.close(fd)
+            raise LaunchError(f"the broker zygote could not fork: {answer.get('error')}")
+        return int(answer["pid"]), got[0]
+
+    async def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+def _waker(ready: asyncio.Future[None]) -> Callable[[], None]:
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    return wake
