@@ -18,13 +18,14 @@ starts:
 
 Unbound in the reverse order (the workdir's first: the ``.git`` binds lie
 below it) on every exit path: :meth:`Binds.remove` at the end, and from the
-record written *before* the first mount, :func:`release` for the janitor
-and for the next start after both died.
+record written *before* each mount (in the session's runtime dir, which
+outlives the gate), :func:`release` for the janitor.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 
@@ -83,6 +84,10 @@ class Binds:
     def make(self) -> None:
         """Bind and keep an fd on each bind; OSError (after undoing what was done) if any
         bind fails."""
+        for path in (self.workdir, *(os.path.join(self.workdir, g) for g in self.git_dirs)):
+            if _mount_ids(path):  # another session's gate: two stacked would unbind wrongly
+                raise OSError(errno.EBUSY, f"{shown(path)} is a mount point already (another "
+                              "session's live gate?)")
         old = os.open(self.workdir, O_DIR)  # the workdir's mount as it is now
         try:
             self._intend(self.workdir)

@@ -254,16 +254,12 @@ def _repair_one(path: str) -> list[str]:
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
                 return []  # a live session's
             raise
-        from libbroker.launcher.hostrun_binds import release
-
-        unbound = release(path)  # a dead session's gate mounts (launcher and janitor gone)
         live = LiveConfigs.load(path)
         if live is None:
-            if not unbound:
-                import shutil
+            import shutil
 
-                shutil.rmtree(path, ignore_errors=True)
-            return unbound
+            shutil.rmtree(path, ignore_errors=True)
+            return []
         if not os.path.isdir(live.workdir):
             # Its workdir is gone (a worktree removed, a temporary directory
             # deleted): nothing to put back there, and every later session
@@ -273,7 +269,7 @@ def _repair_one(path: str) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             return [f"agent-sandbox: {shown(live.workdir)}: gone since a session ended there "
                     "without putting its git configs back; nothing left to repair"]
-        lines = unbound + finish(live, None)
+        lines = finish(live, None)
         return [*lines, *(f"agent-sandbox: {shown(os.path.join(live.workdir, rel))}: a regular "
                           "file again (a session ended without putting it back)"
                           for rel in live.restored)]
@@ -289,18 +285,15 @@ def janitor_finish(runtime_dir: str) -> list[str]:
             path = fh.read()
     except OSError:
         return []
-    from libbroker.launcher.hostrun_binds import release
-
-    unbound = release(path)  # the live gate's mounts first: no start leaves one behind
     live = LiveConfigs.load(path)
     if live is None:
-        return unbound
+        return []
     live._lock = os.open(os.path.join(path, "lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     fcntl.flock(live._lock, fcntl.LOCK_EX)  # a start's repair() leaves it to us meanwhile
     from libbroker.launcher.hostrun_scan import SNAPSHOT, load
 
     snap = load(runtime_dir)
-    lines = unbound + finish(live, snap)
+    lines = finish(live, snap)
     if snap is not None:
         target = os.path.join(runtime_dir, SNAPSHOT)
         with open(target + ".tmp", "w") as fh:

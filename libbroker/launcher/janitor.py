@@ -93,7 +93,16 @@ def main(argv: list[str] | None = None) -> int:
         cgroups.reclaim()
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: removing the session's cgroup failed: {exc}\n")
-    # The repositories' configs first: links back to files, the session's
+    # The live gate's mounts first (libbroker.launcher.hostrun_binds): the launcher's
+    # death closed its fanotify group, so nothing holds the host's opens any more.
+    try:
+        from libbroker.launcher.hostrun_binds import release
+
+        for line in release(runtime_dir):
+            sys.stderr.write(line + "\n")
+    except Exception as exc:  # the rest runs whatever happened
+        sys.stderr.write(f"agent-sandbox-janitor: unbinding the live gate failed: {exc}\n")
+    # The repositories' configs next: links back to files, the session's
     # allowed keys merged (libbroker.launcher.hostrun_gitconfig), so the sweep keeps them.
     try:
         from libbroker.launcher.hostrun_gitconfig import janitor_finish

@@ -300,7 +300,8 @@ class Session:
 
         if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off" or not fanotify.available():
             return
-        gate = Gate(snap, live, live.configs.live)
+        assert self.rt is not None  # the record lives as long as the janitor may need it
+        gate = Gate(snap, live, self.rt.root)
         try:
             gate.start()
         except OSError as exc:

@@ -172,8 +172,8 @@ def kill_leftovers(w: World) -> None:
     # released as the next start would (libbroker.launcher.hostrun_binds).
     from libbroker.launcher.hostrun_binds import release
 
-    for live in (w.home / ".local/state/agent-sandbox/live").glob("*"):
-        release(str(live))
+    for record in w.runtime_parent.glob("**/binds.json"):
+        release(str(record.parent))
     shutil.rmtree(w.runtime_parent, ignore_errors=True)
 
 

@@ -190,3 +190,24 @@ def test_an_ordinary_user_gets_the_watcher(backend: str) -> None:
         assert "live guard: the watcher only" in doctor.stdout + doctor.stderr, doctor.stdout
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_a_second_session_on_the_workdir_keeps_the_first_ones_gate(world: World) -> None:
+    """Two gates stacked on one workdir would unbind each other's mounts: the second
+    session runs with the watcher alone, says so, and the first one's mounts stay."""
+    work = _repo(world)
+    first = world.launch("sh", "-c", "touch planted; while [ ! -e go ]; do sleep 0.05; done",
+                         sandbox="bwrap")
+    try:
+        _wait(work / "planted")
+        held = _mounts(work)
+        second = world.run("true", sandbox="nono")
+        assert second.returncode == 0, second.stderr
+        assert "the live gate is off in this session" in second.stderr, second.stderr
+        assert _mounts(work) == held
+        (work / "go").touch()
+        _, err = first.communicate(timeout=60)
+    finally:
+        first.kill()
+    assert first.returncode == 0, err
+    assert _mounts(work) == []
