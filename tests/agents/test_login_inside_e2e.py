@@ -142,3 +142,5 @@ def test_a_login_made_inside_is_kept_on_the_host_and_the_session_gets_placeholde
     last = [r for r in o.seen if r.path.endswith(("/v1/messages", "/codex/responses"))
             or r.path.startswith("/v1internal:streamGenerateContent")][-1]
     assert f"Bearer {new_access}" in last.headers, done.stderr[-3000:]
+    assert (f"{agent}'s new login (a code exchanged inside the session) is kept in the "
+            "person's login file; the session holds placeholders") in done.stderr
