@@ -152,57 +152,23 @@ def from_mapping(
     ``origins`` (by default, the key's name).
     """
     where = origins or Origins(frozenset(data))
-    for key in data:
-        if key not in _KEYS:
-            raise ConfigError(f"{where.place(key)}unknown key {key!r} "
-                              f"(known: {', '.join(sorted(_KEYS))})")
+    _known_keys(data, where)
     get = _Getter(data, where)
 
     def path(p: str, key: str) -> str:
         return _abs_path(p, facts, where=where(key), key=key)
 
-    if "workdir" in data:
-        workdir = path(get.string("workdir", ""), "workdir")
-        why = f"named by {where('workdir')}"
-    else:  # the repository holding the cwd, where there is one
-        workdir, why = default_workdir(facts.cwd, facts.home, facts.repo)
-    if under(facts.home, workdir):
-        # A writable home (or /) would hand the sandbox every credential file.
-        raise ConfigError(f"{where('workdir')}: {workdir} contains the home directory "
-                          f"{facts.home}; name a project directory")
-    try:
-        git_dirs = outside_git_dirs(facts.repo, workdir, facts.home)
-    except ValueError as exc:
-        raise ConfigError(f"{where('workdir')}: {exc}") from None
+    workdir, why, git_dirs = _workdir(data, get, facts, where, path)
     sandbox = get.string("sandbox", AUTO)
     problem = not_a_kind(sandbox)
     if problem is not None:
         raise ConfigError(f"{where('sandbox')}: {problem}")
-    domains = egress_values.domains(get.strings("domains", DEFAULT_DOMAINS), where("domains"))
-    inject = egress_values.hosts(get.strings("inject", DEFAULT_INJECT), where("inject"))
-    secrets = egress_values.secrets(data.get("secret", []), where.secret, inject,
-                                    _check_env_name, where("secret"))
-    # A secret's host is allowed (egress-proxy intercepts it) and named in the policy.
-    domains += tuple(s.host for s in secrets if s.host not in domains)
-    token_default = "gh auth token" if facts.gh_present else ""
-    token_every = get.integer("token_every", 300)
-    if not 0 < token_every < 10**7:
-        raise ConfigError(f"{where('token_every')}: must be at least 1 second (and under 10**7)")
-    env = get.strings("env", ())
-    for name in env:
-        _check_env_name(name, f"{where('env')}: entry")
-    exported_keys.check_env(env, get.strings(exported_keys.UNSAFE_KEY, ()), where("env"))
-    timeout = get.number("start_timeout", 10.0)
-    if not 0 < timeout <= 300:
-        raise ConfigError(f"{where('start_timeout')}: must be in (0, 300] seconds")
-    read = tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ))
-    write = tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE))
-    unsafe = tuple(path(p, "unsafe_grants") for p in get.strings("unsafe_grants", ()))
-    grants.check(read, write, unsafe, facts.home, where, facts.realpath)
+    domains, inject, secrets = _egress_hosts(data, get, where)
+    token_every, env, timeout = _timing_and_env(get, where)
+    read, write = _grants(get, facts, where, path)
     extra, write_back = _agents(data, get, where)
-    kube = get.string("kubeconfig", "")
-    log = get.string("log_file", "")
-    ca = get.string("upstream_ca", "")
+    kube, log, ca = (get.string(key, "") for key in ("kubeconfig", "log_file", "upstream_ca"))
+    token_default = "gh auth token" if facts.gh_present else ""
     return Config(
         workdir=workdir,
         workdir_why=why,
@@ -237,6 +203,69 @@ def from_mapping(
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )
+
+
+def _known_keys(data: Mapping[str, Any], where: Origins) -> None:
+    for key in data:
+        if key not in _KEYS:
+            raise ConfigError(f"{where.place(key)}unknown key {key!r} "
+                              f"(known: {', '.join(sorted(_KEYS))})")
+
+
+def _grants(get: _Getter, facts: HostFacts, where: Origins,
+            path: Callable[[str, str], str]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """read and write; ConfigError for a grant that reopens a shut home path, unless accepted."""
+    read = tuple(path(p, "read") for p in get.strings("read", DEFAULT_READ))
+    write = tuple(path(p, "write") for p in get.strings("write", DEFAULT_WRITE))
+    unsafe = tuple(path(p, "unsafe_grants") for p in get.strings("unsafe_grants", ()))
+    grants.check(read, write, unsafe, facts.home, where, facts.realpath)
+    return read, write
+
+
+def _workdir(data: Mapping[str, Any], get: _Getter, facts: HostFacts, where: Origins,
+             path: Callable[[str, str], str]) -> tuple[str, str, tuple[str, ...]]:
+    """The workdir, why it is that one, and its repository's git dirs outside it."""
+    if "workdir" in data:
+        workdir = path(get.string("workdir", ""), "workdir")
+        why = f"named by {where('workdir')}"
+    else:  # the repository holding the cwd, where there is one
+        workdir, why = default_workdir(facts.cwd, facts.home, facts.repo)
+    if under(facts.home, workdir):
+        # A writable home (or /) would hand the sandbox every credential file.
+        raise ConfigError(f"{where('workdir')}: {workdir} contains the home directory "
+                          f"{facts.home}; name a project directory")
+    try:
+        git_dirs = outside_git_dirs(facts.repo, workdir, facts.home)
+    except ValueError as exc:
+        raise ConfigError(f"{where('workdir')}: {exc}") from None
+    return workdir, why, git_dirs
+
+
+def _egress_hosts(data: Mapping[str, Any], get: _Getter,
+                  where: Origins) -> tuple[tuple[str, ...], tuple[str, ...], tuple[Secret, ...]]:
+    """The allowed domains, the inject hosts and the secrets, by egress-proxy's rules."""
+    domains = egress_values.domains(get.strings("domains", DEFAULT_DOMAINS), where("domains"))
+    inject = egress_values.hosts(get.strings("inject", DEFAULT_INJECT), where("inject"))
+    secrets = egress_values.secrets(data.get("secret", []), where.secret, inject,
+                                    _check_env_name, where("secret"))
+    # A secret's host is allowed (egress-proxy intercepts it) and named in the policy.
+    domains += tuple(s.host for s in secrets if s.host not in domains)
+    return domains, inject, secrets
+
+
+def _timing_and_env(get: _Getter, where: Origins) -> tuple[int, tuple[str, ...], float]:
+    """token_every, the variables passed in (none that carries a key unasked), start_timeout."""
+    token_every = get.integer("token_every", 300)
+    if not 0 < token_every < 10**7:
+        raise ConfigError(f"{where('token_every')}: must be at least 1 second (and under 10**7)")
+    env = get.strings("env", ())
+    for name in env:
+        _check_env_name(name, f"{where('env')}: entry")
+    exported_keys.check_env(env, get.strings(exported_keys.UNSAFE_KEY, ()), where("env"))
+    timeout = get.number("start_timeout", 10.0)
+    if not 0 < timeout <= 300:
+        raise ConfigError(f"{where('start_timeout')}: must be in (0, 300] seconds")
+    return token_every, env, timeout
 
 
 class _Getter:
