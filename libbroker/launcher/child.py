@@ -143,41 +143,10 @@ def start(
     ours: list[int] = []  # the child's ends, closed here once it runs
     mine: dict[str, int] = {}  # our ends
     try:
-        if stdin == "pipe":
-            r, w = os.pipe()
-            ours.append(r)
-            mine["stdin"] = w
-            actions.append((os.POSIX_SPAWN_DUP2, r, 0))
-        elif stdin == "devnull":
-            actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
-        for name, target, mode in (("stdout", 1, output), ("stderr", 2, stderr or output)):
-            if mode == "pipe":
-                r, w = os.pipe()
-                ours.append(w)
-                mine[name] = r
-                actions.append((os.POSIX_SPAWN_DUP2, w, target))
-            elif mode == "devnull":
-                actions.append((os.POSIX_SPAWN_OPEN, target, os.devnull, os.O_WRONLY, 0))
+        _stdio(actions, ours, mine, stdin, output, stderr or output)
         keep = set(pass_fds)
         actions += _close_actions(keep)
-        made = [fd for fd in keep if not os.get_inheritable(fd)]
-        saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore}
-        try:
-            for fd in made:
-                os.set_inheritable(fd, True)
-            environ = os.environ if env is None else env
-            dfl = (signal.SIGPIPE, signal.SIGXFSZ)
-            if setpgroup:
-                pid = os.posix_spawn(
-                    program, argv, environ, file_actions=actions, setsigdef=dfl, setpgroup=0
-                )
-            else:
-                pid = os.posix_spawn(program, argv, environ, file_actions=actions, setsigdef=dfl)
-        finally:
-            for fd in made:
-                os.set_inheritable(fd, False)
-            for sig, old in saved.items():
-                signal.signal(sig, old)
+        pid = _spawn(program, argv, env, actions, keep, ignore, setpgroup)
     except BaseException:
         for fd in mine.values():
             os.close(fd)
@@ -191,6 +160,50 @@ def start(
         return None if fd is None else io.FileIO(fd, mode)
 
     return Proc(pid, stream("stdin", "wb"), stream("stdout", "rb"), stream("stderr", "rb"))
+
+
+def _stdio(actions: list[tuple[int | str, ...]], ours: list[int], mine: dict[str, int],
+           stdin: str, stdout: str, stderr: str) -> None:
+    """The file actions for the child's stdio; pipes' ends to ``ours`` (the child's) and
+    ``mine`` (by name), so the caller closes them on every path."""
+    if stdin == "pipe":
+        r, w = os.pipe()
+        ours.append(r)
+        mine["stdin"] = w
+        actions.append((os.POSIX_SPAWN_DUP2, r, 0))
+    elif stdin == "devnull":
+        actions.append((os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0))
+    for name, target, mode in (("stdout", 1, stdout), ("stderr", 2, stderr)):
+        if mode == "pipe":
+            r, w = os.pipe()
+            ours.append(w)
+            mine[name] = r
+            actions.append((os.POSIX_SPAWN_DUP2, w, target))
+        elif mode == "devnull":
+            actions.append((os.POSIX_SPAWN_OPEN, target, os.devnull, os.O_WRONLY, 0))
+
+
+def _spawn(program: str, argv: list[str], env: Mapping[str, str] | None,
+           actions: list[tuple[int | str, ...]], keep: set[int], ignore: Sequence[int],
+           setpgroup: bool) -> int:
+    """posix_spawn with ``keep`` inheritable and ``ignore`` ignored for that moment only."""
+    made = [fd for fd in keep if not os.get_inheritable(fd)]
+    saved = {sig: signal.signal(sig, signal.SIG_IGN) for sig in ignore}
+    try:
+        for fd in made:
+            os.set_inheritable(fd, True)
+        environ = os.environ if env is None else env
+        dfl = (signal.SIGPIPE, signal.SIGXFSZ)
+        if setpgroup:
+            return os.posix_spawn(
+                program, argv, environ, file_actions=actions, setsigdef=dfl, setpgroup=0
+            )
+        return os.posix_spawn(program, argv, environ, file_actions=actions, setsigdef=dfl)
+    finally:
+        for fd in made:
+            os.set_inheritable(fd, False)
+        for sig, old in saved.items():
+            signal.signal(sig, old)
 
 
 class Child:
