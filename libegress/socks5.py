@@ -143,19 +143,7 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
     buf = bytearray()
     host, port = "-", 0
     try:
-        # One deadline for the whole handshake (greeting and request), from the
-        # connection's start: a client sending a byte at a time gains nothing.
-        async with asyncio.timeout(limits.head_timeout):
-            methods, used = await _read_until(raw, buf, parse_greeting)
-            del buf[:used]
-            if services.gate is not None:
-                services = await _authenticate(services.gate, raw, buf, methods)
-            elif NO_AUTH not in methods:
-                await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
-                raise SocksError(None, "the client offers no method without authentication")
-            else:
-                await raw.send(bytes([VERSION, NO_AUTH]))
-            request = await _read_until(raw, buf, parse_request)
+        services, request = await _handshake(services, raw, buf)
         early = bytes(buf[request.size :])
         port = request.port
         host = request.host
@@ -169,20 +157,7 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
             return
-        started = time.monotonic()
-        upstream = await dial(services.policy, host, port, limits.connect_timeout)
-        services.log.allowed(host, port, Mode.SOCKS, peer.pid())
-        moved = (0, 0)
-        try:
-            await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))
-            if early:
-                await raw.loop.sock_sendall(upstream, early)
-            moved = await relay(sock, upstream)
-            moved = (moved[0] + len(early), moved[1])
-        finally:
-            upstream.close()
-            services.record.event(Outcome(Verdict.ALLOWED, host, port, mode=Mode.SOCKS),
-                                  started=started, up=moved[0], down=moved[1])
+        await _tunnel(services, raw, early, (host, port), peer, limits.connect_timeout)
     except Refused as exc:
         services.log.report(Outcome(Verdict.REFUSED, host, port, f"socks {exc.kind}: {exc}"),
                             peer.pid())
@@ -204,6 +179,46 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
     except OSError as exc:
         services.log.report(Outcome(Verdict.FAILED, host, port, f"socks: {exc.strerror or exc}"),
                             peer.pid())
+
+
+async def _handshake(services: Services, raw: SocketStream,
+                     buf: bytearray) -> tuple[Services, ConnectRequest]:
+    """The greeting, the method (the gateway's tenant, if any) and the request.
+
+    One deadline for the whole handshake (greeting and request), from the
+    connection's start: a client sending a byte at a time gains nothing.
+    """
+    async with asyncio.timeout(services.limits.head_timeout):
+        methods, used = await _read_until(raw, buf, parse_greeting)
+        del buf[:used]
+        if services.gate is not None:
+            services = await _authenticate(services.gate, raw, buf, methods)
+        elif NO_AUTH not in methods:
+            await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
+            raise SocksError(None, "the client offers no method without authentication")
+        else:
+            await raw.send(bytes([VERSION, NO_AUTH]))
+        return services, await _read_until(raw, buf, parse_request)
+
+
+async def _tunnel(services: Services, raw: SocketStream, early: bytes, to: tuple[str, int],
+                  peer: Peer, connect_timeout: float) -> None:
+    """A raw tunnel to ``to``: the SOCKS reply, then both ways by splice."""
+    host, port = to
+    started = time.monotonic()
+    upstream = await dial(services.policy, host, port, connect_timeout)
+    services.log.allowed(host, port, Mode.SOCKS, peer.pid())
+    moved = (0, 0)
+    try:
+        await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))
+        if early:
+            await raw.loop.sock_sendall(upstream, early)
+        moved = await relay(raw.sock, upstream)
+        moved = (moved[0] + len(early), moved[1])
+    finally:
+        upstream.close()
+        services.record.event(Outcome(Verdict.ALLOWED, host, port, mode=Mode.SOCKS),
+                              started=started, up=moved[0], down=moved[1])
 
 
 async def _authenticate(gate: Gate, raw: SocketStream, buf: bytearray,
