@@ -124,14 +124,33 @@ TENANT_FLAGS = ("--allow", "--egress-dir", "--token-command", "--secrets", "--re
                 "--resolve", "--allow-cidr", "--record", "--learn")
 
 
+def _no_tenant_flags(args: dict[str, Any]) -> None:
+    """With --control, a tenant's options come in its add request, never as flags."""
+    given = [f for f in TENANT_FLAGS if args.get(f)]
+    if given:
+        raise UsageError(f"{given[0]} is a tenant's option with --control: send it in "
+                         "the tenant's add request (docs/gateway.md)")
+
+
+def _limits(args: dict[str, Any]) -> Limits:
+    """--idle-timeout, --connect-timeout and --max-conns as :class:`Limits`."""
+    idle = _seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0)
+    max_conns = str(args.get("--max-conns") or 1024)
+    if not max_conns.isdigit() or not 0 < int(max_conns) < 1 << 20:
+        raise UsageError(f"--max-conns must be a positive number: {max_conns!r}")
+    return Limits(
+        idle_timeout=idle,
+        head_timeout=min(idle, Limits.head_timeout),
+        connect_timeout=_seconds(args.get("--connect-timeout"), "--connect-timeout", 10.0),
+        max_connections=int(max_conns),
+    )
+
+
 def options_from_args(args: dict[str, Any]) -> Options:
     """Check docopt's ``args`` and build :class:`Options`; UsageError when wrong."""
     control = args.get("--control")
     if control is not None:
-        given = [f for f in TENANT_FLAGS if args.get(f)]
-        if given:
-            raise UsageError(f"{given[0]} is a tenant's option with --control: send it in "
-                             "the tenant's add request (docs/gateway.md)")
+        _no_tenant_flags(args)
     try:
         allow = parse_patterns(args.get("--allow") or "")
         inject_text = args.get("--inject")
@@ -147,16 +166,7 @@ def options_from_args(args: dict[str, Any]) -> Options:
         raise UsageError(f"--allow-cidr: {exc}") from None
     pins = dict(_pin(p) for p in args.get("--resolve") or [])
     command = args.get("--token-command")
-    idle = _seconds(args.get("--idle-timeout"), "--idle-timeout", 120.0)
-    max_conns = str(args.get("--max-conns") or 1024)
-    if not max_conns.isdigit() or not 0 < int(max_conns) < 1 << 20:
-        raise UsageError(f"--max-conns must be a positive number: {max_conns!r}")
-    limits = Limits(
-        idle_timeout=idle,
-        head_timeout=min(idle, Limits.head_timeout),
-        connect_timeout=_seconds(args.get("--connect-timeout"), "--connect-timeout", 10.0),
-        max_connections=int(max_conns),
-    )
+    limits = _limits(args)
     upstream_ca = args.get("--upstream-ca")
     if upstream_ca is not None and not os.path.isfile(upstream_ca):
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")

@@ -141,6 +141,36 @@ def _argv(argv: object) -> str:
     return text if len(text) <= 70 else text[:67] + "..."
 
 
+def _hosts_table(hosts: list[dict[str, Any]]) -> list[str]:
+    """One line per host and port: requests, bytes each way, refusals."""
+    if not hosts:
+        return ["  no network requests"]
+    width = max(len("host"), *(len(h["host"]) for h in hosts))
+    out = ["", f"  {'host':<{width}}   port  requests  {'up':>9}  {'down':>9}  refused"]
+    for h in hosts:
+        fail = f"  ({h['failed']} failed)" if h["failed"] else ""
+        out.append(f"  {h['host']:<{width}}  {h['port']:>5}  {h['requests']:>8}  "
+                   f"{_size(h['up']):>9}  {_size(h['down']):>9}  {h['refused']:>7}{fail}")
+    return out
+
+
+def _refusals(refusals: list[dict[str, Any]]) -> list[str]:
+    """Each distinct refusal once, with its fix."""
+    if not refusals:
+        return []
+    out = ["", f"refused ({len(refusals)}):"]
+    seen: set[tuple[str, int, str]] = set()
+    for r in refusals:
+        key = (r["host"], r["port"], r["reason"])
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(f"  {at(r['host'], r['port'])}: {r['reason']}")
+        if r["fix"]:
+            out.append(f"    -> {r['fix']}")
+    return out
+
+
 def render(s: Mapping[str, Any]) -> str:
     """The report as plain text."""
     out: list[str] = []
@@ -150,29 +180,8 @@ def render(s: Mapping[str, Any]) -> str:
     out.append(f"session {s['id']}: {status}, {_seconds(s['duration'])}, "
                f"{s['backend']}{learn}")
     out.append(f"  {_argv(s['cmd'])}   in {s['workdir']}")
-    hosts = s["hosts"]
-    if hosts:
-        width = max(len("host"), *(len(h["host"]) for h in hosts))
-        out.append("")
-        out.append(f"  {'host':<{width}}   port  requests  {'up':>9}  {'down':>9}  refused")
-        for h in hosts:
-            fail = f"  ({h['failed']} failed)" if h["failed"] else ""
-            out.append(f"  {h['host']:<{width}}  {h['port']:>5}  {h['requests']:>8}  "
-                       f"{_size(h['up']):>9}  {_size(h['down']):>9}  {h['refused']:>7}{fail}")
-    else:
-        out.append("  no network requests")
-    if s["refusals"]:
-        out.append("")
-        out.append(f"refused ({len(s['refusals'])}):")
-        seen: set[tuple[str, int, str]] = set()
-        for r in s["refusals"]:
-            key = (r["host"], r["port"], r["reason"])
-            if key in seen:
-                continue
-            seen.add(key)
-            out.append(f"  {at(r['host'], r['port'])}: {r['reason']}")
-            if r["fix"]:
-                out.append(f"    -> {r['fix']}")
+    out += _hosts_table(s["hosts"])
+    out += _refusals(s["refusals"])
     if s["learn"]:
         out.append("")
         if s["would_refuse"]:
