@@ -150,11 +150,17 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def read_small(fd: int, limit: int = SMALL) -> bytes:
-    """At most ``limit`` + 1 bytes of ``fd`` from its start (one more tells it grew)."""
+def read_small(fd: int, limit: int = SMALL, size: int = -1) -> bytes:
+    """At most ``limit`` + 1 bytes of ``fd`` from its start (one more tells it grew).
+
+    Read until a read returns nothing (a short read is not taken for the end), in
+    chunks of 64 KiB, the first one ``size`` + 1 bytes when the caller knows the size
+    (os.pread allocates what it is asked for: a MiB per 1 KiB hook cost ms)."""
     chunks, left, at = [], limit + 1, 0
+    want = size + 1 if 0 <= size < limit else 1 << 16
     while left > 0:
-        chunk = os.pread(fd, min(left, 1 << 20), at)
+        chunk = os.pread(fd, min(left, want), at)
+        want = 1 << 16
         if not chunk:
             break
         chunks.append(chunk)
@@ -224,7 +230,7 @@ class Looker:
             node.kind = "other"
             return
         if st.st_size <= SMALL:
-            data = read_small(fd)
+            data = read_small(fd, SMALL, st.st_size)
             if len(data) <= SMALL:
                 node.digest = digest_of(data)
                 self.snap.blobs.setdefault(node.digest, data)
@@ -299,7 +305,7 @@ class Looker:
             return False
         try:
             if rec.digest:
-                data = read_small(fd)
+                data = read_small(fd, SMALL, rec.size)
                 return len(data) <= SMALL and digest_of(data) == rec.digest
             with_copy = self.snap.open_saved(rec)
             try:

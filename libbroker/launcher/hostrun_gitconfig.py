@@ -57,6 +57,7 @@ from libbroker.shellquote import quote, shown
 
 LIVE = "live"  # under the state dir: one directory per session
 POINTER = "hostrun-live"  # in the runtime dir: the session's live dir, for the janitor
+DONE = ".done-"  # a finished session's live dir, set aside for removal (remove_set_aside)
 
 
 def start(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> LiveConfigs:
@@ -171,21 +172,21 @@ def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
                                   f"{quote(os.path.join(live.live, 'saved', str(repo.n)))}")
                 continue
             if final is not None and snap is not None:
-                accept(snap, repo.rel, final, repo.mode)
+                accept(snap, repo.rel, *final)
     finally:
         os.close(root)
     lines = live.lines + quarantine_lines(live)
     live.lines = []
     if not any("could not be merged back" in line for line in lines):
-        import shutil
-
-        shutil.rmtree(live.live, ignore_errors=True)
+        _set_aside(live.live)
     live.close()
     return lines
 
 
-def _finish_one(live: LiveConfigs, root: int, repo: Repo) -> bytes | None:
-    """The config's final bytes, written in place; None when the sweep must judge it."""
+def _finish_one(live: LiveConfigs, root: int, repo: Repo
+                ) -> tuple[bytes, int, os.stat_result | None] | None:
+    """The config's final bytes, written in place, its mode and (when the launcher wrote it
+    last) its stat; None when the sweep must judge it."""
     ours = os.path.join(live.host_dir(repo), "config")
     with _parent(root, repo.rel) as (gfd, name):
         if gfd < 0:
@@ -198,26 +199,112 @@ def _finish_one(live: LiveConfigs, root: int, repo: Repo) -> bytes | None:
             if repo.swapped:
                 return None  # something else took the link's place: the sweep's
             neutralize(live, repo)  # Landlock (or a start killed before its swap)
-            return read_small(gfd, name)
+            data = read_small(gfd, name)
+            return None if data is None else (data, repo.mode, None)
         sync(live, repo)
         final = read_at(live.host_dir(repo), "config")
+        st = _move_in(live, repo, gfd, name, final) if final is not None else None
         if final is None:
             final = read_at(os.path.join(live.live, "saved"), str(repo.n))
         if final is None:
             return None
-        replace(gfd, name, final, repo.mode)
+        if st is None:
+            replace(gfd, name, final, repo.mode)
+            st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
         repo.swapped = False
         live.restored.append(repo.rel)
-        return final
+        return final, repo.mode, st
 
 
-def accept(snap: Snapshot, rel: str, data: bytes, mode: int) -> None:
-    """Record ``data`` as the entry's state: the sweep keeps it (the merged config)."""
+def _move_in(live: LiveConfigs, repo: Repo, gfd: int, name: str, final: bytes
+             ) -> os.stat_result | None:
+    """The host's copy itself put in the link's place: one exchange of the two names, no
+    new file (the state dir on the workdir's filesystem); None where that cannot be (the
+    caller writes a new file).
+
+    An exchange (``renameat2(RENAME_EXCHANGE)``), not a rename over the link: ext4
+    writes out a file renamed over another name at once (``auto_da_alloc``), which cost
+    milliseconds per repository.  Only if the copy still holds ``final`` (the bytes just
+    read and merged), and only while ``name`` is still our link."""
+    ours = os.path.join(live.host_dir(repo), "config")
+    hfd = os.open(live.host_dir(repo), O_DIR)
+    try:
+        fd = os.open("config", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hfd)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != repo.mode or (
+                    st.st_nlink != 1 or st.st_uid != os.geteuid()
+                    or read_small(hfd, "config") != final):
+                return None
+        finally:
+            os.close(fd)
+        _exchange(hfd, "config", gfd, name)
+        try:
+            back = os.readlink("config", dir_fd=hfd) == ours
+        except OSError:
+            back = False
+        if not back:  # something else had taken the link's place: both names back
+            _exchange(hfd, "config", gfd, name)
+            return None
+    except OSError:  # EXDEV (another filesystem), EINVAL (no exchange there)
+        return None
+    finally:
+        os.close(hfd)
+    after = os.stat(name, dir_fd=gfd, follow_symlinks=False)
+    return after if after.st_ino == st.st_ino else None
+
+
+def _exchange(dfd1: int, name1: str, dfd2: int, name2: str) -> None:
+    """Swap two names atomically (renameat2 RENAME_EXCHANGE); OSError when it cannot be."""
+    from libbroker.sandbox.libc import check, libc
+
+    check(libc().renameat2(dfd1, os.fsencode(name1), dfd2, os.fsencode(name2), 2),
+          "renameat2")
+
+
+def _set_aside(path: str) -> None:
+    """A finished live dir out of the way in one rename (a directory per repository costs
+    a millisecond each to remove on a busy disk): :func:`remove_set_aside`, in the next
+    start's scan thread, removes it; it holds nothing the person needs any more."""
+    import secrets
+
+    parent, base = os.path.split(path)
+    try:
+        os.rename(path, os.path.join(parent, f"{DONE}{base}-{secrets.token_hex(4)}"))
+    except OSError:
+        import shutil
+
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def remove_set_aside(state: str) -> None:
+    """Remove the live dirs finished sessions set aside (every start, off its critical path)."""
+    import shutil
+
+    base = os.path.join(state, LIVE)
+    try:
+        names = [n for n in os.listdir(base) if n.startswith(DONE)]
+    except OSError:
+        return
+    for name in names:
+        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+
+
+def accept(snap: Snapshot, rel: str, data: bytes, mode: int,
+           st: os.stat_result | None = None) -> None:
+    """Record ``data`` as the entry's state: the sweep keeps it (the merged config).
+
+    ``st``: the file's stat, when the launcher itself wrote it just now (nothing of the
+    session is alive): the sweep then knows it by its stat, as the scan's, and reads no
+    byte of it; else (0 for the inode) the sweep compares its bytes."""
     import hashlib
 
     digest = hashlib.sha256(data).hexdigest()
     rule = snap.entries.get(rel, ("git-config", None))[0]
     snap.blobs[digest] = data
+    if st is not None and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == mode:
+        snap.entries[rel] = (rule, Node.of(st, digest=digest))
+        return
     snap.entries[rel] = (rule, Node("file", stat.S_IFREG | mode, len(data), time.time_ns(), 0,
                                     digest))
 
@@ -238,7 +325,8 @@ def repair(state: str = "") -> list[str]:
         return []
     lines = []
     for name in sorted(names):
-        lines += _repair_one(os.path.join(base, name))
+        if not name.startswith(DONE):  # finished: remove_set_aside's
+            lines += _repair_one(os.path.join(base, name))
     return lines
 
 

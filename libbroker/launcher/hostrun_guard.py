@@ -54,6 +54,16 @@ class Guard:
         self._args = (workdir, table, runtime_dir)
         self._thread = threading.Thread(target=self._scan, name="hostrun-scan", daemon=True)
         self._thread.start()
+        # What finished sessions set aside (hostrun_gitconfig), removed meanwhile.
+        self._tidy = threading.Thread(target=self._remove_set_aside, name="hostrun-tidy",
+                                      daemon=True)
+        self._tidy.start()
+
+    def _remove_set_aside(self) -> None:
+        from libbroker.launcher.hostrun_gitconfig import remove_set_aside
+
+        with contextlib.suppress(OSError):
+            remove_set_aside(self.state)
 
     def _scan(self) -> None:
         workdir, table, runtime_dir = self._args
@@ -72,14 +82,16 @@ class Guard:
             raise LaunchError(f"cannot look at the workdir's host-run files: {why}")
         return self.snap
 
-    def finish(self, out: int = 2) -> list[str]:
-        """Sweep (nothing of the session may be alive) and write its lines to ``out``."""
+    def finish(self, out: int = 2, quiet: frozenset[str] | None = None) -> list[str]:
+        """Sweep (nothing of the session may be alive) and write its lines to ``out``;
+        ``quiet``: the live guard's directories that no event named."""
         self._thread.join()
+        self._tidy.join()
         if self.snap is None:
             return []
         snap, self.snap = self.snap, None
         try:
-            lines = sweep(snap, self.state)
+            lines = sweep(snap, self.state, quiet=quiet)
         except Exception as exc:  # the teardown goes on; the person is told
             why = exc.strerror if isinstance(exc, OSError) else f"{type(exc).__name__}: {exc}"
             lines = [f"agent-sandbox: the sweep of {quote(snap.workdir)} failed: {why}; "

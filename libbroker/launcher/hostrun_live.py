@@ -86,6 +86,7 @@ class Watcher(Watches):
     def _run(self) -> None:
         try:
             self._watch_tree(self._root, "", judge=False)
+            self._initial = dict(self.dirs)
             for repo in self.configs.repos:
                 if repo.swapped:  # the session's copy, merged as it is written
                     self._watch_path(self.configs.inside_dir(repo), "inside:" + repo.rel)
@@ -140,6 +141,7 @@ class Watcher(Watches):
     def handle(self, events: list[inotify.Event]) -> None:
         """Judge each entry the events name, once per batch."""
         todo = self._pending
+        self._touched.update(ev.wd for ev in events)
         for ev in events:
             if ev.mask & inotify.Q_OVERFLOW:
                 self.overflows += 1
@@ -353,6 +355,7 @@ class Watcher(Watches):
             self._backlog.stop()
             self._log()
             sys.setswitchinterval(self._switch)
+            self.overflows += self.drain_queue()
         for fd in (self._stop_r, self._stop_w, self._root):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -370,6 +373,15 @@ class Watcher(Watches):
                          "judged every entry again")
         lines += [f"agent-sandbox: the live guard failed once: {e}" for e in self.errors]
         return lines
+
+
+    def quiet_dirs(self) -> frozenset[str] | None:
+        """The directories no event named (:meth:`Watches.quiet`), for the end sweep's walk;
+        None (it looks at every directory) after a lost event, an error, or before
+        :meth:`stop` drained the queue."""
+        if self._thread is not None or self.overflows or self.errors or not self._initial:
+            return None
+        return self.quiet()
 
 
 def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watcher:

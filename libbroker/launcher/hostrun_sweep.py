@@ -192,10 +192,14 @@ class Sweeper:
         self.lines.append(line)
 
     # -- one recorded entry
-    def check(self, root: int, rel: str, rule: str, recorded: Node | None) -> None:
-        """Bring one entry back to its recorded state (``recorded`` None: it was missing)."""
+    def check(self, root: int, rel: str, rule: str, recorded: Node | None,
+              shared: Chain | None = None) -> None:
+        """Bring one entry back to its recorded state (``recorded`` None: it was missing).
+
+        ``shared``: a chain of directory fds the caller keeps from entry to entry (entries
+        of one repository share their path); valid only while nothing was moved."""
         parts = rel.split("/")
-        with Chain(root, fix=True) as chain:
+        with contextlib.nullcontext(shared) if shared else Chain(root, fix=True) as chain:
             for i in range(len(parts) - 1):
                 try:
                     chain.fd(tuple(parts[: i + 1]))
@@ -282,24 +286,41 @@ def _stage(pfd: int, name: str) -> str:
     return staged
 
 
-def sweep(snap: Snapshot, state: str, *, copy_only: bool = False) -> list[str]:
+def sweep(snap: Snapshot, state: str, *, copy_only: bool = False,
+          quiet: frozenset[str] | None = None) -> list[str]:
     """Bring every host-run entry back to the snapshot; one line per entry that was not.
 
     Run once nothing of the session is left alive.  Idempotent: a second
     sweep (the janitor's, after a launcher killed mid-sweep) finds nothing.
+    ``quiet``: the directories the live guard saw no event on (its
+    ``quiet_dirs``); used only when the first step changed nothing (its own
+    moves and restores came after the watch ended).
     """
     sweeper = Sweeper(snap, state, copy_only=copy_only)
     root = os.open(snap.workdir, O_DIR)
     try:
-        # 1. Every recorded entry, shallow first: a .git replaced before its hooks.
-        for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
-            rule, recorded = snap.entries[rel]
-            _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded)
+        # 1. Every recorded entry, shallow first: a .git replaced before its hooks.  One
+        #    chain of directory fds serves them all until the first change (a directory
+        #    moved aside or made again: every entry after it opens its own way).
+        shared: Chain | None = Chain(root, fix=True)
+        try:
+            for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
+                rule, recorded = snap.entries[rel]
+                said = len(sweeper.lines)
+                _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded,
+                       shared)
+                if shared is not None and (len(sweeper.lines) != said or sweeper.failed):
+                    shared.close()
+                    shared = None
+        finally:
+            if shared is not None:
+                shared.close()
         from libbroker.launcher.hostrun_renamed import put_back_renamed_git
 
         put_back_renamed_git(sweeper, root)
         # 2. What appeared: walk again (unchanged directories by their ctime alone).
-        walk = Walk(snap.table, snap.dirs, fix=True)
+        untouched = not sweeper.lines and not sweeper.failed
+        walk = Walk(snap.table, snap.dirs, fix=True, quiet=quiet if untouched else None)
         walk.run(root)
         for rel in walk.unreadable:
             _guard(sweeper, root, rel, "unreadable", _unreadable, sweeper, root, rel)

@@ -8,6 +8,7 @@ adds them; :class:`.hostrun_live.Watcher` judges the events.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from libbroker.launcher import inotify
@@ -35,6 +36,10 @@ class Watches:
         self.git_dirs: set[str] = set(snap.repos)
         self.unwatched = 0
         self._pending: dict[str, None] = {}  # paths to judge at the end of the batch
+        # For the end sweep's walk (quiet): the watches of the walk before go, and every
+        # watch an event named.
+        self._initial: dict[int, tuple[str, str]] = {}
+        self._touched: set[int] = set()
         self._ino = inotify.Inotify()
         self._root = os.open(snap.workdir, O_DIR)
 
@@ -137,6 +142,29 @@ class Watches:
             if head in self.snap.entries and head not in self.snap.repos:
                 return head
         return None
+
+
+    # --- the end ------------------------------------------------------------------
+
+    def drain_queue(self) -> int:
+        """Take in the events still queued when the loop stopped (nothing of the session is
+        alive: the queue is complete; the end sweep judges their entries); the overflows."""
+        lost = 0
+        with contextlib.suppress(OSError):
+            while events := self._ino.read():
+                self._touched.update(ev.wd for ev in events)
+                lost += sum(1 for ev in events if ev.mask & inotify.Q_OVERFLOW)
+        return lost
+
+    def quiet(self) -> frozenset[str]:
+        """The workdir's directories (relative) watched from go that no event named: the
+        same names as at the start, and not chmodded, moved or removed themselves (inotify
+        reports each on the directory's own watch).  The end sweep's walk takes their
+        findings from the start without an ``lstat`` where every directory above is quiet
+        too (hostrun_walk)."""
+        touched = {self._initial[wd][0] for wd in self._touched if wd in self._initial}
+        return frozenset(rel for wd, (rel, kind) in self._initial.items()
+                         if kind != "inside" and wd not in self._touched and rel not in touched)
 
 
 def join(rel: str, name: str) -> str:

@@ -690,13 +690,15 @@ class Session:
             # A broker killed at once (nothing in flight) may leave the group of
             # its last command, still emptying then: groups of the gone go too.
             cgroups.reclaim()
+        quiet = None
         if self.live is not None:  # configs merged and files again, before the sweep
             from libbroker.launcher import hostrun_live
 
             self.say(hostrun_live.end(self.live, self.hostrun.snap if self.hostrun else None))
+            quiet = self.live.quiet_dirs()
             self.live = None
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
-            self.hostrun.finish()
+            self.hostrun.finish(quiet=quiet)
             self.hostrun = None
             _trace("host-run files swept")
         while self.gitdirs:  # a worktree's common dir, a submodule's git dir
