@@ -119,6 +119,12 @@ def _vscode_with(data: bytes) -> Callable[[Path, Path], None]:
     return setup
 
 
+def _existing(repo: Path, lib: Path) -> None:
+    """The person's repository with a submodule (m) and a nested repository (sub)."""
+    _with_module(repo, lib)
+    commits(repo / "sub", 1)
+
+
 def _three_on_main(repo: Path, _lib: Path) -> None:
     commits(repo, 3)
     git(repo, "branch", "-M", "main")
@@ -236,6 +242,27 @@ MAIN: list[Attack] = [
     PRE_COMMIT,
     Attack("dataloss", "echo '{\"editor.tabSize\": 2}' > .vscode/settings.json",
            _vscode_with(random.Random(24).randbytes(2 * MiB)), []),
+    # The repositories that were there: a submodule's and a nested repository's hooks,
+    # the top config's own fsmonitor, a bare repository inside .git/objects, and a new
+    # gitlink to a planted one; beside the agent's own work, which stays.
+    Attack("existing", "echo agent > agent-work.txt; "
+           "hook .git/modules/m/hooks/pre-commit existing-module; "
+           "hook sub/.git/hooks/pre-commit existing-sub; fsm .git/config existing-fsm; "
+           "bare .git/objects/ab/evil existing-objects; "
+           "bare .gitc existing-gitc && mkdir -p sub2 && echo 'gitdir: ../.gitc' > sub2/.git; "
+           "mkdir -p evil && hook evil/pre-commit existing-hookspath "
+           "&& git config core.hooksPath evil; test -f agent-work.txt", _existing,
+           [*_status_commit(".", "m", "sub", "sub2"), (".git/objects/ab/evil", ("status",))]),
+    # The repository moved away and a copy with a hook put in its place (bwrap: a mount
+    # point cannot be moved); a nested repository's .git replaced by a gitlink to a copy
+    # with a hook; the hooks directory replaced by a link to planted hooks.
+    Attack("rename", "mv .git .git-away && cp -r .git-away .git "
+           "&& hook .git/hooks/pre-commit rename"),
+    Attack("gitlink", "cp -r sub/.git subgit && hook subgit/hooks/pre-commit gitlink "
+           "&& rm -rf sub/.git && echo 'gitdir: ../subgit' > sub/.git", _existing,
+           _status_commit(".", "sub")),
+    Attack("link", "mkdir -p evilhooks && hook evilhooks/pre-commit link && rm -rf .git/hooks "
+           "&& ln -s ../evilhooks .git/hooks"),
 ]
 
 

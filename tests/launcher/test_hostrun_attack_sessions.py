@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator
@@ -54,8 +55,10 @@ from hostrun_attack_plants import (
     SPARSE,
     TMPFS,
     Attack,
+    git,
     plant_script,
 )
+from test_hostrun_attacks import ALL_GIT, git_everywhere
 
 CELLS = [pytest.param((b, w), id=f"{b}-{w}") for b in ("bwrap", "nono") for w in ("root", "user")]
 
@@ -207,6 +210,26 @@ def test_a_changed_pre_commit_config_is_put_back(main_cell: Cell,
     assert (main_cell.work / "precommit/.pre-commit-config.yaml").read_text() == \
         PRE_COMMIT_CONFIG
     _named(main_cell, "precommit")
+
+
+def test_the_agents_work_stays_and_the_repositories_are_whole(
+        main_cell: Cell, request: pytest.FixtureRequest) -> None:
+    gap(request, main_cell, "existing-whole")
+    top = main_cell.work / "existing"
+    assert (top / "agent-work.txt").read_text() == "agent\n"
+    log = git(top, "log", "--format=%s", prefix=main_cell.prefix).stdout.split()
+    assert log[-2:] == ["module", "c1"], log  # the history is whole
+    # the config key that runs commands is named, and chmod 0311 .git was undone
+    assert any("existing/" in x and "core.fsmonitor" in x for x in main_cell.lines())
+    assert stat.S_IMODE((main_cell.work / "chmod/.git").stat().st_mode) & 0o700 == 0o700
+    for line in main_cell.lines():  # every printed command parses
+        if "to apply the session's version: " in line:
+            command = line.split("to apply the session's version: ", 1)[1]
+            assert subprocess.run(["bash", "-n", "-c", command]).returncode == 0, command
+    # and the host's git from every directory of the repositories that were there
+    for name in ("existing", "gitlink", "link", "rename"):
+        assert git_everywhere(main_cell.work / name, main_cell.canary,
+                              commands=ALL_GIT[:2]) == [], name
 
 
 def test_the_persons_2mb_file_survives_an_edit_next_to_it(

@@ -4,8 +4,8 @@ Each plants what a session could leave in its workdir between the scan and
 the sweep; afterwards the host's real git, run from every directory of the
 workdir (status, commit, ``rebase --continue``, the planted alias), must run
 nothing (a canary outside the workdir), and the user's originals must be
-there byte for byte.  test_hostrun_e2e.py runs a selection through real
-sessions on both backends.
+there byte for byte.  test_hostrun_attack_sessions.py runs them through real
+sessions on both backends, as root and as an ordinary user.
 """
 
 from __future__ import annotations

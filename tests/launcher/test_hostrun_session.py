@@ -1,11 +1,8 @@
-"""Real sessions on both backends plant git hooks and config; the host's next git runs none.
+"""The guard's session paths: the janitor's sweep after a launcher killed by SIGKILL
+mid-session, and the sweep's lines on stderr.
 
-Each attack runs as the session's command (``agent-sandbox run --sandbox=...``)
-in a workdir holding a repository, a nested repository and a submodule.  Then
-the person's ordinary ``git status`` and ``git commit`` run on the host in
-every repository; a planted command would write its canary.  The agent's
-other work in the workdir must be intact.  The janitor's sweep is tested by
-killing the launcher with SIGKILL mid-session.
+The attacks themselves, through real sessions on both backends as root and as an
+ordinary user, are test_hostrun_attack_sessions.py's (one session per cell).
 """
 
 from __future__ import annotations
@@ -16,34 +13,10 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 from launcher_world import World
 from test_hostrun_sweep import git, host_uses_git
 
 HOOK = "printf '#!/bin/sh\\necho ran > {canary}/{name}\\n' > {path} && chmod +x {path}"
-
-
-def attacks(canary: Path, outside: Path) -> dict[str, str]:
-    def hook(name: str, path: str) -> str:
-        return HOOK.format(canary=canary, name=name, path=path)
-
-    return {
-        "hook": hook("hook", ".git/hooks/pre-commit"),
-        "fsmonitor": f"git config core.fsmonitor 'echo ran > {canary}/fsmonitor; false'",
-        "hooks_path": f"mkdir -p evil && {hook('hooks_path', 'evil/pre-commit')} "
-                      "&& git config core.hooksPath evil",
-        "rename": "mv .git .git-away && cp -r .git-away .git && "
-                  + hook("rename", ".git/hooks/pre-commit"),
-        "commondir": f"cp -r .git .gitc && {hook('commondir', '.gitc/hooks/pre-commit')} && "
-                     "echo ../.gitc > .git/commondir",
-        "nested": hook("nested", "sub/.git/hooks/pre-commit"),
-        "submodule": hook("submodule", ".git/modules/m/hooks/pre-commit"),
-        "gitlink": f"cp -r sub/.git subgit && {hook('gitlink', 'subgit/hooks/pre-commit')} && "
-                   "rm -rf sub/.git && echo 'gitdir: ../subgit' > sub/.git",
-        "new_repo": f"git init -q newrepo && {hook('new_repo', 'newrepo/.git/hooks/pre-commit')}"
-                    f" && git -C newrepo config core.fsmonitor 'echo ran > {canary}/newfsm'",
-        "link": f"rm -rf .git/hooks; ln -s {outside}/hooks .git/hooks",
-    }
 
 
 def make_repos(world: World, tmp: Path) -> None:
@@ -60,29 +33,6 @@ def make_repos(world: World, tmp: Path) -> None:
     (work / "sub").mkdir()
     git(work / "sub", "init", "-q")
     git(work / "sub", "commit", "-q", "--allow-empty", "-m", "s")
-
-
-@pytest.mark.parametrize("backend", ["bwrap", "nono"])
-def test_no_planted_hook_runs_after_a_session(world: World, tmp_path: Path, backend: str) -> None:
-    canary, outside = tmp_path / "canary", tmp_path / "outside"
-    canary.mkdir()
-    (outside / "hooks").mkdir(parents=True)
-    (outside / "hooks/pre-commit").write_text(f"#!/bin/sh\necho ran > {canary}/link\n")
-    (outside / "hooks/pre-commit").chmod(0o755)
-    make_repos(world, tmp_path)
-    ran: dict[str, list[str]] = {}
-    for name, script in attacks(canary, outside).items():
-        work = f"echo {name} > agent-{name}.txt; "
-        done = world.run("sh", "-c", work + script + "; exit 0", sandbox=backend, timeout=60)
-        assert done.returncode == 0, done.stderr
-        if os.environ.get("HOSTRUN_SHOW"):
-            print(backend, name, done.stderr)
-        host_uses_git(world.workdir)
-        ran[name] = sorted(p.name for p in canary.iterdir())
-        assert (world.workdir / f"agent-{name}.txt").read_text() == f"{name}\n"
-    assert ran == {name: [] for name in ran}, ran
-    assert git(world.workdir, "log", "--oneline").stdout.count("init") == 1
-    assert world.leftovers() == []
 
 
 def test_the_janitor_sweeps_after_a_killed_launcher(world: World, tmp_path: Path) -> None:
@@ -126,3 +76,19 @@ def test_the_sweep_lines_reach_stderr(world: World) -> None:
     subprocess.run(["sh", "-c", line.split("to apply the session's version: ", 1)[1]],
                    check=True)
     assert (world.workdir / ".envrc").read_text() == "export X=1\n"
+
+
+def test_a_finished_sessions_live_dir_goes_at_the_next_start(tmp_path: Path) -> None:
+    """A finished session sets its live dir aside in one rename (.done-*); the next
+    guard's start removes it meanwhile, and leaves an unfinished one to repair()."""
+    from libbroker.launcher import hostrun_guard
+    from libpolicy.hostrun import Table
+
+    state, work, rt = tmp_path / "state", tmp_path / "work", tmp_path / "rt"
+    for d in (state / "live/.done-s1-ab/host/0", state / "live/20260101-000000-1", work, rt):
+        d.mkdir(parents=True)
+    (state / "live/.done-s1-ab/host/0/config").write_text("[core]\n")
+    guard = hostrun_guard.Guard(str(work), Table(), str(rt), str(state))
+    guard.wait()
+    assert guard.finish() == []
+    assert sorted(p.name for p in (state / "live").iterdir()) == ["20260101-000000-1"]
