@@ -133,3 +133,67 @@ def kind_at(dfd: int, name: str) -> str:
     except FileNotFoundError:
         return "missing"
     return "file" if stat.S_ISREG(st.st_mode) else "other"
+
+
+def exchange(dfd1: int, name1: str, dfd2: int, name2: str) -> None:
+    """Swap two names atomically (renameat2 RENAME_EXCHANGE); OSError when it cannot be."""
+    from libbroker.sandbox.libc import check, libc
+
+    check(libc().renameat2(dfd1, os.fsencode(name1), dfd2, os.fsencode(name2), 2),
+          "renameat2")
+
+
+def put_in_place(host_dir: str, gfd: int, name: str, final: bytes, mode: int
+                 ) -> os.stat_result | None:
+    """A regular file holding ``final`` put in the link's place by an exchange of names
+    (``renameat2(RENAME_EXCHANGE)``); its stat, or None where that cannot be (the caller
+    writes it the old way).
+
+    Not a rename over the link: ext4 writes out a file renamed over another name at
+    once (``auto_da_alloc``), which cost milliseconds per repository.  The host's copy
+    itself is exchanged where it can be (no new file: the state dir on the workdir's
+    filesystem and mount), else a new file written beside the link."""
+    ours = os.path.join(host_dir, "config")  # the link's target (hostrun_gitconfig)
+    hfd = os.open(host_dir, O_DIR)
+    try:
+        fd = os.open("config", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hfd)
+        try:
+            st = os.fstat(fd)
+            usable = stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == mode and (
+                st.st_nlink == 1 and st.st_uid == os.geteuid()
+                and read_small(hfd, "config") == final)
+        finally:
+            os.close(fd)
+        if usable and _swapped(hfd, "config", gfd, name, ours):
+            placed = os.stat(name, dir_fd=gfd, follow_symlinks=False)
+            return placed if placed.st_ino == st.st_ino else None
+    except OSError:  # EXDEV (another filesystem or mount: the live gate's binds), EINVAL
+        pass
+    finally:
+        os.close(hfd)
+    tmp = ".config.agent-sandbox-new"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp, dir_fd=gfd)
+        write_new(gfd, tmp, final, mode)
+        if not _swapped(gfd, tmp, gfd, name, ours):
+            return None
+        os.unlink(tmp, dir_fd=gfd)  # our link, now by that name
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=gfd)
+        return None
+    return os.stat(name, dir_fd=gfd, follow_symlinks=False)
+
+
+def _swapped(sfd: int, src: str, dfd: int, dst: str, ours: str) -> bool:
+    """Exchange ``src`` and ``dst``; True if ``dst`` was our link (now ``src``), else both
+    are put back.  OSError when the names cannot be exchanged."""
+    exchange(sfd, src, dfd, dst)
+    try:
+        if os.readlink(src, dir_fd=sfd) == ours:
+            return True
+    except OSError:
+        pass
+    exchange(sfd, src, dfd, dst)
+    return False

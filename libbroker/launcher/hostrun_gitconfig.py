@@ -42,7 +42,7 @@ import os
 import stat
 import time
 
-from libbroker.launcher.hostrun_files import O_DIR, read_at, read_small, replace
+from libbroker.launcher.hostrun_files import O_DIR, put_in_place, read_at, read_small, replace
 from libbroker.launcher.hostrun_fingerprint import Node, Snapshot
 from libbroker.launcher.hostrun_fingerprint import parent_of as _parent
 from libbroker.launcher.hostrun_gitmerge import (
@@ -203,7 +203,8 @@ def _finish_one(live: LiveConfigs, root: int, repo: Repo
             return None if data is None else (data, repo.mode, None)
         sync(live, repo)
         final = read_at(live.host_dir(repo), "config")
-        st = _move_in(live, repo, gfd, name, final) if final is not None else None
+        st = (put_in_place(live.host_dir(repo), gfd, name, final, repo.mode)
+              if final is not None else None)
         if final is None:
             final = read_at(os.path.join(live.live, "saved"), str(repo.n))
         if final is None:
@@ -214,52 +215,6 @@ def _finish_one(live: LiveConfigs, root: int, repo: Repo
         repo.swapped = False
         live.restored.append(repo.rel)
         return final, repo.mode, st
-
-
-def _move_in(live: LiveConfigs, repo: Repo, gfd: int, name: str, final: bytes
-             ) -> os.stat_result | None:
-    """The host's copy itself put in the link's place: one exchange of the two names, no
-    new file (the state dir on the workdir's filesystem); None where that cannot be (the
-    caller writes a new file).
-
-    An exchange (``renameat2(RENAME_EXCHANGE)``), not a rename over the link: ext4
-    writes out a file renamed over another name at once (``auto_da_alloc``), which cost
-    milliseconds per repository.  Only if the copy still holds ``final`` (the bytes just
-    read and merged), and only while ``name`` is still our link."""
-    ours = os.path.join(live.host_dir(repo), "config")
-    hfd = os.open(live.host_dir(repo), O_DIR)
-    try:
-        fd = os.open("config", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=hfd)
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or stat.S_IMODE(st.st_mode) != repo.mode or (
-                    st.st_nlink != 1 or st.st_uid != os.geteuid()
-                    or read_small(hfd, "config") != final):
-                return None
-        finally:
-            os.close(fd)
-        _exchange(hfd, "config", gfd, name)
-        try:
-            back = os.readlink("config", dir_fd=hfd) == ours
-        except OSError:
-            back = False
-        if not back:  # something else had taken the link's place: both names back
-            _exchange(hfd, "config", gfd, name)
-            return None
-    except OSError:  # EXDEV (another filesystem), EINVAL (no exchange there)
-        return None
-    finally:
-        os.close(hfd)
-    after = os.stat(name, dir_fd=gfd, follow_symlinks=False)
-    return after if after.st_ino == st.st_ino else None
-
-
-def _exchange(dfd1: int, name1: str, dfd2: int, name2: str) -> None:
-    """Swap two names atomically (renameat2 RENAME_EXCHANGE); OSError when it cannot be."""
-    from libbroker.sandbox.libc import check, libc
-
-    check(libc().renameat2(dfd1, os.fsencode(name1), dfd2, os.fsencode(name2), 2),
-          "renameat2")
 
 
 def _set_aside(path: str) -> None:
