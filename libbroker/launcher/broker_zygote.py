@@ -12,8 +12,8 @@ brokers but the read-only state of an interpreter that has seen no session.
 
 What the zygote holds is what makes the fork safe: no session's data, no
 descriptor but its socket to the service (a child closes every other), one
-thread.  Children it does not wait for (``SIGCHLD`` ignored: the kernel reaps
-them); a child puts ``SIGCHLD`` back first thing, so the broker's own waits work.
+thread.  Its children it reaps as they end (a ``SIGCHLD`` handler); a child
+puts ``SIGCHLD`` back first thing, so the broker's own waits work.
 Each child gets ``SIGKILL`` when the zygote dies (``PR_SET_PDEATHSIG``), and the
 zygote when the service dies, so a dead service leaves no broker behind; the
 launcher, which holds a pidfd of its broker, sees it go and ends the session.
@@ -108,9 +108,18 @@ def _broker(request: dict[str, object], fds: list[int], zygote: int) -> None:
     os._exit(code)
 
 
+def _reap(_sig: int, _frame: object) -> None:
+    """Reap every broker that has ended (its CPU time counts as the zygote's children's)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:
+        pass
+
+
 def serve(sock: socket.socket) -> int:
     """Fork one broker per request until the service closes the socket."""
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    signal.signal(signal.SIGCHLD, _reap)
     me = os.getpid()
     while True:
         try:

@@ -24,6 +24,7 @@ from libbroker.launcher.trace import trace
 
 RECORD_FIFO = "proxy-record"
 DRAIN_BOUND = 2.0  # seconds for the gateway to close a removed tenant's record
+MAX_ENV_BYTES = 48 * 1024  # the gateway's request line is at most 64 KiB, policy included
 
 
 def usable(cfg: Config) -> str:
@@ -48,6 +49,11 @@ def register(link: Link, cfg: Config, rt: Runtime) -> bool:
     if why:
         trace(f"resident gateway not used: {why}")
         return False
+    env = dict(os.environ)
+    if sum(len(k) + len(v) + 8 for k, v in env.items()) > MAX_ENV_BYTES:
+        # The gateway's control line holds at most 64 KiB: ours would be refused.
+        trace("resident gateway not used: the environment is too large for its request")
+        return False
     record = ""
     if cfg.record:
         record = os.path.join(rt.host_only, RECORD_FIFO)
@@ -55,7 +61,7 @@ def register(link: Link, cfg: Config, rt: Runtime) -> bool:
     try:
         # The tenant's token and secret commands run with our environment, as our
         # own proxy's would (printenv VAR, gh auth token); it stays in memory.
-        link.send(plan.tenant_policy(cfg, rt, record), dict(os.environ))
+        link.send(plan.tenant_policy(cfg, rt, record), env)
     except ServiceGone:
         trace("resident service gone before the request: own proxy")
         link.close_record()

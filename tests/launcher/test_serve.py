@@ -266,6 +266,20 @@ def test_without_a_service_the_session_starts_its_own_proxy(world: World) -> Non
     assert world.leftovers() == []
 
 
+def test_an_environment_too_large_for_the_gateway_runs_its_own_proxy(
+    world: World, service: Service
+) -> None:
+    cfg = _config(world, "big.toml")  # no upstream_ca: the size alone decides
+    big = world.env(CANARY_TOKEN="tok-big", BIG_VARIABLE="x" * (60 * 1024))
+    done = world.run("sh", "-c", 'echo "proxy=$HTTPS_PROXY"; broker-client -- true && echo ok=1',
+                     config=cfg, env=big)
+    assert done.returncode == 0, done.stderr
+    got = _kv(done.stdout)
+    assert "@" not in got["proxy"] and got["ok"] == "1"
+    assert "tenant added" not in service.text()
+    assert _own_leftovers(world, service) == []
+
+
 def test_a_stale_socket_means_no_service_and_serve_replaces_it(world: World) -> None:
     path = world.runtime_parent / "agent-sandbox" / "serve.sock"
     path.parent.mkdir(mode=0o700)
