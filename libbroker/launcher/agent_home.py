@@ -32,7 +32,7 @@ import json
 import os
 import shutil
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from libbroker.launcher import agent_copy, agent_settings, agents
@@ -119,22 +119,8 @@ def prepare(
     # Until the copy is whole, a launcher killed now leaves only this: the
     # janitor's write_back removes the copy and brings nothing back.
     _write_manifest(runtime, {"root": root, "partial": True})
-    only = _workdir_only(profile, home, workdir)
-
-    # A pattern without ** matches paths of its own depth only: tried on those.
-    deep = [p for p in profile.skip if "**" in p]
-    by_depth: dict[int, list[str]] = {}
-    for p in profile.skip:
-        if "**" not in p:
-            by_depth.setdefault(p.count("/"), []).append(p)
-
-    def skip(rel: str, parent: str) -> bool:
-        if parent in only and rel != f"{parent}/{only[parent]}":
-            return True  # a per-project dir: only the workdir's entry
-        pats = by_depth.get(rel.count("/"), [])
-        return any(agents.match(p, rel) for p in (*pats, *deep))
-
-    copier = agent_copy.Copier(skip, frozenset(profile.per_workdir))
+    copier = agent_copy.Copier(_skipper(profile, _workdir_only(profile, home, workdir)),
+                               frozenset(profile.per_workdir))
     for entry in profile.entries:
         host = agents.host_path(profile, home, entry.copy)
         assert host is not None
@@ -161,6 +147,25 @@ def prepare(
     }
     _write_manifest(runtime, manifest)
     return AgentHome(root, home_env(profile, root), report)
+
+
+def _skipper(profile: Profile, only: Mapping[str, str]) -> Callable[[str, str], bool]:
+    """What the copy leaves out: the profile's skip patterns, and in a per-project dir
+    every entry but the workdir's (``only``)."""
+    # A pattern without ** matches paths of its own depth only: tried on those.
+    deep = [p for p in profile.skip if "**" in p]
+    by_depth: dict[int, list[str]] = {}
+    for p in profile.skip:
+        if "**" not in p:
+            by_depth.setdefault(p.count("/"), []).append(p)
+
+    def skip(rel: str, parent: str) -> bool:
+        if parent in only and rel != f"{parent}/{only[parent]}":
+            return True  # a per-project dir: only the workdir's entry
+        pats = by_depth.get(rel.count("/"), [])
+        return any(agents.match(p, rel) for p in (*pats, *deep))
+
+    return skip
 
 
 def _write_manifest(runtime: str, manifest: Mapping[str, Any]) -> None:
@@ -261,7 +266,8 @@ def _profile_from(data: Mapping[str, Any]) -> Profile:
         raw[key] = tuple(raw[key])
     for key in ("home_env", "env"):
         raw[key] = tuple(tuple(p) for p in raw[key])
-    return Profile(**raw)
+    known = agents.PROFILES.get(raw["name"])  # its class and hooks (a table's has none)
+    return (type(known) if known is not None else Profile)(**raw)
 
 
 def _read_session_file(dirfd: int, name: str, limit: int, start: int = 0) -> bytes | None:

@@ -208,3 +208,15 @@ def test_a_copy_cut_short_by_the_launchers_death_is_removed_bringing_nothing_bac
     assert write_back(str(rt)) == []
     assert not Path(root).exists() and not (rt / agent_home.MANIFEST).exists()
     assert (home / ".claude" / "history.jsonl").read_text() == "host-line\n"
+
+
+@pytest.mark.parametrize("name", sorted(agents.PROFILES))
+def test_the_manifests_agent_comes_back_as_its_class(name: str) -> None:
+    # The janitor's write-back rebuilds the profile from the manifest's JSON:
+    # a known agent keeps its class (its hooks), a config table's stays a Profile.
+    known = agents.PROFILES[name]
+    back = agent_home._profile_from(json.loads(json.dumps(known._asdict())))
+    assert type(back) is type(known) and back == known
+    table = agents.from_config("mine", {"config": ["~/.mine"]}, "[agents.mine]")
+    again = agent_home._profile_from(json.loads(json.dumps(table._asdict())))
+    assert type(again) is agents.Profile and again == table
