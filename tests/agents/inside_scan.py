@@ -53,3 +53,13 @@ print("SCANNED", files, procs)
 def split(*values: str) -> list[tuple[str, str]]:
     """Each value as two halves (the scan joins them)."""
     return [(v[: len(v) // 2], v[len(v) // 2:]) for v in values]
+
+
+def report(row: str, out: str) -> None:
+    """One line for the note's table (``pytest -s | grep TABLE``): what the scan read
+    and how many secrets it found (the tests assert 0)."""
+    import re
+
+    scanned = re.findall(r"SCANNED \d+ \d+", out)
+    found = len(re.findall(r"FOUND ", out))
+    print(f"TABLE {row} {scanned[-1] if scanned else 'SCANNED - -'} found={found}")

@@ -30,7 +30,7 @@ from pathlib import Path
 import inside_token
 import pytest
 from agents_world import Home, need
-from inside_scan import SCAN, split
+from inside_scan import SCAN, report, split
 from standin_oauth import Oauth, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
@@ -80,6 +80,7 @@ def test_a_subscription_login_works_refreshes_on_the_host_and_stays_outside(
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
     done = run(w, o, backend, SESSION)
     out = done.stdout
+    report(f"oauth claude {backend} turn+host-refresh", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
     assert out.startswith("pong") and "RESULT<<" in out and "SCANNED" in out, out
     assert "FOUND" not in out, out
@@ -119,6 +120,7 @@ def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     before = creds.read_text()
     (w.workdir / "scan.py").write_text(SCAN.format(parts=split(*o.secrets())))
     done = run(w, o, backend, inside_token.script("claude"))
+    report(f"oauth claude {backend} refresh-inside", done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     inside_token.check("claude", o, done.stdout)
     assert creds.read_text() == before

@@ -27,7 +27,7 @@ from pathlib import Path
 import inside_token
 import pytest
 from agents_world import Home, need
-from inside_scan import SCAN, split
+from inside_scan import SCAN, report, split
 from standin_oauth import ACCOUNT, Oauth, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
@@ -80,6 +80,7 @@ def test_a_chatgpt_login_works_refreshes_on_the_host_and_stays_outside(
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
     done = run(w, o, backend, SESSION)
     out = done.stdout
+    report(f"oauth codex {backend} turn+host-refresh", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
     assert out.count("pong") >= 2 and "SCANNED" in out, out + done.stderr[-2500:]
     assert "FOUND" not in out, out
@@ -117,6 +118,7 @@ def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     before = auth.read_text()
     (w.workdir / "scan.py").write_text(SCAN.format(parts=split(o.id_token, *o.secrets())))
     done = run(w, o, backend, inside_token.script("codex"))
+    report(f"oauth codex {backend} refresh-inside", done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     inside_token.check("codex", o, done.stdout)
     assert auth.read_text() == before

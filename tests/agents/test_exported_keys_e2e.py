@@ -13,7 +13,7 @@ import uuid
 
 import pytest
 from agents_world import KEYS, Home, need
-from inside_scan import SCAN, split
+from inside_scan import SCAN, report, split
 from test_agents_e2e import agent_argv
 
 BACKENDS = ("bwrap", "nono")
@@ -38,6 +38,7 @@ def test_an_exported_key_works_and_stays_outside(world: Home, agent: str, backen
         SCAN.format(parts=split(key)) + f"print('INSIDE', os.environ.get({var!r}))\n")
     done = run(w, backend, {var: key}, *agent_argv(agent, "RUN<<python3 scan.py>>"))
     out = done.stdout
+    report(f"api-key {agent} {backend} turn", out)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "RESULT<<" in out and "SCANNED" in out, out + done.stderr[-2000:]
     assert "FOUND" not in out, out

@@ -29,7 +29,7 @@ from urllib.parse import unquote
 import inside_token
 import pytest
 from agents_world import Home, need
-from inside_scan import SCAN, split
+from inside_scan import SCAN, report, split
 from standin_oauth import GEMINI_CLIENT_ID, Oauth, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
@@ -91,6 +91,7 @@ def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
     done = run(w, o, backend, SESSION)
     out = done.stdout
+    report(f"oauth gemini {backend} turn+host-refresh", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
     assert "pong" in out and "RESULT<<" in out and "SCANNED" in out, out + done.stderr[-2000:]
     assert "FOUND" not in out, out
@@ -129,6 +130,7 @@ def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     (w.workdir / "scan.py").write_text(
         SCAN.format(parts=split(*o.secrets(), ID_SIGNATURE)))
     done = run(w, o, backend, inside_token.script("gemini"))
+    report(f"oauth gemini {backend} refresh-inside", done.stdout)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     inside_token.check("gemini", o, done.stdout)
     assert creds.read_text() == before

@@ -33,7 +33,7 @@ import test_claude_login_e2e as claude_login
 import test_codex_login_e2e as codex_login
 import test_gemini_login_e2e as gemini_login
 from agents_world import Home, need
-from inside_scan import SCAN, split
+from inside_scan import SCAN, report, split
 from standin_oauth import CLIENT_ID, CODEX_CLIENT_ID, GEMINI_CLIENT_ID, Oauth, serving
 
 BACKENDS = ("bwrap", "nono")
@@ -122,6 +122,7 @@ def test_a_login_made_inside_is_kept_on_the_host_and_the_session_gets_placeholde
                              turn=TURN[agent])
     done = _run(agent, w, o, backend, script)
     out = done.stdout
+    report(f"oauth {agent} {backend} login-inside", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
     assert "pong" in out and "SCANNED" in out and "FOUND" not in out, out + done.stderr[-2000:]
     # The new pair is the person's, in their own file, with its mode.
