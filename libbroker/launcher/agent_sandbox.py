@@ -96,36 +96,8 @@ def environment(
     env = {k: host_env[k] for k in (*PASS_ENV, *cfg.env) if k in host_env}
     path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
     env["PATH"] = bin_dir + ":" + path if bin_dir not in path.split(":") else path
-    http, socks = proxy_urls(http_port, socks_port, credential)
-    bundle = rt.ca_bundle
-    env.update(
-        {
-            "AGENT_SANDBOX": "1",
-            "AGENT_SANDBOX_BROKER_SOCKET": rt.broker_socket,
-            "AGENT_SANDBOX_POLICY": rt.policy,
-            "HTTP_PROXY": http,
-            "HTTPS_PROXY": http,
-            "http_proxy": http,
-            "https_proxy": http,
-            "ALL_PROXY": socks,
-            "all_proxy": socks,
-            "NO_PROXY": "",
-            "no_proxy": "",
-            "SSL_CERT_FILE": bundle,
-            "REQUESTS_CA_BUNDLE": bundle,
-            "CURL_CA_BUNDLE": bundle,
-            "NODE_EXTRA_CA_CERTS": os.path.join(rt.egress_dir, "ca.pem"),
-            "GIT_SSL_CAINFO": bundle,
-            "GH_CONFIG_DIR": rt.gh_config,
-        }
-    )
-    git = [("gpg.program", rt.gpg_program)]
-    if cfg.sign_key:
-        git.append(("user.signingkey", cfg.sign_key))
-    env["GIT_CONFIG_COUNT"] = str(len(git))
-    for i, (key, value) in enumerate(git):
-        env[f"GIT_CONFIG_KEY_{i}"] = key
-        env[f"GIT_CONFIG_VALUE_{i}"] = value
+    env.update(_session_vars(rt, *proxy_urls(http_port, socks_port, credential)))
+    env.update(_git_config(cfg, rt))
     if kubeconfig:
         env["KUBECONFIG"] = kubeconfig
     if tmpdir:
@@ -138,6 +110,42 @@ def environment(
     # Defence in depth: config.py already refuses these names in `env`.
     for name in ("GITHUB_TOKEN", "GH_TOKEN", "GH_ENTERPRISE_TOKEN"):
         env.pop(name, None)
+    return env
+
+
+def _session_vars(rt: Runtime, http: str, socks: str) -> dict[str, str]:
+    """The session's own variables: the broker, the policy, the proxies, the CA bundle."""
+    bundle = rt.ca_bundle
+    return {
+        "AGENT_SANDBOX": "1",
+        "AGENT_SANDBOX_BROKER_SOCKET": rt.broker_socket,
+        "AGENT_SANDBOX_POLICY": rt.policy,
+        "HTTP_PROXY": http,
+        "HTTPS_PROXY": http,
+        "http_proxy": http,
+        "https_proxy": http,
+        "ALL_PROXY": socks,
+        "all_proxy": socks,
+        "NO_PROXY": "",
+        "no_proxy": "",
+        "SSL_CERT_FILE": bundle,
+        "REQUESTS_CA_BUNDLE": bundle,
+        "CURL_CA_BUNDLE": bundle,
+        "NODE_EXTRA_CA_CERTS": os.path.join(rt.egress_dir, "ca.pem"),
+        "GIT_SSL_CAINFO": bundle,
+        "GH_CONFIG_DIR": rt.gh_config,
+    }
+
+
+def _git_config(cfg: Config, rt: Runtime) -> dict[str, str]:
+    """git's config from the environment: gpg-shim as gpg.program, the key it signs with."""
+    git = [("gpg.program", rt.gpg_program)]
+    if cfg.sign_key:
+        git.append(("user.signingkey", cfg.sign_key))
+    env = {"GIT_CONFIG_COUNT": str(len(git))}
+    for i, (key, value) in enumerate(git):
+        env[f"GIT_CONFIG_KEY_{i}"] = key
+        env[f"GIT_CONFIG_VALUE_{i}"] = value
     return env
 
 
