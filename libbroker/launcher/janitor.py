@@ -68,22 +68,8 @@ def _end(pid: int, fd: int, group: bool) -> None:
             return
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2 or not argv[0].isdigit():
-        sys.stderr.write("usage: python3 -m libbroker.launcher.janitor FD RUNTIME_DIR\n")
-        return 2
-    r, runtime_dir = int(argv[0]), argv[1]
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
-        signal.signal(sig, signal.SIG_IGN)
-    watched = _read_watch_list(r)
-    if watched is None:
-        # The launcher cleaned up itself and waits to reap us: nothing to
-        # flush or finalize, so skip the interpreter's teardown (ms of its tail).
-        os._exit(0)
-    # The launcher is gone without cleaning up: the session ends here.
-    for pid, fd, group in reversed(watched):
-        _end(pid, fd, group)
+def _release_mounts_and_cgroups(runtime_dir: str) -> None:
+    """The kernel's part of the session: its cgroups, the live gate's mounts."""
     # The session's cgroup (named in the runtime dir), and any group left by a
     # process now gone: the launcher's, the broker's commands'.
     try:
@@ -102,6 +88,11 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(line + "\n")
     except Exception as exc:  # the rest runs whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: unbinding the live gate failed: {exc}\n")
+
+
+def _put_the_host_back(runtime_dir: str) -> None:
+    """As the launcher would have: the git configs merged, the host-run files swept,
+    the agent's config written back; each step runs whatever the one before did."""
     # The repositories' configs next: links back to files, the session's
     # allowed keys merged (libbroker.launcher.hostrun_gitconfig), so the sweep keeps them.
     try:
@@ -130,12 +121,36 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"agent-sandbox-janitor: not written back: {problem}\n")
     except Exception as exc:  # the runtime dir is removed whatever happened
         sys.stderr.write(f"agent-sandbox-janitor: the agent config write-back failed: {exc}\n")
+
+
+def _remove_runtime_dir(runtime_dir: str) -> None:
     import shutil
 
     deadline = time.monotonic() + 5
     shutil.rmtree(runtime_dir + ".host", ignore_errors=True)  # runtime.Runtime.host_only
     while time.monotonic() < deadline and os.path.exists(runtime_dir):
         shutil.rmtree(runtime_dir, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or not argv[0].isdigit():
+        sys.stderr.write("usage: python3 -m libbroker.launcher.janitor FD RUNTIME_DIR\n")
+        return 2
+    r, runtime_dir = int(argv[0]), argv[1]
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGTSTP):
+        signal.signal(sig, signal.SIG_IGN)
+    watched = _read_watch_list(r)
+    if watched is None:
+        # The launcher cleaned up itself and waits to reap us: nothing to
+        # flush or finalize, so skip the interpreter's teardown (ms of its tail).
+        os._exit(0)
+    # The launcher is gone without cleaning up: the session ends here.
+    for pid, fd, group in reversed(watched):
+        _end(pid, fd, group)
+    _release_mounts_and_cgroups(runtime_dir)
+    _put_the_host_back(runtime_dir)
+    _remove_runtime_dir(runtime_dir)
     return 0
 
 
