@@ -57,10 +57,17 @@ class Recorder:
         """The recorder for ``path`` (appended, 0600); OSError when it cannot be opened.
 
         ``tenant``: the gateway's tenant whose lines these are, named in each.
+        A gateway never waits on one tenant's reader: its record is opened
+        non-blocking, so a FIFO nobody reads is refused (ENXIO) instead of
+        hanging the event loop, and a line a stalled reader has no room for is
+        dropped (``failed``) rather than stalling every other tenant.
         """
         if path is None:
             return cls(None, policy, tenant)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC
+        if tenant is not None:
+            flags |= os.O_NONBLOCK
+        fd = os.open(path, flags, 0o600)
         return cls(fd, policy, tenant)
 
     @property

@@ -57,3 +57,48 @@ def test_a_tenants_token_command_runs_with_its_own_env(tmp_path: Path) -> None:
         assert canary not in text
     finally:
         assert proxy.stop() == 0
+
+
+def test_a_tenants_record_fifo_never_blocks_the_gateway(tmp_path: Path) -> None:
+    """A FIFO nobody reads is refused at add; a stalled reader's lines drop, others go on."""
+    import fcntl
+    import os
+    import subprocess
+    import termios
+
+    log = tmp_path / "proxy.log"
+    control = str(tmp_path / "c.sock")
+    proxy = start_proxy(["--control", control], log=log)
+    try:
+        fifo = tmp_path / "record.fifo"
+        os.mkfifo(fifo, 0o600)
+        refused = control_request(control, {"op": "add", "tenant": "noreader",
+                                            "policy": {"record": str(fifo), "allow": ""}})
+        assert refused["ok"] is False and "record" in refused["error"], refused
+        reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # opened, never read: it fills
+        try:
+            stalled = control_request(control, {"op": "add", "tenant": "stalled", "password":
+                                                "p" * 32, "policy": {"record": str(fifo),
+                                                                     "allow": ""}})
+            assert stalled["ok"], stalled
+            other = control_request(control, {"op": "add", "tenant": "other", "password":
+                                              "q" * 32, "policy": {"allow": ""}})
+            assert other["ok"], other
+            url = proxy.http
+            # Far more refusal lines than a pipe holds (each about 200 bytes).
+            subprocess.run(["curl", "-s", "-o", "/dev/null", "--max-time", "60", "--proxy", url,
+                            "--proxy-user", "stalled:" + "p" * 32,
+                            "http://denied.invalid/[1-600]"], check=False)
+            held = bytearray(4)
+            fcntl.ioctl(reader, termios.FIONREAD, held)
+            assert int.from_bytes(held, "little") >= 60000  # the pipe is full
+            # The gateway still answers another tenant at once.
+            done = subprocess.run(["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}",
+                                   "--max-time", "10", "--proxy", url, "--proxy-user",
+                                   "other:" + "q" * 32, "http://denied.invalid/"],
+                                  capture_output=True, text=True, check=False)
+            assert done.stdout == "403", done
+        finally:
+            os.close(reader)
+    finally:
+        assert proxy.stop() == 0
