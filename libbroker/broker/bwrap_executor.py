@@ -4,7 +4,7 @@ The command line comes from the one builder, :func:`libbroker.sandbox.bwrap.argv
 over the command's :class:`~libbroker.sandbox.shape.Shape` (the profile's
 paths, the workdir read-write, the command's cwd).  With ``--unshare-all`` the
 command has its own network namespace: no network at all, or in proxy mode
-just the proxy port, relayed (see :mod:`libbroker.sandbox.netns`).
+just the proxy port, bridged in (see :mod:`libbroker.sandbox.bridge`).
 
 The command runs as ``sh -c 'exec "$@"'`` so that "not found" and "not
 executable" come back as 127 and 126 (bwrap itself reports both as 1).
@@ -27,7 +27,7 @@ from libbroker.sandbox import bwrap, cgroups, seccomp
 from libbroker.sandbox.kinds import BWRAP
 
 if TYPE_CHECKING:
-    from libbroker.sandbox.netns import ProxyRelay
+    from libbroker.sandbox.bridge import Bridge
 
 # sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
 _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
@@ -154,13 +154,14 @@ class BwrapExecutor(Executor):
 
     def _connect_proxy(self, child: BwrapChild, block_w: int) -> None:
         """Open the proxy port inside the new namespace, then let bwrap exec the command."""
-        from libbroker.sandbox.netns import ProxyRelay, listen_in_netns
+        from libbroker.sandbox.bridge import Bridge, listen_in_netns
 
-        assert self.profile.proxy_port is not None
+        port = self.profile.proxy_port
+        assert port is not None
         try:
             inner = child.wait_inner()
-            listener = listen_in_netns(inner, self.profile.proxy_port)
-            child.relay = ProxyRelay(listener, self.profile.proxy_port)
+            [listener] = listen_in_netns(inner, (port,))
+            child.relay = Bridge(listener, port)
             os.write(block_w, b"go")
         except BaseException:
             # Killed before the block fd closes: bwrap must not run the command.
@@ -180,21 +181,15 @@ class BwrapChild(Child):
         self.group = group
         self._info_fd: int | None = info_fd
         self._inner: int | None = None
-        self.relay: ProxyRelay | None = None
+        self.relay: Bridge | None = None
 
     def wait_inner(self) -> int:
         """The sandbox init's host pid, waiting for bwrap to report it; SpawnError if it died."""
         assert self._info_fd is not None
-        data = b""
-        while True:
-            chunk = os.read(self._info_fd, 4096)
-            data += chunk
-            try:
-                self._inner = int(json.loads(data)["child-pid"])
-                return self._inner
-            except (ValueError, KeyError, TypeError):
-                if not chunk:
-                    raise SpawnError("bwrap failed before starting the command") from None
+        self._inner = bwrap.read_info(self._info_fd)
+        if self._inner is None:
+            raise SpawnError("bwrap failed before starting the command")
+        return self._inner
 
     def _inner_pgid(self) -> int | None:
         """The host pid of the sandbox's init, from bwrap's --info-fd (read once, lazily)."""

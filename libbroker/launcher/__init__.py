@@ -18,8 +18,8 @@ Modules:
   boot and its PR_SET_PDEATHSIG (light, like :mod:`.child`);
 - :mod:`.prestart`: the servers' early start, before the launcher parses;
 - :mod:`.session`: ``run`` itself; :mod:`.trace`: ``AGENT_SANDBOX_TRACE=1``;
-- :mod:`libbroker.sandbox.forwarder` (in the sandbox, stdlib only) and :mod:`.relay`
-  (host side): the network bridge into bwrap's network namespace;
+- :mod:`libbroker.sandbox.bridge`: the proxy's ports bridged into bwrap's
+  network namespace (the broker's commands use it too);
 - :mod:`.session_box`: the backend's part of each of the session's steps
   (bwrap: bwrap and the forwarder; Landlock: the helper
   :mod:`libbroker.sandbox.landlock_helper` and the broker's door);

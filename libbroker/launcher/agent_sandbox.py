@@ -18,7 +18,8 @@ What both backends give the command:
   :mod:`libbroker.sandbox.seccomp` (no TIOCSTI, no keyring; under Landlock no
   socket but TCP and NETLINK_ROUTE);
 - network only to the egress proxy: bwrap has a network namespace of its own
-  with nothing but loopback, where the forwarder listens on :3128 and :1080;
+  with nothing but loopback, where :3128 and :1080 are bridged to the proxy
+  (:mod:`libbroker.sandbox.bridge`);
   Landlock allows TCP connect to the proxy's two ports only, and reaches the
   broker through a loopback port relayed to its socket (:mod:`.door`), since it may create
   no unix socket.
@@ -227,16 +228,17 @@ def bwrap_argv(
     facts: bwrap.Facts,
     control_fd: int,
     seccomp_fd: int,
+    info_fd: int | None = None,
 ) -> list[str]:
     """bwrap's argv for the session's command, wrapped in the forwarder.
 
     ``facts``: what exists on the host among the shape's paths
-    (:func:`libbroker.sandbox.bwrap.shape_facts`).
+    (:func:`libbroker.sandbox.bwrap.shape_facts`).  ``info_fd``: where bwrap
+    tells the sandbox's pid, whose network namespace the bridge opens the
+    proxy's ports in (:mod:`libbroker.sandbox.bridge`).
     """
-    argv = ["bwrap", *bwrap.argv(shape, facts, seccomp_fd=seccomp_fd), "--"]
-    argv += [host.python, "-I", "-S", host.forwarder]
-    for port, relay in ((HTTP_PORT, rt.http_relay), (SOCKS_PORT, rt.socks_relay)):
-        argv += ["--listen", f"{port}={relay}"]
+    options = bwrap.argv(shape, facts, info_fd=info_fd, seccomp_fd=seccomp_fd)
+    argv = ["bwrap", *options, "--", host.python, "-I", "-S", host.forwarder]
     argv += ["--control", str(control_fd)]
     if shape.new_session:
         argv.append("--own-group")

@@ -32,8 +32,7 @@ import sys
 import threading
 
 from libbroker import proc_tcp
-from libbroker.launcher.relay import accept_each
-from libbroker.sandbox.forwarder import pump
+from libbroker.sandbox.bridge import accept_each, pump
 
 _LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
 

@@ -59,16 +59,6 @@ class Runtime(NamedTuple):
         return os.path.join(self.root, "gpg-shim")
 
     @property
-    def http_relay(self) -> str:
-        """The unix socket the in-sandbox forwarder reaches the HTTP proxy by."""
-        return os.path.join(self.root, "http.sock")
-
-    @property
-    def socks_relay(self) -> str:
-        """The unix socket the in-sandbox forwarder reaches the SOCKS proxy by."""
-        return os.path.join(self.root, "socks.sock")
-
-    @property
     def ca_bundle(self) -> str:
         return os.path.join(self.egress_dir, "bundle.pem")
 

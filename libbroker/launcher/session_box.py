@@ -30,17 +30,18 @@ import shutil
 import sys
 from typing import TYPE_CHECKING
 
-from libbroker.errors import LaunchError, SandboxUnavailable
+from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
 from libbroker.launcher import agent_sandbox, agent_session, boot, hostrun_guard, plan
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 
 if TYPE_CHECKING:
+    import _socket
     import signal
 
     from libbroker.launcher.door import Door
-    from libbroker.launcher.relay import Relay
     from libbroker.launcher.session import Session
+    from libbroker.sandbox.bridge import Bridge
 else:
     import _signal as signal  # the C module: see session.py
 
@@ -98,13 +99,14 @@ class Box:
 
 
 class BwrapBox(Box):
-    """bwrap + the forwarder, built while the servers start; the proxy relayed into its netns."""
+    """bwrap + the forwarder, built while the servers start; the proxy bridged into its netns."""
 
     kind = BWRAP
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        self.relays: list[Relay] = []
+        self.listeners: list[_socket.socket] = []  # the proxy's ports inside, until go
+        self.bridges: list[Bridge] = []
 
     def check(self) -> None:
         if not shutil.which("bwrap"):
@@ -120,16 +122,11 @@ class BwrapBox(Box):
         s = self.s
         assert s.rt is not None
         rt = s.rt
-        from libbroker.launcher.relay import Relay  # threads and sockets: after the spawns
         from libbroker.sandbox import bwrap, seccomp
 
         prog = seccomp.program()
         if prog is None:
             raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
-        try:
-            self.relays = [Relay(rt.http_relay), Relay(rt.socks_relay)]
-        except OSError as exc:
-            raise LaunchError(f"cannot create the proxy bridge in {rt.root}: {exc}") from None
         r, w = os.pipe()
         self.control = w
         os.set_inheritable(r, True)
@@ -159,26 +156,63 @@ class BwrapBox(Box):
             overlays=overlays, binds=binds,
         )  # fmt: skip
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
+        info_r, info_w = os.pipe()
         argv = agent_sandbox.bwrap_argv(
-            shape, rt, host, s.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd
+            shape, rt, host, s.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd, info_fd=info_w
         )
         try:
             s.sandbox = s.spawn(
                 "sandbox",
                 argv,  # bwrap's --die-with-parent: it ends with the launcher
                 env=env,
-                pass_fds=[r, sec_fd],
+                pass_fds=[r, sec_fd, info_w],
                 pipes=False,
                 ignore=(signal.SIGINT, signal.SIGQUIT) if s.tty else (),
             )
+        except BaseException:
+            os.close(info_r)
+            raise
         finally:
             os.close(sec_fd)
             os.close(r)
+            os.close(info_w)
+        self._open_ports(info_r)
+
+    def _open_ports(self, info_r: int) -> None:
+        """The proxy's two ports in the sandbox's netns (bridged at go), while the servers start.
+
+        bwrap tells the sandbox's pid on its info fd once the namespaces
+        exist; a bwrap that fails first closes it unsaid, and its status is
+        reported as the session's wait for the servers reports a dead child.
+        """
+        from libbroker.sandbox.bridge import listen_in_netns
+        from libbroker.sandbox.bwrap import read_info
+
+        try:
+            inner = read_info(info_r)
+        finally:
+            os.close(info_r)
+        if inner is None:
+            sandbox = self.s.sandbox
+            assert sandbox is not None
+            raise LaunchError(
+                f"{sandbox.name} exited with status {sandbox.proc.wait()} while starting "
+                "(agent-sandbox doctor tells why)" + sandbox.error_tail()
+            )
+        try:
+            self.listeners = listen_in_netns(inner, (HTTP_PORT, SOCKS_PORT))
+        except SpawnError as exc:
+            raise LaunchError(f"cannot open the proxy bridge: {exc}") from None
 
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
-        self.relays[0].start(found.http_port)
-        self.relays[1].start(found.socks_port)
+        from libbroker.sandbox.bridge import Bridge
+
+        assert self.listeners  # opened in build, or the start failed there
+        ports = (found.http_port, found.socks_port)
+        pairs = zip(self.listeners, ports, strict=True)
+        self.bridges = [Bridge(sock, port) for sock, port in pairs]
+        self.listeners = []
         if s.limits is not None and s.sandbox is not None:
             from libbroker.sandbox import cgroups
 
@@ -204,14 +238,16 @@ class BwrapBox(Box):
                    f"session, not held: {exc.strerror or exc}"])  # fmt: skip
 
     def stop(self) -> None:
-        for relay in self.relays:  # their threads end while the servers exit
-            relay.stop()
+        for bridge in self.bridges:  # the sandbox is gone: its connections end too
+            bridge.close()
 
     def release(self) -> None:
         super().release()
-        for relay in self.relays:
-            relay.close()
-        self.relays = []
+        self.stop()
+        self.bridges = []
+        for sock in self.listeners:  # a start that ended before go
+            sock.close()
+        self.listeners = []
 
 
 class LandlockBox(Box):

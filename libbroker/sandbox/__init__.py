@@ -9,7 +9,8 @@ sandbox for it on either backend.
 - :mod:`.landlock`: the Landlock ruleset for a shape (pure), and its system calls;
 - :mod:`.seccomp`: the one seccomp filter (TIOCSTI, keyring, io_uring, sockets);
 - :mod:`.enter`: the one hardening sequence before exec under Landlock;
-- :mod:`.netns`, :mod:`.forwarder`: the proxy inside bwrap's network namespace;
+- :mod:`.bridge`: the one bridge carrying the proxy's port(s) into bwrap's netns;
+- :mod:`.forwarder`: the session's first process inside bwrap: go byte, signals;
 - :mod:`.reaper`: nothing a command starts outlives it (Landlock has no PID namespace);
 - :mod:`.exec`: exec with the shell's 126/127;
 - :mod:`.kinds`: the backends there are, and what ``auto`` means;

@@ -11,6 +11,7 @@ the shape grants.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -170,6 +171,20 @@ def argv(
     if seccomp_fd is not None:
         out += ["--seccomp", str(seccomp_fd)]
     return out
+
+
+def read_info(fd: int) -> int | None:
+    """The sandbox's pid (as the host sees it) from bwrap's ``--info-fd``; None if bwrap
+    ended first.  Blocks until bwrap has made the namespaces."""
+    data = b""
+    while True:
+        chunk = os.read(fd, 4096)
+        data += chunk
+        try:
+            return int(json.loads(data)["child-pid"])
+        except (ValueError, KeyError, TypeError):
+            if not chunk:
+                return None
 
 
 def seccomp_pipe(prog: bytes) -> int:

@@ -1,5 +1,5 @@
 """agent-sandbox's command line: help, usage errors, doctor, render-settings,
-the forwarder's pump, and the kubeconfig a session gets."""
+the bridge's pump, and the kubeconfig a session gets."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from launcher_world import World
 
-from libbroker.sandbox.forwarder import pump
+from libbroker.sandbox.bridge import pump
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

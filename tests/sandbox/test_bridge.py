@@ -1,17 +1,19 @@
-"""The network bridge's byte relay: the forwarder's pump and the host relay.
+"""The one network bridge (libbroker/sandbox/bridge.py): its pump, its Bridge, its listener.
 
-Real sockets throughout: TCP on loopback, unix sockets in a temp dir, and the
-real forwarder.py under ``python -I -S`` as the sandbox runs it (here in the
-host's network namespace, on an ephemeral port).  Checks: large transfers
-arrive intact (sha256) both ways at once, half-close passes through, many
-connections at once, and a client that vanishes mid-transfer leaves no
-thread and no descriptor behind.
+Real sockets throughout: TCP on loopback, a Bridge on a listener in this
+namespace and one that :func:`listen_in_netns` opened inside a real bwrap
+sandbox.  Checks: large transfers arrive intact (sha256) both ways at once,
+half-close passes through, many connections at once, a client that vanishes
+mid-transfer leaves no thread and no descriptor behind, a port that is down
+closes the connection and says so, and the far end's peer is this process.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
+import shutil
 import socket
 import struct
 import subprocess
@@ -24,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from libbroker.launcher.relay import Relay
-from libbroker.sandbox.forwarder import dial_proxy, pump
+from libbroker import proc_tcp
+from libbroker.sandbox import bwrap
+from libbroker.sandbox.bridge import Bridge, listen_in_netns, pump
 
-FORWARDER = Path(__file__).resolve().parents[2] / "libbroker" / "sandbox" / "forwarder.py"
 Handler = Callable[[socket.socket], None]
 
 
@@ -110,23 +112,18 @@ def _settle(check: Callable[[], bool]) -> bool:
     return check()
 
 
-@contextmanager
-def _relay(tmp_path: Path, port: int, name: str = "r.sock") -> Iterator[str]:
-    relay = Relay(str(tmp_path / name))
-    relay.start(port)
-    try:
-        yield relay.path
-    finally:
-        relay.close()
+def _up(port: int) -> socket.socket:
+    """A connection to the server, as the Bridge makes for each one it accepts."""
+    return socket.create_connection(("127.0.0.1", port))
 
 
-def test_a_large_transfer_arrives_intact_both_ways_at_once_through_both_hops(
+def test_a_large_transfer_arrives_intact_both_ways_at_once_through_the_pump(
     tmp_path: Path,
 ) -> None:
-    """client -> pump -> the socket Relay handed over -> server: 32 MiB up, 8 MiB down at once."""
-    with _server(_sha_reply) as port, _relay(tmp_path, port) as path:
+    """client -> pump -> server: 32 MiB up, 8 MiB down at once."""
+    with _server(_sha_reply) as port:
         inner_a, client = socket.socketpair()
-        pump(inner_a, dial_proxy(path))
+        pump(inner_a, _up(port))
         up = _payload(b"up", 32 << 20)
         sender = threading.Thread(target=_send_and_close, args=(client, up))
         sender.start()
@@ -147,9 +144,9 @@ def test_half_close_passes_through_and_the_other_direction_goes_on(tmp_path: Pat
         conn.sendall(b"after your EOF " * 1000)
         conn.shutdown(socket.SHUT_WR)
 
-    with _server(late_reply) as port, _relay(tmp_path, port) as path:
+    with _server(late_reply) as port:
         inner, client = socket.socketpair()
-        pump(inner, dial_proxy(path))
+        pump(inner, _up(port))
         client.sendall(b"question")
         client.shutdown(socket.SHUT_WR)
         assert _read_all(client) == b"after your EOF " * 1000
@@ -159,12 +156,12 @@ def test_half_close_passes_through_and_the_other_direction_goes_on(tmp_path: Pat
 
 
 def test_many_connections_at_once_each_get_their_own_bytes(tmp_path: Path) -> None:
-    with _server(_sha_reply) as port, _relay(tmp_path, port) as path:
+    with _server(_sha_reply) as port:
         results: dict[int, bool] = {}
 
         def one(i: int) -> None:
             inner, s = socket.socketpair()
-            pump(inner, dial_proxy(path))
+            pump(inner, _up(port))
             data = _payload(str(i).encode(), 256 << 10)
             s.sendall(data)
             s.shutdown(socket.SHUT_WR)
@@ -193,11 +190,11 @@ def _endless(conn: socket.socket) -> None:
 def test_a_client_vanishing_mid_download_leaves_no_thread_or_fd(
     tmp_path: Path, reset: bool
 ) -> None:
-    with _server(_endless) as port, _relay(tmp_path, port) as path:
+    with _server(_endless) as port:
         before = _fds()
         for _ in range(4):
             inner, client = socket.socketpair() if not reset else _tcp_pair()
-            pump(inner, dial_proxy(path))
+            pump(inner, _up(port))
             got = 0
             while got < 4 << 20:
                 got += len(client.recv(1 << 20))
@@ -224,26 +221,19 @@ def _free_port() -> int:
 
 
 @contextmanager
-def _forwarder(sock_path: str) -> Iterator[tuple[int, int]]:
-    """The real forwarder.py, as bwrap runs it: its port and pid."""
-    port = _free_port()
-    control_r, control_w = os.pipe()
-    proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", str(FORWARDER), "--listen", f"{port}={sock_path}",
-         "--control", str(control_r), "--", "sleep", "120"],
-        pass_fds=[control_r],
-        stderr=subprocess.PIPE,
-    )
-    os.close(control_r)
+def _bridge(port: int) -> Iterator[Bridge]:
+    """A Bridge on a loopback listener of its own, to ``port``; its listener's port in .port."""
+    listener = socket.create_server(("127.0.0.1", 0), backlog=128)
+    bridge = Bridge(listener, port)  # type: ignore[arg-type]
+    bridge.port = listener.getsockname()[1]  # type: ignore[attr-defined]
     try:
-        os.write(control_w, b"g")
-        assert _settle(lambda: _connectable(port)), "the forwarder never listened"
-        yield port, proc.pid
+        yield bridge
     finally:
-        os.close(control_w)  # end of file: the forwarder kills its command and exits
-        assert proc.wait(timeout=30) == 128 + 9
-        assert proc.stderr is not None
-        proc.stderr.close()
+        bridge.close()
+
+
+def _bridge_threads() -> int:
+    return sum(t.name.startswith(("pump-", "proxy bridge")) for t in threading.enumerate())
 
 
 def _connectable(port: int) -> bool:
@@ -254,38 +244,42 @@ def _connectable(port: int) -> bool:
     return True
 
 
-def _proc_counts(pid: int) -> tuple[int, int]:
-    return len(os.listdir(f"/proc/{pid}/fd")), len(os.listdir(f"/proc/{pid}/task"))
-
-
-def test_the_real_forwarder_relays_intact_and_cleans_up_after_vanished_clients(
-    tmp_path: Path,
-) -> None:
-    with _server(_sha_reply) as port, _relay(tmp_path, port) as path, _forwarder(path) as (
-        fport,
-        pid,
-    ):
+def test_the_bridge_relays_intact_and_cleans_up_after_vanished_clients() -> None:
+    with _server(_sha_reply) as port, _bridge(port) as bridge:
+        bport = bridge.port  # type: ignore[attr-defined]
+        before = _fds()
         data = _payload(b"fw", 16 << 20)
-        with socket.create_connection(("127.0.0.1", fport)) as s:
+        with socket.create_connection(("127.0.0.1", bport)) as s:
             sender = threading.Thread(target=_send_and_close, args=(s, data))
             sender.start()
             back = _read_all(s)
             sender.join()
         assert back[:32] == hashlib.sha256(data).digest()
         assert back[32:] == _payload(back[:8], 8 << 20)
-        # Every connection so far (the fixture's probe too: accepted in order) is
-        # over once only the main thread is left: its sockets closed before that.
-        assert _settle(lambda: _proc_counts(pid)[1] == 1)
-        baseline = _proc_counts(pid)
         # Clients that vanish mid-download, with a reset.
         for _ in range(4):
-            s = socket.create_connection(("127.0.0.1", fport))
+            s = socket.create_connection(("127.0.0.1", bport))
             s.sendall(b"x")
             s.shutdown(socket.SHUT_WR)
             s.recv(1 << 16)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             s.close()
-        assert _settle(lambda: _proc_counts(pid) == baseline), (_proc_counts(pid), baseline)
+        assert _settle(lambda: _pump_threads() == 0)
+        assert _settle(lambda: _fds() <= before), (_fds(), before)
+    assert _settle(lambda: _bridge_threads() == 0)
+
+
+def test_closing_the_bridge_ends_the_connections_it_relays() -> None:
+    with _server(_endless) as port, _bridge(port) as bridge:
+        client = socket.create_connection(("127.0.0.1", bridge.port))  # type: ignore[attr-defined]
+        assert client.recv(1 << 16)
+        bridge.close()
+        client.settimeout(20)
+        with suppress(OSError):
+            while client.recv(1 << 20):
+                pass
+        client.close()
+    assert _settle(lambda: _bridge_threads() == 0)
 
 
 @pytest.mark.parametrize("fail_at", [0, 1], ids=["first", "second"])
@@ -314,26 +308,68 @@ def test_no_thread_for_a_connection_closes_it_and_says_so(
     b_peer.close()
 
 
-def test_the_relay_hands_over_nothing_when_the_proxy_is_down(tmp_path: Path) -> None:
-    with _relay(tmp_path, _free_port()) as path:
-        with pytest.raises(OSError, match="could not reach the proxy"):
-            dial_proxy(path)
-        # ... and keeps serving: the next one fails the same way, not with a hang.
-        with pytest.raises(OSError, match="could not reach the proxy"):
-            dial_proxy(path)
+def test_a_port_that_is_down_closes_the_connection_says_so_and_serves_on(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    with _bridge(_free_port()) as bridge:
+        for _ in range(2):  # ... and keeps serving: the next one ends the same way, no hang
+            with socket.create_connection(("127.0.0.1", bridge.port)) as s:  # type: ignore[attr-defined]
+                s.settimeout(20)
+                assert s.recv(1) == b""
+    assert capfd.readouterr().err.count("unreachable") == 2
 
 
-def test_the_relay_hands_over_a_connection_whose_peer_is_the_launcher(tmp_path: Path) -> None:
-    """The proxy's peer check sees this process's own socket: same uid, host loopback."""
-    peers: list[tuple[str, int]] = []
+def test_the_far_end_sees_this_process_as_its_peer() -> None:
+    """The proxy's peer check sees the bridge's own socket: this uid, this process, loopback."""
+    found: list[object] = []
 
     def note(conn: socket.socket) -> None:
-        peers.append(conn.getpeername())
+        peer, ours = conn.getpeername(), conn.getsockname()
+        row = proc_tcp.peer_in_tables(
+            (ipaddress.ip_address(peer[0]), peer[1]), (ipaddress.ip_address(ours[0]), ours[1])
+        )
+        mine = {os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd")
+                if os.path.exists(f"/proc/self/fd/{fd}")}  # fmt: skip
+        found.append(row is not None and row.uid == os.getuid() and f"socket:[{row.inode}]" in mine)
+        conn.sendall(b"ok")
 
-    with _server(note) as port, _relay(tmp_path, port) as path:
-        up = dial_proxy(path)
-        assert up.family == socket.AF_INET and up.getpeername() == ("127.0.0.1", port)
-        assert up.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
-        local = up.getsockname()
-        up.close()
-    assert peers == [local]
+    with _server(note) as port, _bridge(port) as bridge:
+        s = socket.create_connection(("127.0.0.1", bridge.port))  # type: ignore[attr-defined]
+        with s:
+            assert s.recv(2) == b"ok"
+    assert found == [True]
+
+
+@pytest.mark.skipif(not shutil.which("bwrap"), reason="bwrap is not installed")
+def test_listeners_opened_inside_a_bwrap_sandbox_reach_the_host_port() -> None:
+    """listen_in_netns in a real sandbox's own netns: the client inside reaches the host's port."""
+    with _server(_sha_reply) as port:
+        info_r, info_w = os.pipe2(os.O_CLOEXEC)
+        block_r, block_w = os.pipe2(os.O_CLOEXEC)
+        client = (
+            "import hashlib, socket, sys\n"
+            f"s = socket.create_connection(('127.0.0.1', {port}))\n"
+            "s.sendall(b'inside' * 100000); s.shutdown(socket.SHUT_WR)\n"
+            "got = b''\n"
+            "while chunk := s.recv(1 << 20): got += chunk\n"
+            "print(got[:32] == hashlib.sha256(b'inside' * 100000).digest(), len(got))\n"
+        )
+        proc = subprocess.Popen(
+            ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "--dev", "/dev",
+             "--proc", "/proc", "--info-fd", str(info_w), "--block-fd", str(block_r), "--",
+             sys.executable, "-I", "-S", "-c", client],
+            pass_fds=(info_w, block_r), stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        os.close(info_w)
+        os.close(block_r)
+        inner = bwrap.read_info(info_r)
+        os.close(info_r)
+        assert inner is not None
+        [listener] = listen_in_netns(inner, (port,))
+        bridge = Bridge(listener, port)
+        os.write(block_w, b"go")
+        os.close(block_w)
+        out, _ = proc.communicate(timeout=60)
+        bridge.close()
+    assert out.split() == ["True", str(32 + (8 << 20))]
+    assert _settle(lambda: _bridge_threads() == 0)
