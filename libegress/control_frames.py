@@ -9,7 +9,8 @@ Requests (see docs/gateway.md)::
 ``policy`` holds a tenant's own egress-proxy options under their flag names
 without dashes (``allow``, ``allow_cidr``, ``resolve``, ``inject``,
 ``secrets``, ``repos``, ``record``, ``egress_dir``, ``token_command``,
-``token_every``, ``learn``, ``max_conns``); :func:`policy_args` turns it into the argument
+``token_every``, ``learn``, ``max_conns``, ``log``: the tenant's own log lines,
+besides the gateway's); :func:`policy_args` turns it into the argument
 dictionary the command line gives, so a tenant's options are checked by the
 very code that checks the flags.  Every reply is ``{"ok": true, ...}`` or
 ``{"ok": false, "error": TEXT}``; a malformed line gets the latter and the
@@ -46,6 +47,7 @@ POLICY_KEYS: dict[str, tuple[str, type]] = {
     "token_every": ("--token-every", str),
     "learn": ("--learn", bool),
     "max_conns": ("--max-conns", str),
+    "log": ("--log", str),
 }
 
 

@@ -7,7 +7,9 @@ outside printable ASCII is escaped: a line cannot be split or forged.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import os
 import sys
 from typing import TYPE_CHECKING, TextIO
 
@@ -25,8 +27,11 @@ class EventLog:
     """Writes log lines to a stream (stderr, or the ``--log`` file)."""
 
     def __init__(self, stream: TextIO | None = None, *, log_allowed: bool = False,
-                 tenant: str | None = None) -> None:
+                 tenant: str | None = None, copy_fd: int = -1) -> None:
         self._stream = stream
+        # A gateway tenant's own log (its session's launcher reads it): each line
+        # goes there too, non-blocking; a line with no room is dropped, never waited for.
+        self.copy_fd = copy_fd
         # A gateway tenant's lines say whose they are (names are checked: no spaces).
         self._tag = f"tenant={tenant} " if tenant else ""
         self._log_allowed = log_allowed
@@ -69,7 +74,17 @@ class EventLog:
         stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         self._write(f"{stamp} egress-proxy note {self._tag}{_clean(message)}\n")
 
+    def close_copy(self) -> None:
+        """Close the tenant's own log (the tenant was removed, or its add failed)."""
+        if self.copy_fd >= 0:
+            os.close(self.copy_fd)
+            self.copy_fd = -1
+
     def _write(self, text: str) -> None:
+        if self.copy_fd >= 0:
+            # Full (a stalled reader) or gone: the gateway's own stream still has it.
+            with contextlib.suppress(OSError):
+                os.write(self.copy_fd, text.encode())
         stream = self._stream or sys.stderr
         try:
             stream.write(text)

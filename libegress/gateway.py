@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 import ssl
 from collections.abc import Callable, Iterable
@@ -94,6 +95,7 @@ class Gate:
             await start_all(services.keepers())
         except BaseException:
             services.record.close()
+            services.log.close_copy()
             raise
         finally:
             self._adding.discard(name)
@@ -107,10 +109,19 @@ class Gate:
 
     def _services(self, name: str, options: Options,
                   env: dict[str, str] | None = None) -> tuple[Services, str]:
-        log = EventLog(self._stream, log_allowed=self._options.log_allowed, tenant=name)
+        own = -1
+        if options.log_file:  # the tenant's own copy of its lines (non-blocking, as the record)
+            try:
+                own = os.open(options.log_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                              | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+            except OSError as exc:
+                raise UsageError(f"log {options.log_file}: {exc.strerror}") from None
+        log = EventLog(self._stream, log_allowed=self._options.log_allowed, tenant=name,
+                       copy_fd=own)
         try:
             record = Recorder.open(options.record_file, options.policy, tenant=name)
         except OSError as exc:
+            log.close_copy()
             raise UsageError(f"record {options.record_file}: {exc.strerror}") from None
         if record.on:
             log.record = record
@@ -121,6 +132,7 @@ class Gate:
                                  list(options.github_inject))
         except (OSError, EgressError) as exc:
             record.close()
+            log.close_copy()
             raise UsageError(f"egress_dir {options.egress_dir}: {exc}") from None
         bound = self._options.token_timeout
         services = Services(
@@ -154,6 +166,7 @@ class Gate:
             await asyncio.wait([*ended, *ended_keeper], timeout=REMOVE_WAIT)
         tenant.services.log.note(f"tenant removed, {len(ended)} connection(s) closed")
         tenant.services.record.close()
+        tenant.services.log.close_copy()
         return len(ended)
 
     async def close(self) -> None:

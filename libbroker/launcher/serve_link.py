@@ -101,6 +101,7 @@ class Link:
         # 256 random bits; hex, so it needs no escaping in a proxy URL.
         self.password = os.urandom(32).hex()
         self.record_fd = -1
+        self.log_fd = -1
         self.http_port = 0
         self.socks_port = 0
 
@@ -115,11 +116,16 @@ class Link:
     def open_record(self, path: str) -> int:
         """A FIFO at ``path`` (0600) the gateway writes this tenant's record to; our read end.
 
-        Opened before the request, so the gateway's open for writing never waits.
+        Opened before the request: the gateway opens it non-blocking, and refuses
+        a FIFO nobody reads.
         """
-        os.mkfifo(path, 0o600)
-        self.record_fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self.record_fd = _fifo(path)
         return self.record_fd
+
+    def open_log(self, path: str) -> int:
+        """The same for the tenant's log lines (refusals, notes): to the session's log."""
+        self.log_fd = _fifo(path)
+        return self.log_fd
 
     def broker(self, env: dict[str, str], socket_fd: int) -> Child:
         """The session's broker-server, forked by the service's zygote on our pipes.
@@ -268,10 +274,17 @@ class Link:
             self.sock.close()
 
     def close_record(self) -> None:
-        if self.record_fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(self.record_fd)
-            self.record_fd = -1
+        """Close our read ends of the tenant's record and log."""
+        for fd in (self.record_fd, self.log_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self.record_fd = self.log_fd = -1
+
+
+def _fifo(path: str) -> int:
+    os.mkfifo(path, 0o600)
+    return os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
 
 
 def connect(path: str | None = None) -> Link | None:

@@ -427,9 +427,10 @@ class Session:
         if self.service is not None and self._tenant:  # the gateway's ports, for our tenant
             found.http_port, found.socks_port = self.service.reply(self.cfg.start_timeout)
             self._tenant_out = TenantOutput(self.service)
-            if self.service.record_fd >= 0:
-                owners[self.service.record_fd] = (self._tenant_out, "out")
-                poller.register(self.service.record_fd, select.POLLIN)
+            for fd, kind in ((self.service.record_fd, "out"), (self.service.log_fd, "err")):
+                if fd >= 0:
+                    owners[fd] = (self._tenant_out, kind)
+                    poller.register(fd, select.POLLIN)
         for child in (c for c in (proxy, broker) if c is not None):
             assert child.proc.stdout is not None and child.proc.stderr is not None
             for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
@@ -660,8 +661,8 @@ class Session:
             # ends what the zygote's broker left: after our own SIGTERM's grace.
             self.service.close()
             # The tenant's last record lines, until the gateway's close.
-            if self.record is not None and self._tenant_out is not None:
-                self._tenant_out.drain(self._read_lines, self._poller)
+            if self._tenant_out is not None:
+                self._tenant_out.drain(self._read_lines)
             self.service.close_record()
             self.service = None
         self.box.release()

@@ -23,6 +23,7 @@ from libbroker.launcher.serve_link import Link, ServiceGone
 from libbroker.launcher.trace import trace
 
 RECORD_FIFO = "proxy-record"
+LOG_FIFO = "proxy-log"
 DRAIN_BOUND = 2.0  # seconds for the gateway to close a removed tenant's record
 MAX_ENV_BYTES = 48 * 1024  # the gateway's request line is at most 64 KiB, policy included
 
@@ -58,10 +59,14 @@ def register(link: Link, cfg: Config, rt: Runtime) -> bool:
     if cfg.record:
         record = os.path.join(rt.host_only, RECORD_FIFO)
         link.open_record(record)
+    log = os.path.join(rt.host_only, LOG_FIFO)  # its log lines, as our own proxy's stderr
+    link.open_log(log)
+    policy = plan.tenant_policy(cfg, rt, record)
+    policy["log"] = log
     try:
         # The tenant's token and secret commands run with our environment, as our
         # own proxy's would (printenv VAR, gh auth token); it stays in memory.
-        link.send(plan.tenant_policy(cfg, rt, record), env)
+        link.send(policy, env)
     except ServiceGone:
         trace("resident service gone before the request: own proxy")
         link.close_record()
@@ -71,7 +76,8 @@ def register(link: Link, cfg: Config, rt: Runtime) -> bool:
 
 
 class TenantOutput:
-    """The gateway's record lines for this tenant, read as a server's stdout would be."""
+    """The gateway's lines for this tenant: its record as a server's stdout, its log as
+    a server's stderr."""
 
     name = "egress-proxy"
 
@@ -79,21 +85,22 @@ class TenantOutput:
         self.link = link
         self.tail: collections.deque[str] = collections.deque(maxlen=20)
 
-    def drain(self, read_lines: Callable[[int], list[str]], _poller: object) -> None:
-        """Read the record FIFO until the gateway closes it (bounded): its last lines."""
+    def drain(self, read_lines: Callable[[int], list[str]]) -> None:
+        """Read both FIFOs until the gateway closes them (bounded): the tenant's last lines."""
         import time
 
-        fd = self.link.record_fd
-        if fd < 0:
-            return
+        fds = [fd for fd in (self.link.record_fd, self.link.log_fd) if fd >= 0]
         poller = select.poll()
-        poller.register(fd, select.POLLIN)
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
         deadline = time.monotonic() + DRAIN_BOUND
-        while (left := deadline - time.monotonic()) > 0:
+        while fds and (left := deadline - time.monotonic()) > 0:
             events = poller.poll(int(left * 1000) + 1)
             if not events:
                 break
-            if events[0][1] & select.POLLIN:
-                read_lines(fd)
-            else:  # end of file: the gateway closed the tenant's record
-                break
+            for fd, event in events:
+                if event & select.POLLIN:
+                    read_lines(fd)
+                else:  # end of file: the gateway closed it (the tenant was removed)
+                    poller.unregister(fd)
+                    fds.remove(fd)

@@ -375,6 +375,22 @@ def test_the_brokered_command_runs_as_the_launcher_would_run_it(
     assert _own_leftovers(world, service) == []
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_gateways_lines_for_a_session_reach_its_stderr(
+    world: World, service: Service, backend: str
+) -> None:
+    cfg = _config(world, "log.toml")
+    done = world.run("sh", "-c", "curl -sS https://denied.invalid/ 2>/dev/null; echo done=1",
+                     config=cfg, sandbox=backend, env=world.env(CANARY_TOKEN="tok-l"))
+    assert done.returncode == 0, done.stderr
+    assert "tenant added" in service.text()
+    # As its own proxy's refusal line would (stderr is no terminal here), tagged.
+    lines = [line for line in done.stderr.splitlines() if "egress-proxy refused" in line]
+    assert len(lines) == 1 and "host=denied.invalid" in lines[0], done.stderr
+    assert "tenant=s" in lines[0]
+    assert "1 request refused (denied.invalid)" in done.stderr  # from the record, as before
+
+
 def test_a_request_that_is_no_session_is_refused_with_a_line(
     world: World, service: Service
 ) -> None:
