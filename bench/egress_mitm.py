@@ -1,0 +1,132 @@
+"""The injected (MITM) path's throughput, download and upload, against direct TLS.
+
+One run, one local TLS upstream (bench/egress.py's stand-in, its own test CA),
+curl as the client.  Contenders, interleaved round by round so load swings hit
+all alike, best of EGRESS_MITM_ROUNDS (default 3):
+
+- ``direct``: curl to the upstream itself (two TLS ends);
+- ``egress-proxy``: through this checkout's proxy, TLS terminated with a leaf
+  and re-originated, the token set (four TLS ends, two of them in the proxy);
+- ``baseline``: when EGRESS_MITM_BASELINE names another checkout (say, main
+  before a change), the same through that checkout's proxy, in the same run.
+
+Sizes: EGRESS_MITM_MIB (default 256) each way.  Prints MiB/s and the ratio to
+direct for each direction, and each proxy's CPU seconds for the transfer (user
++ system, all its threads; the least of the rounds); the goal is >= 0.5x both
+ways.  On two cores this
+is close to the ceiling: the proxy's path does the TLS work of two more ends
+than the direct one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import trustme
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "tests" / "egress"))
+from egress import curl_argv, download_server  # noqa: E402
+from egress_proxyproc import ProxyProc, start_proxy  # noqa: E402
+
+MIB = 1 << 20
+SIZE = int(os.environ.get("EGRESS_MITM_MIB", "256")) * MIB
+ROUNDS = int(os.environ.get("EGRESS_MITM_ROUNDS", "3"))
+BASELINE = os.environ.get("EGRESS_MITM_BASELINE")
+HOST = "download.test"
+
+
+def proxy_from(checkout: str | None, args: list[str]) -> ProxyProc:
+    """egress-proxy from ``checkout``'s sources (this venv's packages), else from PATH."""
+    if checkout is None:
+        return start_proxy(args)
+    launch = (f"import sys; sys.path.insert(0, {checkout!r}); "
+              "sys.argv = sys.argv[sys.argv.index('egress-proxy'):]; "
+              "from bin.egress_proxy import main; main()")
+    return start_proxy(args, prefix=[sys.executable, "-c", launch])
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system time of ``pid`` so far, every thread's."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def main() -> None:
+    if shutil.which("curl") is None:
+        raise SystemExit("bench/egress_mitm.py needs curl")
+    tmp = Path(tempfile.mkdtemp(prefix="egress-mitm-bench-"))
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", HOST)
+    cafile, certfile, keyfile = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    ca.cert_pem.write_to_path(str(cafile))
+    cert.cert_chain_pems[0].write_to_path(str(certfile))
+    cert.private_key_pem.write_to_path(str(keyfile))
+    port = download_server(str(certfile), str(keyfile))
+    upload = tmp / "upload.bin"
+    with upload.open("wb") as out:
+        block = os.urandom(4 * MIB)
+        for _ in range(SIZE // len(block)):
+            out.write(block)
+        out.write(block[:SIZE % len(block)])
+
+    proxies: dict[str, ProxyProc] = {}
+    try:
+        for name, checkout in (("egress-proxy", None), ("baseline", BASELINE)):
+            if name == "baseline" and checkout is None:
+                continue
+            proxies[name] = proxy_from(checkout, [
+                f"--inject={HOST}", f"--resolve={HOST}:127.0.0.1:{port}",
+                f"--upstream-ca={cafile}", f"--egress-dir={tmp / name}",
+                "--token-command=echo bench-token", "--log=/dev/null"])
+        direct_resolve = f"{HOST}:{port}:127.0.0.1"
+        proxied_resolve = f"{HOST}:443:127.0.0.1"
+        argv: dict[tuple[str, str], list[str]] = {}
+        for way, up in (("down", None), ("up", upload)):
+            path = "upload" if up else str(SIZE)
+            argv["direct", way] = curl_argv(f"https://{HOST}:{port}/{path}", direct_resolve,
+                                            str(cafile), None, up)
+            for name, proxy in proxies.items():
+                argv[name, way] = curl_argv(f"https://{HOST}/{path}", proxied_resolve,
+                                            str(tmp / name / "bundle.pem"), proxy.http, up)
+        best: dict[tuple[str, str], float] = {}
+        cpu: dict[tuple[str, str], float] = {}
+        for _ in range(ROUNDS):
+            for key, command in argv.items():
+                proxy = proxies.get(key[0])
+                used = cpu_seconds(proxy.proc.pid) if proxy else 0.0
+                start = time.perf_counter()
+                subprocess.run(command, check=True)
+                elapsed = time.perf_counter() - start
+                best[key] = min(best.get(key, elapsed), elapsed)
+                if proxy:
+                    used = cpu_seconds(proxy.proc.pid) - used
+                    cpu[key] = min(cpu.get(key, used), used)
+        print(f"egress MITM bench: {SIZE // MIB} MiB each way, best of {ROUNDS} interleaved, "
+              f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}")
+        for way, label in (("down", "download"), ("up", "upload (curl -T, Content-Length)")):
+            print(f"  {label}")
+            direct = best["direct", way]
+            for name in ("direct", *proxies):
+                seconds = best[name, way]
+                used = f"   proxy CPU {cpu[name, way]:5.2f} s" if (name, way) in cpu else ""
+                print(f"    {name:<14} {SIZE / MIB / seconds:8.0f} MiB/s   "
+                      f"{direct / seconds:5.2f}x direct{used}")
+        for way in ("down", "up"):
+            ratio = best["direct", way] / best["egress-proxy", way]
+            print(f"  {way:<5} ratio {ratio:5.2f}x direct (goal >= 0.50x)")
+    finally:
+        for proxy in proxies.values():
+            proxy.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
