@@ -16,7 +16,7 @@ import struct
 
 from libbroker.sandbox.libc import fail, libc
 
-_CLOEXEC, _CLASS_CONTENT = 0x1, 0x4
+_CLOEXEC, _CLASS_CONTENT, _UNLIMITED_QUEUE = 0x1, 0x4, 0x10
 _MARK_ADD, _MARK_MOUNT = 0x1, 0x10
 OPEN_PERM, OPEN_EXEC_PERM = 0x10000, 0x40000
 Q_OVERFLOW = 0x4000
@@ -52,7 +52,8 @@ class Fanotify:
         c = libc()
         c.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
                                     ctypes.c_char_p]
-        fd = c.fanotify_init(_CLOEXEC | _CLASS_CONTENT,
+        # An unlimited queue: a permission event the kernel could not queue is *allowed*.
+        fd = c.fanotify_init(_CLOEXEC | _CLASS_CONTENT | _UNLIMITED_QUEUE,
                              os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0))
         if fd < 0:
             fail("fanotify_init")

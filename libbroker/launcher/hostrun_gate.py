@@ -183,9 +183,12 @@ class Gate:
                     git = probe
                     break
         recorded = git is not None and git in self.snap.repos
-        unchanged = self._unchanged(rel, ev.fd)
-        return rel, rules.verdict(rel, self.snap.table, git_dir=git, recorded=recorded,
-                                  unchanged=unchanged)
+        why = rules.verdict(rel, self.snap.table, git_dir=git, recorded=recorded,
+                            unchanged=False)
+        if why is not None and rules.verdict(rel, self.snap.table, git_dir=git,
+                                             recorded=recorded, unchanged=True) is None:
+            why = None if self._unchanged(rel, ev.fd) else why  # only then: fstat, bytes
+        return rel, why
 
     def _unchanged(self, rel: str, fd: int) -> bool:
         """Whether the file opened is the one the start recorded at ``rel`` (by stat, else by

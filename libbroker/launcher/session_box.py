@@ -336,6 +336,16 @@ class LandlockBox(Box):
         if mounts:  # the command's view is its own namespace's copy: the gate sees the host
             s.begin_gate(snap, s.live)
 
+    def _hold(self) -> tuple[str, ...] | None:
+        """What the helper's mount namespace holds read-only (with binds only, which need
+        that namespace): the existing host-run entries, as bwrap holds them."""
+        s = self.s
+        snap = s.hostrun.snap if s.hostrun is not None else None
+        if snap is None or not self.binds or s.live is None:
+            return None
+        elsewhere = s.live.configs.held_elsewhere()
+        return tuple(p for p in hostrun_guard.bwrap_protect(snap) if p not in elsewhere)
+
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
         assert s.rt is not None and self.door is not None
@@ -356,6 +366,7 @@ class LandlockBox(Box):
             tmpdir=tmpdir,
             binds=self.binds,
             links=tuple(sorted(s.live.configs.held_elsewhere())) if s.live else (),
+            hold=self._hold(),
         )
         import json
 

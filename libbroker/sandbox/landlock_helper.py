@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
 
         shape = from_json(spec["shape"])  # private git configs, in its mount namespace
         child, watch, group = pidns.spawn_below(run, life, group=not tty, native_reaper=None,
-                                                binds=shape.binds, links=shape.links)
+                                                binds=shape.binds, links=shape.links,
+                                                holds=shape.protect)
     except Exception as exc:
         sys.stderr.write(f"agent-sandbox: cannot start the Landlock sandbox: {exc}\n")
         return 125

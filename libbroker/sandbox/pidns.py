@@ -41,6 +41,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 0x1000, 0x4000, 0x40000
+_MS_RDONLY, _MS_REMOUNT = 1, 0x20
 # What a kernel that refuses unprivileged user namespaces answers.
 _REFUSED = {errno.EPERM, errno.EINVAL, errno.ENOSPC, errno.EUSERS, errno.ENOSYS, errno.EACCES}
 SETUP_FAILED = 125
@@ -62,7 +63,8 @@ def unshare_pids() -> bool:
     return True
 
 
-def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = ()) -> None:
+def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (),
+             holds: tuple[str, ...] = ()) -> None:
     """In the namespace's init: a mount namespace whose /proc shows only the namespace,
     and whose /dev/pts holds only the sandbox's own terminals; each of ``binds``
     (host directory, path) bound read-write over that path, in this namespace
@@ -90,6 +92,11 @@ def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (
     for src, dst in binds:
         check(c.mount(os.fsencode(src), os.fsencode(dst), None, _MS_BIND, None),
               f"mount --bind {src} {dst}")
+    for path in holds:  # the workdir's host-run entries, as bwrap's --ro-bind holds them
+        raw = os.fsencode(path)
+        check(c.mount(raw, raw, None, _MS_BIND | _MS_REC, None), f"mount --bind {path}")
+        check(c.mount(None, raw, None, _MS_BIND | _MS_REMOUNT | _MS_RDONLY | _MS_REC, None),
+              f"mount -o remount,bind,ro {path}")
     if links:  # the config links cannot be replaced inside (libbroker.sandbox.holdlink)
         from libbroker.sandbox.holdlink import hold_links
 
@@ -99,6 +106,7 @@ def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (
 def spawn_below(
     run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None,
     binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (),
+    holds: tuple[str, ...] = (),
 ) -> tuple[int, int, bool]:
     """In a reaper: start the command (``run``, in a forked child) below us.
 
@@ -110,7 +118,7 @@ def spawn_below(
     namespace (:func:`own_proc`): without one, OSError, and nothing runs.
     """
     if not unshare_pids():
-        if binds:  # the paths would name the host's own files: fail closed
+        if binds or holds:  # the paths would name the host's own files: fail closed
             raise OSError(errno.EPERM, "the kernel refuses the mount namespace the session's "
                           "private git configs need")
         command = os.fork()
@@ -123,7 +131,7 @@ def spawn_below(
     if init == 0:
         os.close(watch_r)
         _init(run, control, watch_w, group=group, native_reaper=native_reaper, binds=binds,
-              links=links)
+              links=links, holds=holds)
     os.close(watch_w)
     os.close(control)
     return init, watch_r, False
@@ -132,11 +140,11 @@ def spawn_below(
 def _init(
     run: Callable[[], NoReturn], control: int, watch: int, *, group: bool,
     native_reaper: str | None, binds: tuple[tuple[str, str], ...] = (),
-    links: tuple[str, ...] = (),
+    links: tuple[str, ...] = (), holds: tuple[str, ...] = (),
 ) -> NoReturn:  # fmt: skip
     """Pid 1 of the new namespace: its own /proc, the command, then the reaper's job."""
     try:
-        own_proc(binds, links)
+        own_proc(binds, links, holds)
         command = os.fork()
     except BaseException as exc:
         with contextlib.suppress(OSError):

@@ -39,9 +39,13 @@ def test_the_janitor_sweeps_after_a_killed_launcher(world: World, tmp_path: Path
     canary = tmp_path / "canary"
     canary.mkdir()
     make_repos(world, tmp_path)
-    planted = world.workdir / "sub/.git/hooks/pre-commit"
-    script = HOOK.format(canary=canary, name="janitor", path="sub/.git/hooks/pre-commit")
-    # (the live guard, hostrun_live, moves the hook aside as it appears: the
+    planted = world.workdir / "sub/.git/commondir"
+    # The existing hooks are held read-only (bwrap, and Landlock in its helper's mount
+    # namespace): the plant is a commondir naming a copy with a hook of its own.
+    script = ("mkdir -p sub/.gitc/objects sub/.gitc/refs sub/.gitc/hooks && "
+              + HOOK.format(canary=canary, name="janitor", path="sub/.gitc/hooks/pre-commit")
+              + " && echo ../.gitc > sub/.git/commondir")
+    # (the live guard, hostrun_live, moves it aside as it appears: the
     # session says when it planted)
     proc = world.launch("sh", "-c", script + "; touch planted && exec sleep 60",
                         sandbox="nono")
@@ -53,11 +57,12 @@ def test_the_janitor_sweeps_after_a_killed_launcher(world: World, tmp_path: Path
     proc.communicate(timeout=30)
     quarantine = world.home / ".local/state/agent-sandbox/quarantine"
     deadline = time.monotonic() + 30
-    while not list(quarantine.rglob("sweep.log")) and time.monotonic() < deadline:
-        time.sleep(0.05)  # the log is written last, once the sweep is done
+    while time.monotonic() < deadline and not any(
+            "sub/.git/commondir" in log.read_text() for log in quarantine.rglob("sweep.log")):
+        time.sleep(0.05)  # the watcher's lines go in as they happen, the sweep's after
     assert not planted.exists()
     logs = list(quarantine.rglob("sweep.log"))
-    assert logs and "sub/.git/hooks" in logs[0].read_text()
+    assert logs and "sub/.git/commondir" in logs[0].read_text()
     host_uses_git(world.workdir)
     assert list(canary.iterdir()) == []
     deadline = time.monotonic() + 15
