@@ -13,9 +13,9 @@ for a server to listen before it lets the command run.
 - the broker's unix socket is created here, unbound: its path is in the
   runtime directory, which does not exist yet.  The session binds it there
   (mode 0600) and makes it listen once that directory is made
-  (:meth:`Sockets.bind_broker`), before the broker gets its arguments.  The
-  socket is one and the same in both processes, so the broker's descriptor
-  is then bound and listening too.
+  (:meth:`Sockets.bind_broker`), and starts broker-server with it only when
+  the first connection arrives (:mod:`.lazy_broker`): a session that brokers
+  nothing never pays for its interpreter.
 
 Every descriptor here is close-on-exec: only the spawn that names it passes
 it (``pass_fds``), so no other child (the sandbox above all) inherits one.
@@ -71,11 +71,13 @@ class Sockets:
         self.http = self.socks = None
 
     def bind_broker(self, path: str) -> None:
-        """Bind the broker's socket at ``path`` (mode 0600), listen, and let our copy go.
+        """Bind the broker's socket at ``path`` (mode 0600) and make it listen.
 
         ``path`` is in the session's fresh 0700 runtime directory: nobody else
         can reach it even before the chmod.  The umask is not touched (other
-        threads of the launcher create files meanwhile).  OSError if it fails.
+        threads of the launcher create files meanwhile).  Our copy stays until
+        the broker is started (:meth:`broker_taken`): the session starts it on
+        the first connection (:mod:`.lazy_broker`).  OSError if it fails.
         """
         sock = self.broker
         assert sock is not None
@@ -83,8 +85,12 @@ class Sockets:
         os.chmod(path, 0o600)
         sock.listen(BACKLOG)
         self.broker_path = path
-        sock.close()
-        self.broker = None
+
+    def broker_taken(self) -> None:
+        """broker-server holds its socket now: our copy goes."""
+        if self.broker is not None:
+            self.broker.close()
+            self.broker = None
 
     def close(self) -> None:
         """Our copies, whatever is left of them (idempotent)."""

@@ -29,10 +29,12 @@ from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
 from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
 
-# What each server imports before its arguments arrive: everything it needs
-# up to its ``listening`` line.  The backend's modules are a guess from the
-# command line (the config may still choose otherwise: then they load late).
+# What egress-proxy imports before its arguments arrive: everything it needs
+# up to its ``listening`` line.
 PROXY_WARM = ("libegress.app",)
+# What broker-server imports before its arguments (the resident service's
+# zygote, libbroker.launcher.broker_zygote; our own broker starts late, with
+# its arguments at once: lazy_broker).
 BROKER_WARM = (
     "libbroker.broker.server",
     "libbroker.broker.profile",
@@ -56,15 +58,17 @@ _REPORT_KEYS: dict[str, object] = {
 
 
 class Servers:
-    """egress-proxy and broker-server, started and waiting for their arguments.
+    """egress-proxy, started and waiting for its arguments, and the servers' sockets.
 
-    With the resident service (:mod:`.serve_link`), ``service`` is the link to
-    it and ``proxy`` is None: the session's tenant lives in its gateway.
+    ``broker`` is None: broker-server starts on the first brokered connection
+    (:mod:`.lazy_broker`).  With the resident service (:mod:`.serve_link`),
+    ``service`` is the link to it, ``broker`` the one its zygote forked, and
+    ``proxy`` is None: the session's tenant lives in its gateway.
     ``sockets``: the servers' listening sockets, made here and handed to them
     at the spawn (:mod:`.handoff`); the broker's is bound by the session.
     """
 
-    def __init__(self, proxy: Child | None, broker: Child, sockets: Sockets,
+    def __init__(self, proxy: Child | None, broker: Child | None, sockets: Sockets,
                  service: Link | None = None) -> None:
         self.proxy = proxy
         self.broker = broker
@@ -163,13 +167,15 @@ def start_proxy(sockets: Sockets) -> Child:
 
 
 def start(backend: str) -> Servers:
-    """Spawn the servers in their deferred boot (LaunchError if one cannot start).
+    """egress-proxy in its deferred boot, and the servers' sockets (LaunchError if not).
 
-    Each gets its listening socket(s) at the spawn (:mod:`.handoff`).  When
-    the resident service answers on its socket, neither is spawned: its
-    zygote forks the session's broker (with the broker's socket), and the
-    session's egress becomes a tenant of its gateway (or, for a config the
-    gateway cannot serve, its own proxy, started then by the session).
+    The proxy gets its listeners at the spawn (:mod:`.handoff`); our own
+    broker-server starts later, on the session's first brokered connection
+    (:mod:`.lazy_broker`).  When the resident service answers on its socket,
+    neither is spawned: its zygote forks the session's broker (with the
+    broker's socket), and the session's egress becomes a tenant of its gateway
+    (or, for a config the gateway cannot serve, its own proxy, started then by
+    the session).
     """
     service = serve_link.connect()
     try:
@@ -195,26 +201,6 @@ def start(backend: str) -> Servers:
         proxy = None if service is not None else start_proxy(sockets)
     except LaunchError:
         sockets.close()
-        raise
-    if broker is not None:
-        return Servers(proxy, broker, sockets, service)
-    try:
-        warm = BROKER_WARM + BACKEND_WARM.get(backend, ())
-        # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
-        env = {**os.environ, "AGENT_SANDBOX": "1"}
-        broker = spawn(
-            "broker-server",
-            boot.deferred_python_argv("broker-server", "bin.broker_server", warm),
-            env=env,
-            stdin_pipe=True,
-            pass_fds=(sockets.broker_fd,),
-        )
-    except LaunchError:
-        sockets.close()
-        if proxy is not None:
-            _end(proxy)
-        if service is not None:
-            service.close()
         raise
     return Servers(proxy, broker, sockets, service)
 

@@ -3,18 +3,23 @@
 The order is chosen for latency: everything slow starts at once and the
 launcher does its own work while it waits.
 
-0. (before this module: :mod:`.prestart`) egress-proxy and broker-server are
-   spawned first thing, and import what they need while the launcher parses
-   its command line and config;
+0. (before this module: :mod:`.prestart`) the servers' listening sockets are
+   made (:mod:`.handoff`) and egress-proxy is spawned with its two first thing,
+   and imports what it needs while the launcher parses its command line and
+   config;
 1. runtime directory (0700) and the janitor (cleanup if we are SIGKILLed);
-   (Landlock) the sandbox helper, whose interpreter starts meanwhile;
-2. each server gets its arguments (the proxy at once; the broker once its
-   profile is written and the sign key known); git's gpg.program script is
-   written; (bwrap) the sandbox (bwrap + forwarder) is built and waits for a
-   go byte, so CMD never runs before the session is whole; the policy JSON;
-3. read each server's ``listening`` line (timeout; its stderr in the error);
+   the broker's socket bound there and listening (broker-server itself starts
+   on its first connection, :mod:`.lazy_broker`); (Landlock) the sandbox
+   helper, whose interpreter starts meanwhile;
+2. the proxy gets its arguments, the broker's are computed once its profile
+   is written and the sign key known; git's gpg.program script is written;
+   (bwrap) the sandbox (bwrap + forwarder) is built and waits for a go byte,
+   so CMD never runs before the session is whole; the policy JSON;
+3. read the proxy's ``listening`` lines: its CA is written (timeout; its
+   stderr in the error); the sockets listen already, nothing else is waited for;
 4. (Landlock) write the policy JSON; proxify the kubeconfig; start relaying;
-5. go; then relay signals, watch for a crash, and end everything in order:
+5. go (unless a child died meanwhile); then relay signals, start the broker
+   on its first connection, watch for a crash, and end everything in order:
    the sandbox, the broker, the proxy; remove the runtime directory.
 """
 
@@ -48,6 +53,7 @@ from libbroker.launcher import (
 )
 from libbroker.launcher.agent_sandbox import SOCKS_PORT, Host
 from libbroker.launcher.config import Config
+from libbroker.launcher.lazy_broker import LazyBroker
 from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.session_service import TenantOutput
@@ -119,6 +125,7 @@ class Session:
         self._log = 2
         self._early: list[str] = []
         self._serving: set[str] = set()  # servers that said `listening`
+        self.lazy: LazyBroker | None = None  # broker-server until its first connection
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
         self.gate: Gate | None = None  # its fanotify gate, where allowed (hostrun_gate)
@@ -197,7 +204,7 @@ class Session:
             raise LaunchError(f"cannot bind the broker's socket {rt.broker_socket}: "
                               f"{exc.strerror or exc}") from None
         self.box.open()
-        proxy, broker = servers.proxy, servers.broker
+        proxy = servers.proxy
         git = config_file.ask_sign_key(cfg)  # runs while the proxy gets its arguments
         self.agent = agent = agent_session.pick(cfg, self.cmd, os.environ)
         if agent is not None:  # its API and login hosts join the allow list
@@ -228,7 +235,11 @@ class Session:
         if cfg.sign_problem:  # git would sign with a key this session cannot enable
             os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
         broker_args = plan.broker_args(cfg, rt, self.backend, sockets.broker_fd)
-        broker.send_args(boot.encode_args(broker_args))
+        if servers.broker is not None:  # forked by the service's zygote, with the socket
+            servers.broker.send_args(boot.encode_args(broker_args))
+            sockets.broker_taken()
+        else:  # ours starts on the first connection to its socket (lazy_broker)
+            self.lazy = LazyBroker(sockets, broker_args)
         _trace("servers have their arguments")
         self._write_gpg_program(host)
         fixed = self.box.fixed_ports()  # known before the proxy listens: used meanwhile
@@ -237,7 +248,7 @@ class Session:
         _trace("servers and sandbox spawned")
         if fixed:
             runtime_dir.write_private(rt.policy, plan.policy_json(cfg, rt, *fixed))
-        found = self._wait_listening(proxy, broker, wake_r)
+        found = self._wait_listening(proxy, wake_r)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         trace.children({c.name: c.pid for c in self.children})
         if not fixed:  # the command reaches the proxy's own ports
@@ -417,9 +428,24 @@ class Session:
         self.janitor.watch(proxy)
         return proxy
 
-    def _wait_listening(
-        self, proxy: supervise.Child | None, broker: supervise.Child, wake_r: int
-    ) -> plan.Listening:
+    def _watch_pipes(self, child: supervise.Child) -> None:
+        """A server's stdout and stderr, read as lines from now on (:meth:`_read_lines`)."""
+        assert child.proc.stdout is not None and child.proc.stderr is not None
+        for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
+            os.set_blocking(stream.fileno(), False)
+            self._owners[stream.fileno()] = (child, kind)
+            self._poller.register(stream.fileno(), select.POLLIN)
+
+    def _start_broker(self) -> None:
+        """The first brokered connection waits in the backlog: broker-server starts now."""
+        assert self.lazy is not None
+        self._poller.unregister(self.lazy.fd)
+        broker = self.lazy.start(self.spawn)
+        self._watch_pipes(broker)
+        self._poller.register(broker.pidfd, select.POLLIN)
+        _trace("broker-server started: a first connection")
+
+    def _wait_listening(self, proxy: supervise.Child | None, wake_r: int) -> plan.Listening:
         found = plan.Listening()
         deadline = time.monotonic() + self.cfg.start_timeout
         poller = select.poll()
@@ -431,17 +457,16 @@ class Session:
                 if fd >= 0:
                     owners[fd] = (self._tenant_out, kind)
                     poller.register(fd, select.POLLIN)
-        for child in (c for c in (proxy, broker) if c is not None):
-            assert child.proc.stdout is not None and child.proc.stderr is not None
-            for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
-                os.set_blocking(stream.fileno(), False)
-                owners[stream.fileno()] = (child, kind)
-                poller.register(stream.fileno(), select.POLLIN)
+        pending: dict[int, bytes] = {}
+        self._poller, self._owners, self._pending = poller, owners, pending
+        for server in (proxy, self.servers.broker if self.servers else None):
+            if server is not None:
+                self._watch_pipes(server)
         for child in self.children:
             poller.register(child.pidfd, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
-        pending: dict[int, bytes] = {}
-        self._poller, self._owners, self._pending = poller, owners, pending
+        if self.lazy is not None:
+            poller.register(self.lazy.fd, select.POLLIN)
         # Only the proxy is waited for: its `listening` lines say its egress dir
         # (the CA the command trusts) is written.  Both servers' sockets listen
         # already (handed over, :mod:`.handoff`): a connection waits in the
@@ -451,7 +476,8 @@ class Session:
         while not (found.http_port and found.socks_port):
             left = deadline - time.monotonic()
             if left <= 0:
-                late = proxy if proxy and not (found.http_port and found.socks_port) else broker
+                late = proxy
+                assert late is not None  # the service's ports came with its reply
                 raise LaunchError(
                     f"{late.name} did not say 'listening' within {self.cfg.start_timeout:g}s"
                     + late.error_tail()
@@ -461,6 +487,9 @@ class Session:
                     os.read(wake_r, 512)
                     if self.signals:
                         raise LaunchError("interrupted while starting")
+                    continue
+                if self.lazy is not None and fd == self.lazy.fd:
+                    self._start_broker()
                     continue
                 dead = next((c for c in self.children if c.pidfd == fd), None)
                 if dead is not None:
@@ -579,6 +608,14 @@ class Session:
                     trace.mark("ended")
                 elif fd in self._owners:
                     self._read_lines(fd)
+                elif self.lazy is not None and fd == self.lazy.fd:
+                    try:
+                        self._start_broker()
+                    except LaunchError as exc:
+                        if crash is None:
+                            crash = str(exc)
+                            self._ask(signal.SIGTERM)
+                            deadline = time.monotonic() + GRACE
                 elif link is not None and fd == link.fileno():
                     self._poller.unregister(fd)
                     if crash is None:
@@ -669,6 +706,8 @@ class Session:
         for child in self.children:
             child.close()
         self.children = []
+        if self.servers is not None:  # a broker's socket never handed over: our copy
+            self.servers.sockets.close()
         _trace("children ended")
         if self.rt is not None and self.agent is not None:
             # The sandbox is gone: what is safe of the agent's config comes back.

@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import json
 import shutil
+import time
 
 import pytest
 from launcher_world import TOKEN, World
@@ -71,12 +72,39 @@ def test_a_proxy_that_dies_at_start_ends_the_session(world: World, backend: str)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_a_broker_that_cannot_start_ends_the_session(world: World, backend: str) -> None:
     # A sign key that reads as an option passes the launcher and is refused by
-    # broker-server as it starts, possibly after the command has begun.
+    # broker-server as it starts: on the command's first brokered call
+    # (lazy_broker), which gets no answer (125, unless the session's end comes first).
     py = f"import time; time.sleep(300)  # {world.mark}"
-    done = world.run("python3", "-c", py, config=world.config(sign_key="-bad-key"),
+    inside = f"broker-client -- true; echo client=$?; python3 -c '{py}'"
+    done = world.run("sh", "-c", inside, config=world.config(sign_key="-bad-key"),
                      sandbox=backend)
+    assert done.stdout in ("", "client=125\n")
     assert done.returncode == 1, done.stderr
     assert "broker-server exited" in done.stderr
     assert "-bad-key" in done.stderr
     assert "Traceback" not in done.stderr
+    assert world.leftovers() == []
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_broker_starts_on_the_first_brokered_call_only(world: World, backend: str) -> None:
+    """No broker-server in a session that has brokered nothing yet; the first call starts
+    it and is answered (it waited in the backlog), the next one reaches the same server."""
+    ran, go_on = world.workdir / "ran", world.workdir / "go-on"
+    inside = (
+        f"touch {ran}; while [ ! -e {go_on} ]; do sleep 0.05; done; "
+        "broker-client -- sh -c 'echo first $AGENT_SANDBOX'; broker-client -- echo second"
+    )
+    proc = world.launch("sh", "-c", inside, sandbox=backend)
+    deadline = time.monotonic() + 60
+    while not ran.exists():
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    # The session's processes carry the world's mark; the broker's boot names itself.
+    brokers = [line for line in world.leftovers() if "'broker-server'" in line]
+    go_on.touch()
+    out, err = proc.communicate(timeout=90)
+    assert proc.returncode == 0, err
+    assert brokers == []  # the command ran, and no broker had been started
+    assert out.splitlines() == ["first 1", "second"]
     assert world.leftovers() == []

@@ -438,7 +438,9 @@ def test_git_commit_s_signs_through_gpg_shim(world: World, backend: str) -> None
 
 @pytest.mark.parametrize("server", ["egress-proxy", "broker-server"])
 def test_a_crashed_server_ends_the_session(world: World, server: str) -> None:
-    proc = world.launch(*_sleeper(world))
+    # broker-server starts on the first brokered call (lazy_broker): one first.
+    sh, dash_c, script = _sleeper(world)
+    proc = world.launch(sh, dash_c, "broker-client -- true; " + script)
     _wait_for(world.workdir / "started", proc)
     victims = [
         int(line.split()[1].rstrip(":"))
