@@ -1,9 +1,10 @@
 """A listening unix socket at a path, mode 0600: a stale one replaced, a live one refused.
 
-The one binding of broker-server's socket and egress-proxy's ``--control``
-socket.  It lives in libbroker's base because libegress may use nothing
-else of libbroker; it is the base's one module that touches a socket (the
-stdlib's, no more), and only the servers import it.
+The one binding of broker-server's socket, egress-proxy's ``--control``
+socket and the resident service's (``agent-sandbox serve``).  It lives in
+libbroker's base because libegress may use nothing else of libbroker; it is
+the base's one module that touches a socket (the stdlib's, no more), and only
+the servers import it.
 """
 
 from __future__ import annotations
@@ -12,18 +13,26 @@ import contextlib
 import os
 import socket
 import stat
+from collections.abc import Callable
 
 from libbroker.errors import SocketInUse
 
 
-def listen_unix(path: str, backlog: int) -> socket.socket:
+class LiveSocket(SocketInUse):
+    """A server answers at the path: it is not taken over."""
+
+
+def listen_unix(path: str, backlog: int,
+                on_stale: Callable[[], None] | None = None) -> socket.socket:
     """A non-blocking socket listening at ``path``, mode 0600 from its first moment.
 
     A socket nobody answers on (left by a server that died) is replaced; a
     live one is refused, and so is anything at the path that is not a socket.
-    Every refusal is a :class:`SocketInUse` that names the path.
+    Every refusal is a :class:`SocketInUse` that names the path; ``on_stale``
+    is called when a stale socket was replaced.
     """
-    _clear_stale(path)
+    if _clear_stale(path) and on_stale is not None:
+        on_stale()
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)  # no window in which the socket is wider than 0600
     try:
@@ -39,11 +48,12 @@ def listen_unix(path: str, backlog: int) -> socket.socket:
     return sock
 
 
-def _clear_stale(path: str) -> None:
+def _clear_stale(path: str) -> bool:
+    """Whether a stale socket was there (and is gone now)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
+        return False
     except OSError as exc:
         raise SocketInUse(f"cannot look at {path}: {exc.strerror or exc}") from None
     if not stat.S_ISSOCK(st.st_mode):
@@ -54,7 +64,7 @@ def _clear_stale(path: str) -> None:
         except (ConnectionRefusedError, FileNotFoundError):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)  # stale: left behind by a server that died
-            return
+            return True
         except OSError as exc:
             raise SocketInUse(f"cannot probe {path}: {exc.strerror or exc}") from None
-    raise SocketInUse(f"a server is already listening on {path}; not taking it over")
+    raise LiveSocket(f"a server is already listening on {path}; not taking it over")

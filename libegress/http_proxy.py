@@ -23,14 +23,7 @@ from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
-from libegress.http1 import (
-    ClientSide,
-    Exchanged,
-    HttpError,
-    UpstreamSide,
-    exchange,
-    keep_alive,
-)
+from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange, keep_alive
 from libegress.intercept import serve_intercepted
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused, Route, route

@@ -23,14 +23,7 @@ import h11
 from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import authorization, forward_headers, host_header, same_host
-from libegress.http1 import (
-    ClientSide,
-    Exchanged,
-    HttpError,
-    UpstreamSide,
-    exchange,
-    keep_alive,
-)
+from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange, keep_alive
 from libegress.login_host import held_login, serve_login
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused

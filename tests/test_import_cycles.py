@@ -11,22 +11,14 @@ finder itself sees a cycle.
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("libbroker", "libpolicy", "libegress", "bin")  # as tests/test_layers.py
+sys.path.insert(0, str(Path(__file__).parent))  # as the subfolders' conftest.py do
+
+from test_layers import modules  # the same modules the layering rule walks
+
 Graph = dict[str, set[str]]
-
-
-def modules() -> dict[str, Path]:
-    found = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts.pop()
-            found[".".join(parts)] = path
-    return found
 
 
 def imported(source: str, module: str, known: set[str]) -> set[str]:

@@ -34,12 +34,13 @@ import sys
 import tempfile
 from typing import Any
 
-from libbroker.errors import LaunchError, UsageError
+from libbroker.errors import LaunchError, SocketInUse, UsageError
 from libbroker.launcher import boot
 from libbroker.launcher.serve_brokers import Zygote
 from libbroker.launcher.serve_conn import Closed, Conn
 from libbroker.launcher.serve_link import MAX_REPLY, peer_ids
 from libbroker.server_lines import listening_url
+from libbroker.unix_listen import LiveSocket, listen_unix
 
 SD_LISTEN_FDS_START = 3
 START_TIMEOUT = 20.0
@@ -90,33 +91,12 @@ def bind_socket(path: str) -> socket.socket:
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise UsageError(f"--socket {path}: {parent} is not a directory of this user")
     try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        mode = None
-    if mode is not None:
-        if not stat.S_ISSOCK(mode):
-            raise UsageError(f"--socket {path}: exists and is not a socket")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(path)
-            except ConnectionRefusedError:
-                os.unlink(path)  # stale: its service is gone
-                _say(f"replaced a stale socket at {path}")
-            except OSError as exc:
-                raise UsageError(f"--socket {path}: {exc.strerror}") from None
-            else:
-                raise UsageError(f"--socket {path}: a service already listens there")
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
-    try:
-        sock.bind(path)
-    except OSError as exc:
-        sock.close()
-        raise UsageError(f"--socket {path}: {exc.strerror}") from None
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(128)
+        sock = listen_unix(path, 128, lambda: _say(f"replaced a stale socket at {path}"))
+    except LiveSocket:
+        raise UsageError(f"--socket {path}: a service already listens there") from None
+    except SocketInUse as exc:
+        raise UsageError(f"--socket: {exc}") from None
+    sock.setblocking(True)
     return sock
 
 
