@@ -70,11 +70,12 @@ lint:
     ruff check .
     mypy
 
-# Extra tools the benchmarks compare against (tinyproxy, mitmproxy).
+# Extra tools the benchmarks compare against (tinyproxy, mitmproxy, srt in .bench/: never global).
 bench-setup:
     {{just_executable()}} _debs tinyproxy hyperfine || echo "bench-setup: tinyproxy or hyperfine unavailable; those comparisons are skipped" >&2
     # mitmproxy pins older h11/cryptography: keep it in its own venv, never in ours.
     [ -x .venv-mitmproxy/bin/mitmdump ] || { python3 -m venv .venv-mitmproxy && .venv-mitmproxy/bin/pip install -q mitmproxy; } || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
+    [ -x .bench/node_modules/.bin/srt ] || npm install --prefix .bench --no-fund --no-audit @anthropic-ai/sandbox-runtime >/dev/null || echo "bench-setup: srt unavailable; the session-start comparison is skipped" >&2
     pip install --disable-pip-version-check --progress-bar off atheris | { grep -E "^Successfully installed" || true; } || echo "bench-setup: atheris unavailable; its fuzzing is skipped" >&2
 
 # Every benchmark, each printing its figures side by side with its baseline.

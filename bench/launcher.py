@@ -9,8 +9,16 @@ In one run, interleaved, N times each:
   once per backend, and again with ``record = false`` (the session record's cost).
 
 Target (issue 6): the bwrap session's median <= 1.3x the slower server's
-median start.  Anthropic's ``srt -c true`` (~270 ms here) is printed when
-installed.
+median start.
+
+Then, paired against Anthropic's ``srt -c true`` (``just bench-setup`` puts it
+in ``.bench/``): in each round srt, then ``agent-sandbox run -- true`` on each
+backend (own servers: ``AGENT_SANDBOX_SERVE=off``), in a small git
+repository; wall time and CPU (the process and all it reaped, ``wait4``); the
+ratio session / srt of each round, so a machine whose speed drifts between
+rounds still compares like with like; the median ratio and its range.  Goal
+(issue 29, without the resident service): <= 0.6x srt's wall time.
+``BENCH_PART=srt`` runs only this part.
 
 The FLOOR line is what no launcher of this design can beat: its own
 interpreter start (``agent-sandbox --version``) plus both servers' deferred
@@ -100,6 +108,56 @@ def _servers_together(tmp: str, i: int, backend: str, env: dict[str, str]) -> fl
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=30)
     return took
+
+
+SRT_GOAL_WALL = 0.6
+
+
+def _vs_srt(tmp: str, backends: list[str], env: dict[str, str]) -> None:
+    """Session start paired with ``srt -c true``, round by round (see the module's doc)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serve import _run, _srt  # the same measurement as bench/serve.py's
+
+    srt = _srt()
+    if srt is None:
+        print("paired with srt: srt is not installed (just bench-setup): skipped")
+        return
+    work = os.path.join(tmp, "repo")
+    os.mkdir(work)
+    subprocess.run(["git", "init", "-q", work], check=True)
+    with open(os.path.join(work, "README"), "w") as fh:
+        fh.write("bench\n")
+    config = os.path.join(tmp, "repo.toml")
+    with open(config, "w") as fh:
+        fh.write(f'workdir = "{work}"\ntoken_command = ""\n')
+    own = {**env, "AGENT_SANDBOX_SERVE": "off"}
+    names = {"bwrap": "session bwrap", "nono": "session Landlock"}
+    figures: dict[str, list[tuple[float, float]]] = {"srt -c true": []}
+    ratios: dict[str, list[tuple[float, float]]] = {names[b]: [] for b in backends}
+    for i in range(N):
+        order = backends if i % 2 == 0 else list(reversed(backends))
+        wall0, cpu0 = _run([srt, "-c", "true"], env, work)
+        figures["srt -c true"].append((wall0, cpu0))
+        for b in order:
+            argv = ["agent-sandbox", "run", f"--config={config}", f"--sandbox={b}", "--", "true"]
+            wall, cpu = _run(argv, own, work)
+            figures.setdefault(names[b], []).append((wall, cpu))
+            ratios[names[b]].append((wall / wall0, cpu / cpu0))
+    print(f"session start paired with srt -c true: {N} rounds, a small git repository")
+    for name, runs in figures.items():
+        wall = statistics.median(w for w, _ in runs) * 1000
+        cpu = statistics.median(c for _, c in runs) * 1000
+        line = f"  {name:<18} wall {wall:6.0f} ms  cpu {cpu:6.0f} ms"
+        if name in ratios:
+            rw = sorted(r for r, _ in ratios[name])
+            rc = sorted(c for _, c in ratios[name])
+            mw, mc = statistics.median(rw), statistics.median(rc)
+            verdict = "ok" if mw <= SRT_GOAL_WALL else "missed"
+            line += (f"   / srt: wall {mw:4.2f}x ({rw[0]:.2f}-{rw[-1]:.2f}),"
+                     f" cpu {mc:4.2f}x ({rc[0]:.2f}-{rc[-1]:.2f});"
+                     f" goal <= {SRT_GOAL_WALL}x wall: {verdict}")
+        print(line)
+    print(f"  load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
 
 
 def _wall(argv: list[str], env: dict[str, str], cwd: str) -> float:
@@ -200,6 +258,14 @@ def _rate(argv: list[str], cwd: str, env: dict[str, str] | None) -> float:
 def main() -> int:
     _compile_bytecode()
     tmp = tempfile.mkdtemp(prefix="bench-launcher-")
+    if os.environ.get("BENCH_PART") == "srt":  # only the pairing with srt
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX")}
+        env["XDG_STATE_HOME"] = os.path.join(tmp, "state")
+        try:
+            _vs_srt(tmp, ["bwrap", "nono"] if shutil.which("bwrap") else ["nono"], env)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     work = os.path.join(tmp, "work")
     os.mkdir(work)
     config = os.path.join(tmp, "config.toml")
@@ -298,6 +364,7 @@ def main() -> int:
         print(f"  session record, {b}: {cost:+.1f} ms of a session's wall time (median)")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} (2 cores; figures scale with it)")
     try:
+        _vs_srt(tmp, backends, env)
         _throughput(tmp, backends, env)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
