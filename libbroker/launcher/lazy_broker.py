@@ -21,9 +21,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
+from libbroker.errors import LaunchError
 from libbroker.launcher import boot
 from libbroker.launcher.child import Child
 from libbroker.launcher.handoff import Sockets
+from libbroker.launcher.serve_link import Link
+from libbroker.launcher.trace import trace
 
 NAME = "broker-server"
 
@@ -37,15 +40,29 @@ class LazyBroker:
         self._args = args
         self.fd = sockets.broker.fileno()  # polled for a first connection; -1 once started
 
-    def start(self, spawn: Callable[..., Child]) -> Child:
+    def start(self, spawn: Callable[..., Child], adopt: Callable[[Child], None],
+              link: Link | None = None) -> Child:
         """Spawn broker-server on the socket (``spawn``: the session's, which owns it).
 
+        With the resident service's ``link``, its zygote forks the server instead
+        (:mod:`.broker_zygote`; ``adopt`` makes that child the session's as
+        ``spawn`` does its own); if the service cannot, it is spawned here.
         LaunchError if it cannot be spawned.  Our copy of the socket is closed
         once the server holds it: its exit then resets what waits in the backlog.
         """
         fd, self.fd = self.fd, -1
         # Brokered commands are part of the session: they see AGENT_SANDBOX=1 too.
         env = {**os.environ, "AGENT_SANDBOX": "1"}
+        if link is not None:
+            try:
+                child = link.broker(env, fd)
+            except LaunchError as exc:
+                trace(f"the service's zygote gave no broker ({exc}): our own")
+            else:
+                adopt(child)
+                self._sockets.broker_taken()
+                child.send_args(boot.encode_args(self._args))
+                return child
         argv = boot.deferred_python_argv(NAME, "bin.broker_server", ())
         try:
             child = spawn(NAME, argv, env=env, stdin_pipe=True, pass_fds=[fd])

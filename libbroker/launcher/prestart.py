@@ -171,11 +171,10 @@ def start(backend: str) -> Servers:
 
     The proxy gets its listeners at the spawn (:mod:`.handoff`); our own
     broker-server starts later, on the session's first brokered connection
-    (:mod:`.lazy_broker`).  When the resident service answers on its socket,
-    neither is spawned: its zygote forks the session's broker (with the
-    broker's socket), and the session's egress becomes a tenant of its gateway
-    (or, for a config the gateway cannot serve, its own proxy, started then by
-    the session).
+    (:mod:`.lazy_broker`; with the resident service, its zygote forks it then).
+    When the resident service answers on its socket, no proxy is spawned: the
+    session's egress becomes a tenant of its gateway (or, for a config the
+    gateway cannot serve, its own proxy, started then by the session).
     """
     service = serve_link.connect()
     try:
@@ -184,25 +183,12 @@ def start(backend: str) -> Servers:
         if service is not None:
             service.close()
         raise LaunchError(f"cannot make the servers' sockets: {exc.strerror or exc}") from None
-    broker: Child | None = None
-    if service is not None:  # the session's own broker, forked warm by the service's zygote
-        try:
-            broker = service.broker({**os.environ, "AGENT_SANDBOX": "1"}, sockets.broker_fd)
-        except LaunchError as exc:  # the service failed us: everything of our own
-            trace(f"resident service not used: {exc}")
-            service.close()
-            service = None
-            try:
-                sockets.make_proxy()
-            except OSError as err:
-                sockets.close()
-                raise LaunchError(f"cannot make the proxy's sockets: {err.strerror}") from None
     try:
         proxy = None if service is not None else start_proxy(sockets)
     except LaunchError:
         sockets.close()
         raise
-    return Servers(proxy, broker, sockets, service)
+    return Servers(proxy, None, sockets, service)
 
 
 def try_start(argv: list[str]) -> Servers | None:

@@ -13,8 +13,8 @@ peer must be of this uid (``SO_PEERCRED``) and in this network namespace (a
 bwrap sandbox has one of its own: even if the socket were in its reach, it is
 refused).  One connection is one session: it sends one ``session`` request
 (:mod:`.serve_link`), gets the gateway's ports, and the tenant lives exactly as
-long as the connection; before it, at most one ``broker`` request.  Nothing
-else is accepted on it.
+long as the connection; before or after it, at most one ``broker`` request (on
+the session's first brokered connection).  Anything else ends the session.
 
 When the gateway exits, the service exits (status 1): every link closes, and
 every launcher ends its session.  SIGTERM and SIGINT end the service the same
@@ -204,7 +204,7 @@ class Service:
             refusal = self._refusal(conn.sock)
             if refusal:
                 return self._refuse(conn, refusal)
-            while not tenant:
+            while True:  # until the link closes: at most one broker, one session
                 try:
                     line, fds = await conn.line()
                 except ValueError as exc:
@@ -220,6 +220,8 @@ class Service:
                         continue
                     if fds:
                         raise ValueError("descriptors sent with a session request")
+                    if tenant:
+                        raise ValueError("one session per connection")
                 finally:
                     for fd in fds:
                         os.close(fd)
@@ -236,9 +238,6 @@ class Service:
                 _say(f"session {tenant} started ({self.sessions} now)")
                 conn.send(_reply(True, tenant=tenant, http_port=self.http_port,
                                  socks_port=self.socks_port))
-            # The connection is the registration: anything more on it, or its
-            # end, ends the session.
-            await conn.closed()
         except ValueError as exc:
             self._refuse(conn, str(exc))
         except (OSError, Closed, LaunchError):

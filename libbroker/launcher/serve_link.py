@@ -172,8 +172,7 @@ class Link:
         pid = answer["pid"]
         proc = ForeignProc(pid, pidfd, io.FileIO(ours[0], "wb"), io.FileIO(ours[1], "rb"),
                            io.FileIO(ours[2], "rb"))
-        # The Child's own pidfd: a second descriptor of the same process.
-        return Child("broker-server", proc, os.dup(pidfd))
+        return Child("broker-server", proc, pidfd)  # one pidfd, closed with the Child
 
     def _answer_with_fd(self) -> tuple[dict[str, Any], int]:
         data = b""

@@ -235,11 +235,9 @@ class Session:
         if cfg.sign_problem:  # git would sign with a key this session cannot enable
             os.write(2, f"agent-sandbox: signing: {cfg.sign_problem}\n".encode(errors="replace"))
         broker_args = plan.broker_args(cfg, rt, self.backend, sockets.broker_fd)
-        if servers.broker is not None:  # forked by the service's zygote, with the socket
-            servers.broker.send_args(boot.encode_args(broker_args))
-            sockets.broker_taken()
-        else:  # ours starts on the first connection to its socket (lazy_broker)
-            self.lazy = LazyBroker(sockets, broker_args)
+        # broker-server starts on the first connection to its socket (lazy_broker):
+        # ours, or the service's zygote's fork.
+        self.lazy = LazyBroker(sockets, broker_args)
         _trace("servers have their arguments")
         self._write_gpg_program(host)
         fixed = self.box.fixed_ports()  # known before the proxy listens: used meanwhile
@@ -436,11 +434,17 @@ class Session:
             self._owners[stream.fileno()] = (child, kind)
             self._poller.register(stream.fileno(), select.POLLIN)
 
+    def _adopt(self, child: supervise.Child) -> None:
+        """A child the service's zygote forked for us: ours as a spawned one is."""
+        self.children.append(child)
+        assert self.janitor is not None
+        self.janitor.watch(child)
+
     def _start_broker(self) -> None:
         """The first brokered connection waits in the backlog: broker-server starts now."""
         assert self.lazy is not None
         self._poller.unregister(self.lazy.fd)
-        broker = self.lazy.start(self.spawn)
+        broker = self.lazy.start(self.spawn, self._adopt, self.service)
         self._watch_pipes(broker)
         self._poller.register(broker.pidfd, select.POLLIN)
         _trace("broker-server started: a first connection")

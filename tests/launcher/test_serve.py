@@ -320,6 +320,7 @@ def test_a_service_killed_mid_session_ends_the_session_closed(
     cfg = _config(world, "kill.toml")
     script = (
         'curl -sS https://github.com/before >/dev/null && echo before=ok\n'
+        'broker-client -- true && echo brokered=ok\n'
         'touch "$PWD/up"\n'
         'i=0; while [ $i -lt 300 ]; do\n'
         '  curl -sS --max-time 2 https://github.com/during >/dev/null 2>&1 && echo during=ok\n'
@@ -335,17 +336,31 @@ def test_a_service_killed_mid_session_ends_the_session_closed(
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, (out, err)
     assert "resident service (agent-sandbox serve) went away" in err, err
-    assert _kv(out).get("before") == "ok"
+    assert _kv(out).get("before") == "ok" and _kv(out).get("brokered") == "ok"
     # The gateway went with the service (PR_SET_PDEATHSIG): nothing serves its port.
     _wait_for(lambda: _own_leftovers(world) == [], "the session's processes to go", 30)
     _wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/exe") for pid in ours),
               "the gateway, the zygote and the broker to go", 30)
 
 
+def test_a_session_that_brokers_nothing_gets_no_broker(world: World, service: Service) -> None:
+    cfg = _config(world, "none.toml")
+    proc = world.launch("sh", "-c", 'touch "$PWD/up"; sleep 60', config=cfg,
+                        env=world.env(CANARY_TOKEN="tok-n"))
+    try:
+        _wait_for(lambda: (world.workdir / "up").exists() or proc.poll() is not None, "up", 90)
+        assert "tenant added" in service.text()
+        assert _brokers(service) == []  # the zygote forks on the first brokered connection
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert _own_leftovers(world, service) == []
+
+
 def test_a_killed_launcher_removes_its_tenant(world: World, service: Service) -> None:
     cfg = _config(world, "k.toml")
-    proc = world.launch("sh", "-c", 'touch "$PWD/up"; sleep 60', config=cfg,
-                        env=world.env(CANARY_TOKEN="tok-x"))
+    proc = world.launch("sh", "-c", 'broker-client -- true && touch "$PWD/up"; sleep 60',
+                        config=cfg, env=world.env(CANARY_TOKEN="tok-x"))
     _wait_for(lambda: (world.workdir / "up").exists() or proc.poll() is not None, "up", 90)
     assert "tenant added" in service.text()
     assert len(_brokers(service)) == 1  # the session's broker, forked by the zygote
