@@ -31,7 +31,10 @@ from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
 
 # What egress-proxy imports before its arguments arrive: everything it needs
 # up to its ``listening`` line.
-PROXY_WARM = ("libegress.app",)
+# Its command line's parser and the CA's OpenSSL backend too: both load at
+# first use otherwise, after the arguments, on the way to the CA the launcher
+# waits for (about 8 ms of CPU there).
+PROXY_WARM = ("libegress.app", "docopt", "cryptography.hazmat.backends.openssl.backend")
 # What broker-server imports before its arguments (the resident service's
 # zygote, libbroker.launcher.broker_zygote; our own broker starts late, with
 # its arguments at once: lazy_broker).
