@@ -32,7 +32,6 @@ import shutil
 import time
 from typing import TYPE_CHECKING
 
-from libbroker import server_lines
 from libbroker.errors import LaunchError
 from libbroker.launcher import (
     agent_sandbox,
@@ -56,7 +55,7 @@ from libbroker.launcher.config import Config
 from libbroker.launcher.lazy_broker import LazyBroker
 from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.serve_link import Link
-from libbroker.launcher.session_service import TenantOutput
+from libbroker.launcher.servers import ServerPipes
 from libbroker.launcher.trace import trace as _trace
 from libbroker.sandbox.kinds import choose_backend
 
@@ -80,30 +79,6 @@ _SERVICE_GONE = ("the resident service (agent-sandbox serve) went away: the sess
 _FORWARD = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-def _open_log(cfg: Config) -> int:
-    """Where the servers' log lines go once the session runs.
-
-    A full-screen agent owns an interactive terminal: the proxy's refusals
-    would scribble over it, so with stderr on a tty they go to a file under
-    the user's state directory (outside the sandbox's reach) unless the
-    config names one; otherwise (scripts, CI) to stderr.
-    """
-    path = cfg.log_file
-    if not path:
-        if not os.isatty(2):
-            return 2
-        base = os.environ.get("XDG_STATE_HOME") or os.path.join(cfg.home, ".local", "state")
-        path = os.path.join(base, "agent-sandbox", "session.log")
-    try:
-        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
-        return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    except OSError as exc:
-        os.write(
-            2, f"agent-sandbox: cannot open log {path} ({exc.strerror}); logging here\n".encode()
-        )
-        return 2
-
-
 class Session:
     """One run: owns the runtime directory, the children and the relays."""
 
@@ -121,10 +96,7 @@ class Session:
         self.rt: Runtime | None = None
         self.janitor: supervise.Janitor | None = None
         self.sandbox: supervise.Child | None = None
-        self._live = False  # servers' stderr is copied to the log once started
-        self._log = 2
-        self._early: list[str] = []
-        self._serving: set[str] = set()  # servers that said `listening`
+        self.pipes = ServerPipes()  # the servers' pipes and their lines, the session's poller
         self.lazy: LazyBroker | None = None  # broker-server until its first connection
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.live: Watcher | None = None  # the host-run guard while CMD runs (hostrun_live)
@@ -137,7 +109,6 @@ class Session:
         self._domains = cfg.domains  # as configured: an agent's hosts join later (the record)
         self.service: Link | None = None  # the resident service's link (docs/serve.md)
         self._tenant = False  # the session's egress is a tenant of the service's gateway
-        self._tenant_out: TenantOutput | None = None  # its gateway's record lines for us
 
     # --- the whole run -------------------------------------------------------
 
@@ -256,10 +227,7 @@ class Session:
             )
         if kube is not None:
             self._finish_kubeconfig(kube)
-        self._live = True
-        self._log = _open_log(self.cfg)
-        if self._early:
-            os.write(self._log, "".join(line + "\n" for line in self._early).encode())
+        self.pipes.start_log(self.cfg)
         if self.agent is not None:  # its private copy, made while the servers started
             self.agent.wait()
         snap = self.hostrun.wait()  # CMD never runs before every host-run file is fingerprinted
@@ -426,14 +394,6 @@ class Session:
         self.janitor.watch(proxy)
         return proxy
 
-    def _watch_pipes(self, child: supervise.Child) -> None:
-        """A server's stdout and stderr, read as lines from now on (:meth:`_read_lines`)."""
-        assert child.proc.stdout is not None and child.proc.stderr is not None
-        for stream, kind in ((child.proc.stdout, "out"), (child.proc.stderr, "err")):
-            os.set_blocking(stream.fileno(), False)
-            self._owners[stream.fileno()] = (child, kind)
-            self._poller.register(stream.fileno(), select.POLLIN)
-
     def _adopt(self, child: supervise.Child) -> None:
         """A child the service's zygote forked for us: ours as a spawned one is."""
         self.children.append(child)
@@ -443,29 +403,22 @@ class Session:
     def _start_broker(self) -> None:
         """The first brokered connection waits in the backlog: broker-server starts now."""
         assert self.lazy is not None
-        self._poller.unregister(self.lazy.fd)
+        self.pipes.poller.unregister(self.lazy.fd)
         broker = self.lazy.start(self.spawn, self._adopt, self.service)
-        self._watch_pipes(broker)
-        self._poller.register(broker.pidfd, select.POLLIN)
+        self.pipes.watch(broker)
+        self.pipes.poller.register(broker.pidfd, select.POLLIN)
         _trace("broker-server started: a first connection")
 
     def _wait_listening(self, proxy: supervise.Child | None, wake_r: int) -> plan.Listening:
         found = plan.Listening()
         deadline = time.monotonic() + self.cfg.start_timeout
-        poller = select.poll()
-        owners: dict[int, tuple[supervise.Child | TenantOutput, str]] = {}
+        poller = self.pipes.poller
         if self.service is not None and self._tenant:  # the gateway's ports, for our tenant
             found.http_port, found.socks_port = self.service.reply(self.cfg.start_timeout)
-            self._tenant_out = TenantOutput(self.service)
-            for fd, kind in ((self.service.record_fd, "out"), (self.service.log_fd, "err")):
-                if fd >= 0:
-                    owners[fd] = (self._tenant_out, kind)
-                    poller.register(fd, select.POLLIN)
-        pending: dict[int, bytes] = {}
-        self._poller, self._owners, self._pending = poller, owners, pending
+            self.pipes.watch_tenant(self.service)
         for server in (proxy, self.servers.broker if self.servers else None):
             if server is not None:
-                self._watch_pipes(server)
+                self.pipes.watch(server)
         for child in self.children:
             poller.register(child.pidfd, select.POLLIN)
         poller.register(wake_r, select.POLLIN)
@@ -499,7 +452,7 @@ class Session:
                 if dead is not None:
                     raise self._died_starting(dead)
                 for line in self._read_lines(fd):
-                    source, kind = owners[fd]
+                    source, kind = self.pipes.owners[fd]
                     if kind == "out":
                         plan.parse_listening(source.name, line, found)
         assert self.servers is not None
@@ -517,7 +470,7 @@ class Session:
             self.sandbox.exited() or self.sandbox.wait(0.5)
         ):  # the root cause when a server's probe of the sandbox failed too
             dead = self.sandbox
-        self._drain_all()
+        self.pipes.drain_all(self.record)
         code = dead.proc.wait()
         hint = " (agent-sandbox doctor tells why)" if dead is self.sandbox else ""
         return LaunchError(
@@ -537,52 +490,8 @@ class Session:
             raise self._died_starting(self.sandbox) from None
 
     def _read_lines(self, fd: int) -> list[str]:
-        """Read what is there on a child's pipe; complete lines, copied to stderr when errors."""
-        child, kind = self._owners[fd]
-        try:
-            data = os.read(fd, 65536)
-        except BlockingIOError:
-            return []
-        if not data:
-            self._poller.unregister(fd)
-            data = b"\n" if self._pending.get(fd) else b""
-        buf = self._pending.get(fd, b"") + data
-        *lines, rest = buf.split(b"\n")
-        self._pending[fd] = rest
-        out = [line.decode(errors="replace") for line in lines]
-        for line in out:
-            if kind == "out" and server_lines.listening_url(line) is not None:
-                self._serving.add(child.name)  # it accepts now (the socket listened already)
-                continue  # not a line for an error's tail
-            if kind == "out" and self.record is not None and server_lines.is_event(line):
-                # A server's event (libbroker.launcher.record): into the record, not the tail.
-                if self.record.server(child.name, line) is False and child.name == "broker-server":
-                    self._stop_audit(fd)  # the broker fails closed: its audit pipe is gone
-                    break
-                continue
-            child.tail.append(line)
-            if kind == "err" and line and not self._live:
-                self._early.append(line)  # shown once started, or in the error
-            elif kind == "err" and line:
-                # A server's log line goes to our stderr, never to our stdout
-                # (which belongs to CMD, e.g. in a pipeline).
-                with contextlib.suppress(OSError):
-                    os.write(self._log, (line + "\n").encode())
-        return out
-
-    def _stop_audit(self, fd: int) -> None:
-        """Close our end of the broker's stdout: its next audit line fails, so it refuses."""
-        child, _ = self._owners.pop(fd)
-        assert isinstance(child, supervise.Child)
-        with contextlib.suppress(KeyError, ValueError, OSError):
-            self._poller.unregister(fd)
-        assert child.proc.stdout is not None
-        child.proc.stdout.close()
-
-    def _drain_all(self) -> None:
-        for fd in list(self._owners):
-            with contextlib.suppress(OSError, KeyError):
-                self._read_lines(fd)
+        """A server's complete lines on ``fd`` (:meth:`.servers.ServerPipes.read_lines`)."""
+        return self.pipes.read_lines(fd, self.record)
 
     # --- the session ---------------------------------------------------------
 
@@ -595,10 +504,10 @@ class Session:
         crash: str | None = None
         link = self.service
         if link is not None:  # its end (the service gone) ends the session: fail closed
-            self._poller.register(link.fileno(), select.POLLIN)
+            self.pipes.poller.register(link.fileno(), select.POLLIN)
         while status is None:
             timeout = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = self._poller.poll(timeout)
+            events = self.pipes.poller.poll(timeout)
             if not events and deadline is not None:
                 sandbox.send(signal.SIGKILL)  # grace spent
                 deadline = None
@@ -610,7 +519,7 @@ class Session:
                     status = self._status(sandbox.proc.wait())
                     _trace(f"command ended: {status}")
                     trace.mark("ended")
-                elif fd in self._owners:
+                elif fd in self.pipes.owners:
                     self._read_lines(fd)
                 elif self.lazy is not None and fd == self.lazy.fd:
                     try:
@@ -621,9 +530,9 @@ class Session:
                             self._ask(signal.SIGTERM)
                             deadline = time.monotonic() + GRACE
                 elif link is not None and fd == link.fileno():
-                    self._poller.unregister(fd)
+                    self.pipes.poller.unregister(fd)
                     if crash is None:
-                        self._drain_all()
+                        self.pipes.drain_all(self.record)
                         crash = _SERVICE_GONE
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
@@ -633,13 +542,13 @@ class Session:
                         crash = self._crashed(dead)
                         if link is not None and link.gone(0.5):  # the broker went with it
                             crash = _SERVICE_GONE
-                        self._poller.unregister(fd)
+                        self.pipes.poller.unregister(fd)
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
         if crash is None:  # the command ended first: a server gone meanwhile is still told
             dead = next((c for c in self.children if c is not sandbox and c.exited()), None)
             crash = self._crashed(dead) if dead is not None else None
-        self._drain_all()  # the servers' last log lines before they go
+        self.pipes.drain_all(self.record)  # the servers' last log lines before they go
         self._teardown()
         if self.record is not None:
             self.record.end(1 if crash is not None else status, crash)
@@ -650,9 +559,9 @@ class Session:
 
     def _crashed(self, dead: supervise.Child) -> str:
         """The line for a server that exited by itself: before it served, or after."""
-        self._drain_all()
+        self.pipes.drain_all(self.record)
         code = dead.proc.wait()
-        when = "" if dead.name in self._serving else ", while starting"
+        when = "" if dead.name in self.pipes.serving else ", while starting"
         return f"{dead.name} exited unexpectedly (status {code}{when})" + dead.error_tail()
 
     def _relay_signals(self, deadline: float | None) -> float | None:
@@ -696,14 +605,14 @@ class Session:
             if not child.wait(5.0):
                 child.stop(signal.SIGKILL, 0)
         if self.record is not None:  # their last events, written as they ended
-            self._drain_all()
+            self.pipes.drain_all(self.record)
         if self.service is not None:
             # The link's end removes the tenant (the gateway closes its record) and
             # ends what the zygote's broker left: after our own SIGTERM's grace.
             self.service.close()
             # The tenant's last record lines, until the gateway's close.
-            if self._tenant_out is not None:
-                self._tenant_out.drain(self._read_lines)
+            if self.pipes.tenant_out is not None:
+                self.pipes.tenant_out.drain(self._read_lines)
             self.service.close_record()
             self.service = None
         self.box.release()
@@ -758,9 +667,7 @@ class Session:
         if self.janitor is not None:
             self.janitor.dismiss()
             self.janitor = None
-        if self._log != 2:
-            os.close(self._log)
-            self._log = 2
+        self.pipes.close_log()
         _trace("clean")
         trace.split(os.path.basename(self.cmd[0]) if self.cmd else "the command")
 
