@@ -195,17 +195,20 @@ def main() -> int:
     if not gate:
         print("(not root: no gate rows; the watcher's window above is the ordinary user's)")
         return 0
-    print(f"\ncost, no plants: {SECONDS:g} s of git status inside while the host loops run")
+    print(f"\ncost, no plants: {SECONDS:g} s of git status inside while the host loops run "
+          "(gate off and on alternated, twice; sums)")
     print(f"{'row':<14} {'inside it':>10} {'host it':>8} {'inside on/off':>14} "
           f"{'host on/off':>12}")
     for backend in backends:
-        off = _row(backend, False, INSIDE)
-        on = _row(backend, True, INSIDE)
-        for kind, got in (("gate off", off), ("gate on", on)):
-            print(f"{backend + ' ' + kind:<14} {got[1]:>10} {got[0]:>8}", end="")
-            if got is on:
-                print(f" {on[1] / max(off[1], 1):>14.2f} {on[0] / max(off[0], 1):>12.2f}", end="")
-            print()
+        got = {False: [0, 0], True: [0, 0]}
+        for on in (False, True, False, True):
+            its, rounds, _, _ = _row(backend, on, INSIDE)
+            got[on][0] += rounds
+            got[on][1] += its
+        off, on_ = got[False], got[True]
+        print(f"{backend + ' gate off':<14} {off[0]:>10} {off[1]:>8}")
+        print(f"{backend + ' gate on':<14} {on_[0]:>10} {on_[1]:>8} "
+              f"{on_[0] / max(off[0], 1):>14.2f} {on_[1] / max(off[1], 1):>12.2f}")
     return 0
 
 

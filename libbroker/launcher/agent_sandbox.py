@@ -200,9 +200,9 @@ def session_shape(
         write = (*write, *(inside for _, inside in binds))
     held = tuple(protected_paths(cfg)) if hold is None else hold
     # Landlock cannot take rights back inside a granted tree, but its helper's mount
-    # namespace (there when there are binds: pidns refuses binds without one) can hold
-    # the same entries read-only as bwrap does.
-    guard = guard or (landlock and bool(binds) and cfg.protect_git and not ro)
+    # namespace (``hold`` is given only where the probe found one; pidns refuses holds
+    # without one) can hold the same entries read-only as bwrap does.
+    guard = guard or (landlock and hold is not None and cfg.protect_git and not ro)
     return Shape(
         read=tuple(dict.fromkeys(read)),
         write=write,

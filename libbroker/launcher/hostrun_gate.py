@@ -64,9 +64,9 @@ class Gate:
     def __init__(self, snap: Snapshot, watcher: Watcher, record_dir: str) -> None:
         self.snap = snap
         self.watcher = watcher
-        self.workdir = snap.workdir.rstrip("/")
+        self.workdir = os.path.realpath(snap.workdir)  # what the kernel names the files by
         git_dirs = [g for g in snap.repos if g.rsplit("/", 1)[-1] == ".git" and not _below_git(g)]
-        self.binds = Binds(snap.workdir, git_dirs, record_dir)
+        self.binds = Binds(self.workdir, git_dirs, record_dir)
         self.fan: fanotify.Fanotify | None = None
         self.pid = os.getpid()
         self.refused: dict[str, int] = {}

@@ -266,6 +266,7 @@ class LandlockBox(Box):
         self.subreaper = False  # orphans below the launcher are killed at teardown
         self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
+        self.mounts = False  # the helper gets a mount namespace (pidns.probe said so)
 
     def open(self) -> None:
         # What the command leaves behind (setsid(), double forks) ends with
@@ -330,6 +331,7 @@ class LandlockBox(Box):
         assert s.rt is not None
         mounts = pidns.probed(self.ns_probe) if self.ns_probe else False
         self.ns_probe = 0
+        self.mounts = mounts and not s.cfg.workdir_read_only
         s.live = s.begin_live(snap, s.rt.root, swap=mounts)
         self.binds = tuple(s.live.configs.binds())
         s.live.start()
@@ -337,14 +339,19 @@ class LandlockBox(Box):
             s.begin_gate(snap, s.live)
 
     def _hold(self) -> tuple[str, ...] | None:
-        """What the helper's mount namespace holds read-only (with binds only, which need
-        that namespace): the existing host-run entries, as bwrap holds them."""
+        """What the helper's mount namespace (where the probe found one) holds read-only:
+        the existing host-run entries, as bwrap holds them."""
         s = self.s
         snap = s.hostrun.snap if s.hostrun is not None else None
-        if snap is None or not self.binds or s.live is None:
+        if snap is None or not self.mounts or s.live is None:
             return None
         elsewhere = s.live.configs.held_elsewhere()
-        return tuple(p for p in hostrun_guard.bwrap_protect(snap) if p not in elsewhere)
+        hold = list(hostrun_guard.bwrap_protect(snap))
+        if s.gitdirs:  # a worktree's common dir, a submodule's git dir: as bwrap holds them
+            from libbroker.launcher import gitdir_guard
+
+            hold += gitdir_guard.bwrap_holds(s.gitdirs)[1]
+        return tuple(p for p in hold if p not in elsewhere)
 
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s

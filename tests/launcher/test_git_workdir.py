@@ -68,9 +68,12 @@ def _session(world: World, cwd: Path, gitdir: Path, backend: str) -> dict[str, s
 
 
 def _held(seen: dict[str, str], gitdir: Path, backend: str) -> None:
-    """The git dir's hooks: read-only under bwrap, swept back under Landlock; its config
-    never keeps a key that runs a command (held, or merged back without it)."""
-    if backend == "bwrap":
+    """The git dir's hooks: read-only under bwrap and under Landlock where its helper has a
+    mount namespace, else swept back; its config never keeps a key that runs a command
+    (held, or merged back without it)."""
+    from libbroker.sandbox import pidns
+
+    if backend == "bwrap" or pidns.supported():
         assert seen["plant_hook"] != "0", seen
     else:  # Landlock cannot hold a file inside a granted tree: the sweep puts it back
         assert seen["plant_hook"] == "0", seen
