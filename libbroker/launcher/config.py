@@ -4,8 +4,10 @@ The file is optional (``~/.config/agent-sandbox/config.toml`` by default);
 every key has a default, and a key this module does not know is an error that
 names it, so a typo can never silently widen or narrow a session.
 
-Parsing is pure (:func:`from_mapping` takes the decoded TOML and the few facts
-about the host it needs), so the rules are tested without files or processes.
+The module is pure (:func:`from_mapping` takes the decoded TOML and the few
+facts about the host it needs, :class:`HostFacts`), so the rules are tested
+without files or processes; reading the file, gathering the facts and asking
+git are :mod:`.config_file`'s.
 """
 
 from __future__ import annotations
