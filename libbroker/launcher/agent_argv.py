@@ -28,10 +28,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
-
-if TYPE_CHECKING:  # agents' classes call this module's translations
-    from libbroker.launcher.agents import Profile
+from typing import NamedTuple, Protocol
 
 FULL = "danger-full-access"
 # Codex's top-level options that take a value (the first other word is the
@@ -55,12 +52,22 @@ class Argv(NamedTuple):
     read_only: bool = False  # the workdir is read-only in this session
 
 
-def is_agent(profile: Profile, cmd: Sequence[str]) -> bool:
+class Agent(Protocol):
+    """What this module needs of an agent's profile (:class:`.agents.Profile`, whose
+    classes call this module's translations: no import back)."""
+
+    @property
+    def commands(self) -> tuple[str, ...]: ...
+
+    def session_argv(self, cmd: list[str]) -> Argv: ...
+
+
+def is_agent(profile: Agent, cmd: Sequence[str]) -> bool:
     """``cmd`` runs the agent itself (not a shell or another tool under its profile)."""
     return bool(cmd) and os.path.basename(cmd[0]) in profile.commands
 
 
-def session_argv(profile: Profile | None, cmd: list[str]) -> Argv:
+def session_argv(profile: Agent | None, cmd: list[str]) -> Argv:
     """``cmd`` with the agent's own sandbox flags translated (see the module doc)."""
     if profile is None or not is_agent(profile, cmd):
         return Argv(cmd)
