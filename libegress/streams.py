@@ -304,11 +304,12 @@ class TlsStream:
         await self._flush()
 
     async def shutdown(self) -> None:
-        """End the sending side (close_notify, FIN); reading may go on.
+        """End the sending side (close_notify, FIN), when the connection ends.
 
         A read nobody waits for (ahead, or left by a timed-out recv()) ends
-        here, and no read ahead starts after: the stream's owner shuts it
-        down when the connection ends, so no read outlives it.
+        here, with whatever it had read, and none starts after: the stream's
+        owner shuts it down as the connection ends, so no read outlives it.
+        A recv() under way meanwhile goes on.
         """
         self._shut = True
         if not self._waiting:
