@@ -72,7 +72,7 @@ lint:
 
 # Extra tools the benchmarks compare against (tinyproxy, mitmproxy, srt in .bench/: never global).
 bench-setup:
-    {{just_executable()}} _debs tinyproxy hyperfine || echo "bench-setup: tinyproxy or hyperfine unavailable; those comparisons are skipped" >&2
+    {{just_executable()}} _debs tinyproxy hyperfine ripgrep socat || echo "bench-setup: tinyproxy, hyperfine, ripgrep or socat unavailable; those comparisons are skipped (srt needs ripgrep and socat)" >&2
     # mitmproxy pins older h11/cryptography: keep it in its own venv, never in ours.
     [ -x .venv-mitmproxy/bin/mitmdump ] || { python3 -m venv .venv-mitmproxy && .venv-mitmproxy/bin/pip install -q mitmproxy; } || echo "bench-setup: mitmproxy unavailable; its comparison is skipped" >&2
     [ -x .bench/node_modules/.bin/srt ] || npm install --prefix .bench --no-fund --no-audit @anthropic-ai/sandbox-runtime >/dev/null || echo "bench-setup: srt unavailable; the session-start comparison is skipped" >&2
