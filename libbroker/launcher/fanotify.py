@@ -10,6 +10,7 @@ event and drops the marks: a dead listener never hangs the host.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import struct
@@ -82,6 +83,7 @@ class Fanotify:
             os.close(event.fd)
 
     def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):  # closed under us already: the group is gone
+                os.close(fd)

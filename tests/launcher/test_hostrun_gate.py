@@ -211,3 +211,40 @@ def test_a_second_session_on_the_workdir_keeps_the_first_ones_gate(world: World)
         first.kill()
     assert first.returncode == 0, err
     assert _mounts(work) == []
+
+
+def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
+    """The gate's thread fails (its group's fd gone under it): the kernel allows what waits
+    and drops the marks, host opens go through, the end says so and unbinds."""
+    from libbroker.launcher import hostrun_live, hostrun_scan
+    from libbroker.launcher.hostrun_gate import Gate
+    from libpolicy.hostrun import Table
+
+    work = _repo(world)
+    snap = hostrun_scan.scan(str(work), Table())
+    state = world.home / ".local/state/agent-sandbox"
+    watcher = hostrun_live.begin(snap, str(state), "", swap=True)
+    watcher.start()
+    watcher.wait_ready()
+    record = world.root / "gate-record"
+    record.mkdir()
+    gate = Gate(snap, watcher, str(record))
+    gate.start()
+    try:
+        assert len(_mounts(work)) == 2
+        assert (work / "a.txt").read_text() == "a\n"  # judged and allowed
+        assert gate.fan is not None
+        os.close(gate.fan.fd)  # the thread's next read fails: it ends
+        (work / "a.txt").touch()  # may wake it; must not wait on it
+        deadline = time.monotonic() + 10
+        while not gate.died and time.monotonic() < deadline:
+            (work / "a.txt").read_text()
+            time.sleep(0.05)
+        assert gate.died
+        git(work, "status", "--short")  # the host is not held by a dead gate
+    finally:
+        lines = gate.stop()
+        hostrun_live.end(watcher, snap)
+    assert any("the live gate stopped during the session" in line for line in lines), lines
+    assert _mounts(work) == []
+    assert not (record / "binds.json").exists()
