@@ -519,30 +519,10 @@ class Session:
                     status = self._status(sandbox.proc.wait())
                     _trace(f"command ended: {status}")
                     trace.mark("ended")
-                elif fd in self.pipes.owners:
-                    self._read_lines(fd)
-                elif self.lazy is not None and fd == self.lazy.fd:
-                    try:
-                        self._start_broker()
-                    except LaunchError as exc:
-                        if crash is None:
-                            crash = str(exc)
-                            self._ask(signal.SIGTERM)
-                            deadline = time.monotonic() + GRACE
-                elif link is not None and fd == link.fileno():
-                    self.pipes.poller.unregister(fd)
-                    if crash is None:
-                        self.pipes.drain_all(self.record)
-                        crash = _SERVICE_GONE
-                        self._ask(signal.SIGTERM)
-                        deadline = time.monotonic() + GRACE
                 else:
-                    dead = next((c for c in self.children if c.pidfd == fd), None)
-                    if dead is not None and crash is None:
-                        crash = self._crashed(dead)
-                        if link is not None and link.gone(0.5):  # the broker went with it
-                            crash = _SERVICE_GONE
-                        self.pipes.poller.unregister(fd)
+                    why = self._server_event(fd, link, first=crash is None)
+                    if why is not None:  # the first crash ends the session
+                        crash = why
                         self._ask(signal.SIGTERM)
                         deadline = time.monotonic() + GRACE
         if crash is None:  # the command ended first: a server gone meanwhile is still told
@@ -556,6 +536,33 @@ class Session:
         if crash is not None:
             raise LaunchError(crash + "; the session was ended")
         return status
+
+    def _server_event(self, fd: int, link: Link | None, *, first: bool) -> str | None:
+        """A server's pipe, the lazy broker's socket, the service's link or a child's
+        exit: what it means for the session, a crash (only the ``first`` one is said)."""
+        if fd in self.pipes.owners:
+            self._read_lines(fd)
+            return None
+        if self.lazy is not None and fd == self.lazy.fd:
+            try:
+                self._start_broker()
+            except LaunchError as exc:
+                return str(exc) if first else None
+            return None
+        if link is not None and fd == link.fileno():
+            self.pipes.poller.unregister(fd)
+            if not first:
+                return None
+            self.pipes.drain_all(self.record)
+            return _SERVICE_GONE
+        dead = next((c for c in self.children if c.pidfd == fd), None)
+        if dead is None or not first:
+            return None
+        crash = self._crashed(dead)
+        if link is not None and link.gone(0.5):  # the broker went with it
+            crash = _SERVICE_GONE
+        self.pipes.poller.unregister(fd)
+        return crash
 
     def _crashed(self, dead: supervise.Child) -> str:
         """The line for a server that exited by itself: before it served, or after."""
