@@ -118,7 +118,10 @@ def test_nothing_changed_takes_every_directory_without_a_look(tmp_path: Path) ->
     assert fast == full and [r for r, _ in full["git_dirs"]] == ["e/f/repo/.git"]
 
 
-def _watched(tmp_path: Path, act: Callable[[Path], None]) -> frozenset[str] | None:
+def _watched(tmp_path: Path, act: Callable[[Path], None], lost: bool = False
+             ) -> frozenset[str] | None:
+    """A real watcher over the tree while ``act`` changes it; its quiet directories at the
+    end (``lost``: as after a Q_OVERFLOW event)."""
     work = tmp_path / "work"
     _tree(work)
     snap = hostrun_scan.scan(str(work), Table())
@@ -127,6 +130,7 @@ def _watched(tmp_path: Path, act: Callable[[Path], None]) -> frozenset[str] | No
     watcher.wait_ready()
     try:
         act(work)
+        watcher.overflows += lost
     finally:
         hostrun_live.end(watcher, snap)
     return watcher.quiet_dirs()
@@ -149,16 +153,4 @@ def test_the_watcher_calls_quiet_only_what_no_event_named(tmp_path: Path) -> Non
 
 
 def test_a_lost_event_leaves_no_quiet_directory(tmp_path: Path) -> None:
-    def act(work: Path) -> None:
-        (work / "g/y").write_text("y\n")
-
-    work = tmp_path / "work"
-    _tree(work)
-    snap = hostrun_scan.scan(str(work), Table())
-    watcher = hostrun_live.begin(snap, str(tmp_path / "state"), "", swap=False)
-    watcher.start()
-    watcher.wait_ready()
-    act(work)
-    watcher.overflows += 1  # what a Q_OVERFLOW event leaves
-    hostrun_live.end(watcher, snap)
-    assert watcher.quiet_dirs() is None
+    assert _watched(tmp_path, lambda work: (work / "g/y").write_text("y\n"), lost=True) is None
