@@ -14,6 +14,7 @@ allows one.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -322,3 +323,30 @@ class parent_of:
 
     def __exit__(self, *_: object) -> None:
         self.chain.close()
+
+
+def make_dirs(top: int, top_path: str, parts: list[str]) -> tuple[int, str]:
+    """The directory ``parts`` below ``top`` (its path ``top_path``), each made 0700 if
+    missing: its fd (the caller's) and path.  A name already taken by something that is
+    not a directory (a link moved aside there earlier) is made beside it as ``name.N``."""
+    fd, path = os.dup(top), top_path
+    try:
+        for part in parts:
+            name, n = part, 0
+            while True:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                try:
+                    nxt = os.open(name, O_DIR, dir_fd=fd)
+                    break
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                n += 1
+                name = f"{part}.{n}"
+            os.close(fd)
+            fd, path = nxt, os.path.join(path, name)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, path

@@ -39,10 +39,12 @@ from libbroker.launcher.hostrun_fs import (
     clone_into,
     copy_tree,
     give_owner,
+    make_dirs,
     parent_of,
     remove_tree,
 )
 from libbroker.launcher.hostrun_newrepo import check_new_repo, judge_pointers
+from libbroker.launcher.hostrun_same import SameByPath
 from libbroker.launcher.hostrun_scan import quarantine_dir
 from libbroker.launcher.hostrun_walk import Walk
 from libbroker.shellquote import command, quote, shown
@@ -65,31 +67,27 @@ class Sweeper:
         self.looker = Looker(snap, fix=True)
 
     # -- moving aside
-    def _qdir(self, rel: str) -> tuple[int, str]:
-        """The quarantine directory fd for ``rel`` (created), and a free name in it."""
+    def _qdir(self, rel: str) -> tuple[int, str, str]:
+        """The quarantine directory fd for ``rel`` (created), a free name in it, and that
+        name's path.  A directory on the way that is already something else there (a link
+        moved aside earlier by that name) is made beside it as ``name.N``."""
         if self.qfd < 0:
             os.makedirs(self.quarantine, mode=0o700, exist_ok=True)
             self.qfd = os.open(self.quarantine, O_DIR)
         parts = rel.split("/")
-        fd = os.dup(self.qfd)
-        for name in parts[:-1]:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o700, dir_fd=fd)
-            nxt = os.open(name, O_DIR, dir_fd=fd)
-            os.close(fd)
-            fd = nxt
+        fd, path = make_dirs(self.qfd, self.quarantine, parts[:-1])
         name, n = parts[-1], 0
         while True:
             try:
                 os.stat(name, dir_fd=fd, follow_symlinks=False)
             except FileNotFoundError:
-                return fd, name
+                return fd, name, os.path.join(path, name)
             n += 1
             name = f"{parts[-1]}.{n}"
 
     def move_aside(self, pfd: int, name: str, rel: str) -> str:
         """Move ``name`` (whatever it is; a link stays a link) into the quarantine."""
-        qfd, qname = self._qdir(rel)
+        qfd, qname, where = self._qdir(rel)
         try:
             try:
                 self._rename(pfd, name, qfd, qname)
@@ -104,7 +102,7 @@ class Sweeper:
                 remove_tree(pfd, staged)
         finally:
             os.close(qfd)
-        return os.path.join(self.quarantine, os.path.dirname(rel), qname)
+        return where
 
     def _rename(self, pfd: int, name: str, qfd: int, qname: str) -> None:
         if self.copy_only:
@@ -303,9 +301,12 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False,
         #    chain of directory fds serves them all until the first change (a directory
         #    moved aside or made again: every entry after it opens its own way).
         shared: Chain | None = Chain(root, fix=True)
+        fast = SameByPath(root, snap.dirs, quiet)  # what the kernel shows unchanged
         try:
             for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
                 rule, recorded = snap.entries[rel]
+                if shared is not None and fast.unchanged(rel, recorded):
+                    continue
                 said = len(sweeper.lines)
                 _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded,
                        shared)
@@ -317,7 +318,12 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False,
                 shared.close()
         from libbroker.launcher.hostrun_renamed import put_back_renamed_git
 
-        put_back_renamed_git(sweeper, root)
+        try:
+            put_back_renamed_git(sweeper, root)
+        except OSError as exc:  # (EBUSY: a mount on it) the rest of the sweep goes on
+            sweeper.failed = True
+            sweeper.say(".", "git-dir", f"a repository moved in the session could not be moved "
+                        f"back: {exc.strerror or exc}; where it is now, it is judged as a new one")
         # 2. What appeared: walk again (unchanged directories by their ctime alone).
         untouched = not sweeper.lines and not sweeper.failed
         walk = Walk(snap.table, snap.dirs, fix=True, quiet=quiet if untouched else None)

@@ -154,3 +154,32 @@ def test_the_watcher_calls_quiet_only_what_no_event_named(tmp_path: Path) -> Non
 
 def test_a_lost_event_leaves_no_quiet_directory(tmp_path: Path) -> None:
     assert _watched(tmp_path, lambda work: (work / "g/y").write_text("y\n"), lost=True) is None
+
+
+def test_a_link_to_the_moved_original_is_not_taken_for_it(tmp_path: Path) -> None:
+    """The repository moved aside and a link put in its place leads to the very inodes the
+    scan recorded: by path every entry looks unchanged.  The directory above changed
+    (its ctime), so nothing below it takes the shortcut: the link is moved aside."""
+    from libbroker.launcher import hostrun_sweep
+    from libbroker.launcher.hostrun_same import SameByPath
+
+    work = tmp_path / "work"
+    _tree(work)
+    snap = hostrun_scan.scan(str(work), Table())
+    os.rename(work / "e/f/repo", work / "e/f/moved")
+    os.symlink("moved", work / "e/f/repo")
+    # what a watcher calls quiet: all but e/f (its names changed) and the moved
+    # directory's own watch (MOVE_SELF); the directories inside it had no event
+    quiet = frozenset(rel for rel in snap.dirs if rel not in ("e/f", "e/f/repo"))
+    root = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fast = SameByPath(root, snap.dirs, quiet)
+        for rel, (_, node) in snap.entries.items():
+            if rel.startswith("e/f/repo/"):
+                assert not fast.unchanged(rel, node), rel
+        assert fast.unchanged("a/b/c/.envrc", snap.entries["a/b/c/.envrc"][1])
+    finally:
+        os.close(root)
+    lines = hostrun_sweep.sweep(snap, str(tmp_path / "state"), quiet=quiet)
+    assert not (work / "e/f/repo").is_symlink() and (work / "e/f/repo/.git").is_dir()
+    assert any("e/f/repo" in line for line in lines), lines
