@@ -5,7 +5,10 @@ client gets a leaf from the proxy's name-constrained CA; each request inside is
 held to the CONNECT host (its Host and any absolute target must name it), loses
 the client's Authorization and Proxy-* fields (and, for a ``--secrets`` host,
 the client's own value of that secret's header), and gets the proxy's: the
-GitHub token's Authorization, or the secret's header.  A held login's token
+GitHub token's Authorization, or the secret's header.  A held login's secret
+(``login`` set) replaces only a placeholder: a request whose field does not
+hold one (a Console key in ``x-api-key``, a bearer of its own) goes as it came,
+with nothing added.  A held login's token
 host is served by :mod:`libegress.login_host` instead (never the GitHub token).
 The upstream is dialled under the address rules and its certificate verified.
 """
@@ -29,6 +32,7 @@ from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused
 from libegress.scope_guard import Dialer, admit, framed
 from libegress.streams import SocketStream, TlsStream
+from libegress.token_endpoint import carries_placeholder
 
 HOST_MISMATCH = "host-mismatch"
 
@@ -53,13 +57,17 @@ def inner_target(request: h11.Request, host: str, port: int) -> bytes:
 
 def upstream_request(request: h11.Request, target: bytes,
                      credential: tuple[bytes, bytes] | None,
-                     drop: bytes = b"authorization") -> h11.Request:
+                     drop: bytes = b"authorization", own: bool = False) -> h11.Request:
     """The request as it goes upstream: the client's credentials replaced.
 
     ``drop`` (lower case) is the credential's field name; the client's values
     of it go, as do Authorization and Proxy-*, whether or not ``credential``
-    (the proxy's field) is held yet.
+    (the proxy's field) is held yet.  ``own``: the request goes with the
+    credentials it brought (Proxy-* gone) and nothing added.
     """
+    if own:
+        return h11.Request(method=request.method, target=target,
+                           headers=forward_headers(list(request.headers), drop_auth=False))
     headers = forward_headers(list(request.headers), drop_auth=True)
     if drop != b"authorization":
         headers = [(n, v) for n, v in headers if n.lower() != drop]
@@ -111,6 +119,8 @@ class _Injected:
         self.upstream: UpstreamSide | None = None
         secret = services.secrets.get(host)
         self.drop = secret.lower_name if secret is not None else b"authorization"
+        # a login's secret: set in place of the placeholder only
+        self.held = secret is not None and bool(secret.secret.login)
         self.login = held_login(services, host)
 
     async def serve(self, request: h11.Request) -> bool:
@@ -121,8 +131,8 @@ class _Injected:
         if self.login is not None:  # a held login's token host: never the GitHub token
             await serve_login(services, self.login, self.client, request, target,
                               self._upstream,
-                              lambda credential: upstream_request(request, target, credential,
-                                                                  self.drop))
+                              lambda credential, own: upstream_request(
+                                  request, target, credential, self.drop, own))
             return True
         side = self.client
         if services.scope is not None and services.scope.applies(host):
@@ -130,8 +140,9 @@ class _Injected:
                                _dialer(services))
         if self.upstream is None:
             self.upstream = await _open_upstream(services, host, port)
-        outgoing = framed(side, upstream_request(request, target,
-                                                 credential_for(services, host), self.drop))
+        own = self.held and not carries_placeholder(list(request.headers), self.drop)
+        outgoing = framed(side, upstream_request(
+            request, target, None if own else credential_for(services, host), self.drop, own))
         moved, started = Exchanged(), time.monotonic()
         try:
             await exchange(side, self.upstream, outgoing, moved, trailers=False)

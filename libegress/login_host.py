@@ -10,11 +10,16 @@ is read whole (at most :data:`~.token_endpoint.MAX_BODY`), judged, and:
   keeper (``--store``), which writes it to the person's login file, and the
   session gets what the keeper prints (placeholders); the login's secrets
   read the new token at once;
-- INJECT / FORWARD: upstream with (Gemini's tokeninfo) or without the real
-  access token; an answer holding a token field is not handed in (502);
+- INJECT / FORWARD: upstream with the real access token in place of the
+  placeholder (Gemini's tokeninfo), or as the request came (its own
+  Authorization, if any; nothing added); an answer holding a token field is
+  not handed in (502);
+- RELAY: another OAuth client's token request (gcloud's): upstream as it
+  came, its answer relayed; nothing of the person's goes with it;
 - REFUSE: one log line and the refusal, ``X-Proxy-Error: blocked-login``.
 
-The client's Authorization never goes upstream from here.  Answers are read
+A placeholder never goes upstream from here (a request carrying one is
+answered, injected or refused).  Answers are read
 whole (at most :data:`~.token_endpoint.MAX_ANSWER`): token hosts answer small.
 """
 
@@ -49,7 +54,8 @@ from libegress.token_endpoint import (
 from libegress.tokens import RUN_BOUND, SecretKeeper, run_command
 
 Upstream = Callable[[], Awaitable[UpstreamSide]]
-Outgoing = Callable[["tuple[bytes, bytes] | None"], h11.Request]
+# (the credential to set, whether the client's own Authorization goes as it came)
+Outgoing = Callable[["tuple[bytes, bytes] | None", bool], h11.Request]
 
 
 @dataclass(frozen=True)
@@ -80,7 +86,7 @@ async def serve_login(services: Services, login: HeldLogin, client: ClientSide,
 
     Raises HttpError for a refusal: the connection's handler logs it as one
     line and answers it.  ``outgoing`` makes the upstream request with the
-    given credential (the client's Authorization always gone).
+    given credential, or with the client's own Authorization kept.
     """
     moved, started = Exchanged(), time.monotonic()
     headers = list(request.headers)
@@ -92,8 +98,9 @@ async def serve_login(services: Services, login: HeldLogin, client: ClientSide,
     if decision.action is Action.ANSWER:
         await _answered(client, services, login, None, moved)
     else:
+        own = decision.action in (Action.FORWARD, Action.RELAY)
         await _upstream(client, services, login, await upstream(), decision.action,
-                        outgoing(_credential(login, decision.action)), body, moved)
+                        outgoing(_credential(login, decision.action), own), body, moved)
     # --record: method, path (no query), status, bytes; never a header or a body
     services.record.request(Mode.INTERCEPT, login.endpoint.host, 443, request.method, target,
                             moved, started)
@@ -114,7 +121,7 @@ async def _upstream(client: ClientSide, services: Services, login: HeldLogin,
     if action is Action.EXCHANGE and status == 200 and token_answer(answer) is not None:
         await _answered(client, services, login, answer, moved)
         return
-    if holds_tokens(answer):
+    if action is not Action.RELAY and holds_tokens(answer):
         raise HttpError(502, f"{login.endpoint.host} answered with a token the session may "
                         "not hold: not handed in", REFUSED)
     moved.status, moved.down = status, len(answer)
@@ -132,10 +139,16 @@ async def _answered(client: ClientSide, services: Services, login: HeldLogin,
         answer = json.loads(out)
         if not isinstance(answer, dict) or holds_real(answer):
             raise ValueError
+        refused = answer.get("refused")
+        if refused is not None and not (isinstance(refused, str) and refused.isprintable()
+                                        and len(refused) <= 300):
+            raise ValueError
     except (TokenError, ValueError, RecursionError, UnicodeDecodeError):
         what = "answer the refresh" if store is None else "keep the new login"
         raise HttpError(502, f"{name}'s login is held on the host: the keeper could not "
                         f"{what}", REFUSED) from None
+    if isinstance(refused, str):  # a login for another account: the host's file unchanged
+        raise HttpError(403, refused, REFUSED)
     if store is not None:
         services.log.note(f"{name}'s new login (a code exchanged inside the session) is kept "
                           "in the person's login file; the session holds placeholders")

@@ -4,7 +4,7 @@ egress-proxy runs this as a ``[[secret]]`` command (libbroker.launcher.logins
 makes the entry), every few seconds, on the host, never in the sandbox::
 
     python -m libegress.login_keeper KIND FILE [--resolve=HOST:IP:PORT]... [--ca=FILE]
-                                     [--answer | --store]
+                                     [--answer | --store] [--switch-ok]
 
 It reads the person's own login file (``~/.claude/.credentials.json``,
 ``~/.codex/auth.json``, ``~/.gemini/oauth_creds.json``) under
@@ -24,12 +24,17 @@ agent's token endpoint (:mod:`libegress.token_endpoint`), with one more word:
   person's id token);
 - ``--store`` (a ``/login`` inside: the token endpoint's answer on stdin):
   writes the new login to the person's file, as a refresh does (locked,
-  atomic, its mode; 0600 for a new file), and prints the answer the session
-  gets, placeholders only.
+  atomic, its mode; 0600 for a new file, in a directory made 0700 if there
+  is none: a first login), and prints the answer the session gets,
+  placeholders only.  When the file already holds a login, the new one must
+  be for the same account (:mod:`libegress.login_account`), else it prints
+  ``{"refused": REASON}`` and the file stays as it was; ``--switch-ok`` (the
+  config's ``unsafe_login_switch``) lets another account replace it.
 
 A refusal prints one line on stderr (never a token) and exits 1; a refresh
 that fails while the held token is still valid prints that token (the proxy
-goes on; the next run tries again).
+goes on; the next run tries again).  No login file (none yet: a session
+that may make the first one inside) exits :data:`ABSENT` without a word.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ import sys
 import time
 from urllib.parse import urlsplit
 
-from libegress import oauth_login, placeholders
-from libegress.oauth_login import Kind, LoginError, Tokens
+from libegress import login_account, oauth_login, placeholders
+from libegress.oauth_login import CLAUDE, GEMINI, Kind, LoginError, Tokens
 from libegress.route import parse_pin
 
 MAX_FILE = 1 << 20
 TIMEOUT = 20.0
+ABSENT = oauth_login.ABSENT_STATUS  # no login file: nothing to hold yet, nothing said
 
 
 def _read(path: str) -> tuple[str, int]:
@@ -153,8 +159,38 @@ def _held(kind: Kind, path: str) -> tuple[object, Tokens | None, int]:
     return data, tokens, mode
 
 
-def answer(kind: Kind, path: str, store: bytes | None) -> str:
+def _beside(kind: Kind, path: str) -> object:
+    """The JSON of the file the agent records its account in, or None."""
+    parent = os.path.dirname(path) or "."
+    if kind is CLAUDE:  # ~/.claude/.credentials.json: ~/.claude.json; CLAUDE_CONFIG_DIR: inside
+        up = os.path.dirname(parent) if os.path.basename(parent) == ".claude" else parent
+        where = os.path.join(up or ".", ".claude.json")
+    elif kind is GEMINI:
+        where = os.path.join(parent, "google_accounts.json")
+    else:
+        return None
+    try:
+        return json.loads(_read(where)[0])
+    except (OSError, LoginError, ValueError, RecursionError):
+        return None
+
+
+def switch_refusal(kind: Kind, data: object, beside: object,
+                   got: dict[str, object]) -> str | None:
+    """Why a new login may not replace the held one (another account, or unknown)."""
+    same = login_account.same_account(login_account.held_account(kind, data, beside),
+                                      login_account.new_account(kind, got))
+    if same:
+        return None
+    what = "another account than" if same is False else "an account that cannot be told from"
+    return (f"{kind.name}'s new login is for {what} the one logged in on the host: not kept "
+            "(unsafe_login_switch = true lets a login made inside replace it)")
+
+
+def answer(kind: Kind, path: str, store: bytes | None, switch_ok: bool = False) -> str:
     """The session's token answer (placeholders); with ``store``, the new login written first."""
+    if store is not None:  # a first login: the agent's directory may not be there yet
+        os.makedirs(os.path.dirname(path) or ".", 0o700, exist_ok=True)
     dirfd = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(dirfd, fcntl.LOCK_EX)
@@ -170,7 +206,11 @@ def answer(kind: Kind, path: str, store: bytes | None) -> str:
             raise LoginError("the token endpoint's answer is not JSON") from None
         if not isinstance(got, dict):
             raise LoginError("the token endpoint's answer is not an object")
-        new_data, _ = oauth_login.stored(kind, data, held, got, now)
+        new_data, _ = oauth_login.stored(kind, data, held, got, now)  # a usable login?
+        refusal = None if held is None or switch_ok else \
+            switch_refusal(kind, data, _beside(kind, path), got)
+        if refusal is not None:
+            return json.dumps({"refused": refusal})
         _write(path, json.dumps(new_data, indent=2), mode)
         return json.dumps(placeholders.masked(kind, got, now))
     finally:
@@ -191,11 +231,13 @@ def main(argv: list[str]) -> int:
     pins = [a.split("=", 1)[1] for a in argv if a.startswith("--resolve=")]
     cas = [a.split("=", 1)[1] for a in argv if a.startswith("--ca=")]
     modes = [a for a in argv if a in ("--answer", "--store")]
-    known = all(a in modes or a.startswith(("--resolve=", "--ca=")) for a in argv
-                if a.startswith("--"))
+    switch_ok = "--switch-ok" in argv
+    known = all(a in modes or a == "--switch-ok" or a.startswith(("--resolve=", "--ca="))
+                for a in argv if a.startswith("--"))
     if len(words) != 2 or words[0] not in oauth_login.KINDS or len(modes) > 1 or not known:
         print(f"usage: python -m libegress.login_keeper {'|'.join(oauth_login.KINDS)} FILE "
-              "[--resolve=PIN]... [--ca=FILE] [--answer | --store]", file=sys.stderr)
+              "[--resolve=PIN]... [--ca=FILE] [--answer | --store] [--switch-ok]",
+              file=sys.stderr)
         return 2
     kind = oauth_login.KINDS[words[0]]
     try:
@@ -203,9 +245,14 @@ def main(argv: list[str]) -> int:
             store = sys.stdin.buffer.read(MAX_FILE + 1) if modes[0] == "--store" else None
             if store is not None and len(store) > MAX_FILE:
                 raise LoginError("the token endpoint's answer is larger than 1 MiB")
-            token = answer(kind, words[1], store)
+            token = answer(kind, words[1], store, switch_ok)
         else:
             token = current_token(kind, words[1], pins, cas[-1] if cas else None)
+    except FileNotFoundError:
+        if modes:
+            print(f"login-keeper: {kind.name}'s login file is not there", file=sys.stderr)
+            return 1
+        return ABSENT  # no login yet: nothing to send, nothing to say
     except (LoginError, OSError, ValueError) as exc:
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         print(f"login-keeper: {why}", file=sys.stderr)

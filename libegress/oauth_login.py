@@ -65,6 +65,9 @@ GEMINI = Kind("gemini", "https://oauth2.googleapis.com/token",
               "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleusercontent.com", "")
 GEMINI_SECRET = "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"  # noqa: S105 - public, see above
 KINDS = {k.name: k for k in (CLAUDE, CODEX, GEMINI)}
+# The keeper's exit status for "no login file": nothing to hold yet, and nothing to
+# say (a session that may make the first login inside: libegress.tokens is quiet).
+ABSENT_STATUS = 3
 # Codex without an exp claim refreshes 8 days after last_refresh (its own rule).
 CODEX_INTERVAL_MS = 8 * 24 * 3600 * 1000
 

@@ -14,16 +14,23 @@ host-side keeper (:mod:`libegress.login_keeper`) sends it.
   - ``grant_type=refresh_token`` with the session's placeholder: ANSWER,
     the proxy answers with fresh placeholders (the keeper keeps the real
     pair fresh; the proxy goes on setting the real access token);
-  - ``grant_type=authorization_code`` (a ``/login`` inside): EXCHANGE, the
-    code goes upstream, and a token answer is written to the person's own
-    login file by the keeper; the session gets placeholders;
+  - ``grant_type=authorization_code`` with the agent's own client id (a
+    ``/login`` inside): EXCHANGE, the code goes upstream, and a token answer
+    is written to the person's own login file by the keeper; the session
+    gets placeholders;
+  - another client's request (a ``client_id`` that is not the agent's, no
+    placeholder anywhere: gcloud refreshing its own ADC on
+    ``oauth2.googleapis.com``): RELAY, upstream as it came, its answer
+    relayed; the proxy adds nothing, so nothing of the person's is in it;
   - any other grant, or a refresh token that is not the placeholder:
     REFUSE 403 (a refresh token of another account would otherwise be
     answered with a login that is not the person's);
 - a path that needs the real token (Gemini CLI's ``/tokeninfo``, which it
-  asks with the bearer before it trusts a login): INJECT;
+  asks with the bearer before it trusts a login): INJECT when the request's
+  Authorization holds the placeholder (the placeholder replaced); a bearer
+  of the client's own goes as it came (FORWARD);
 - anything else carrying a placeholder (in the target, a header or the
-  body): REFUSE 403; else FORWARD, with no credential.
+  body): REFUSE 403; else FORWARD: the client's own fields, no credential added.
 
 A response to INJECT or FORWARD that holds a token field is not handed in
 (:func:`holds_tokens`).  Paths are compared decoded, lower case, with
@@ -50,8 +57,9 @@ REFUSED = "blocked-login"
 class Action(Enum):
     ANSWER = "answer"  # the proxy answers a refresh with placeholders
     EXCHANGE = "exchange"  # upstream; a token answer is kept on the host
-    INJECT = "inject"  # upstream with the real access token
-    FORWARD = "forward"  # upstream with no credential
+    INJECT = "inject"  # upstream with the real access token (the placeholder replaced)
+    FORWARD = "forward"  # upstream as it came, no credential added; no token handed in
+    RELAY = "relay"  # another client's token request: upstream as it came, answer relayed
     REFUSE = "refuse"
 
 
@@ -147,15 +155,31 @@ def params(headers: list[tuple[bytes, bytes]], body: bytes) -> dict[str, Any] | 
     return None
 
 
+def carries_placeholder(headers: list[tuple[bytes, bytes]], name: bytes = b"authorization") -> bool:
+    """Whether the request's ``name`` field (lower case) holds a placeholder: the proxy
+    replaces a placeholder, never a credential the request brought itself."""
+    return any(n.lower() == name and MARK in _decoded(v) for n, v in headers)
+
+
+def _another_client(endpoint: Endpoint, got: dict[str, Any] | None, marked: bool) -> bool:
+    """A token request of another OAuth client (its own client id, no placeholder)."""
+    if got is None or marked:
+        return False
+    client = got.get("client_id")
+    return isinstance(client, str) and bool(client) and client != endpoint.kind.client_id
+
+
 def judge(endpoint: Endpoint, method: bytes, target: bytes,
           headers: list[tuple[bytes, bytes]], body: bytes) -> Decision:
     """What the proxy does with one request to ``endpoint``'s host (its body read whole)."""
     path = path_key(target)
     name = endpoint.kind.name
     if path == endpoint.token_path:
+        got = params(headers, body)
+        if _another_client(endpoint, got, carries_mark(target, headers, body)):
+            return Decision(Action.RELAY)
         if method != b"POST":
             return Decision(Action.REFUSE, 405, f"{name}'s token endpoint takes POST only")
-        got = params(headers, body)
         if got is None:
             return Decision(Action.REFUSE, 400, f"{name}'s token request is neither JSON nor "
                                                 "a form the proxy can read")
@@ -165,13 +189,14 @@ def judge(endpoint: Endpoint, method: bytes, target: bytes,
                 return Decision(Action.ANSWER)
             return Decision(Action.REFUSE, 403, f"{name}'s login is held on the host: only the "
                                                 "session's placeholder refresh token is answered")
-        if grant == "authorization_code" and not carries_mark(target, headers, body):
+        if grant == "authorization_code" and not carries_mark(target, headers, body) \
+                and got.get("client_id") == endpoint.kind.client_id:
             return Decision(Action.EXCHANGE)
         what = f"grant {grant!r}" if isinstance(grant, str) and len(grant) <= 80 \
             else "a token request with no readable grant_type"
         return Decision(Action.REFUSE, 403, f"{name}'s login is held on the host: {what} "
                                             "is not answered for the session")
-    if path in endpoint.inject_paths:
+    if path in endpoint.inject_paths and carries_placeholder(headers):
         return Decision(Action.INJECT)
     if carries_mark(target, headers, body):
         return Decision(Action.REFUSE, 403, f"{name}'s login is held on the host: the "

@@ -32,6 +32,7 @@ import subprocess
 from collections.abc import Callable, Mapping
 
 from libbroker.errors import TokenError, UsageError
+from libegress.oauth_login import ABSENT_STATUS
 from libegress.secrets import Secret, header_value
 
 # Printable ASCII without spaces: whatever goes into a header must not be able
@@ -44,6 +45,14 @@ BACKOFF = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 MAX_OUTPUT = 64 * 1024
 # Without a pidfd (kernels before 5.3) the command's exit is polled this often.
 _POLL = 0.1
+
+
+class CommandFailed(TokenError):
+    """The command ran and exited with a status other than 0."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the token command exited with status {status}")
+        self.status = status
 
 
 def token_argv(command: str) -> list[str]:
@@ -127,7 +136,7 @@ async def run_command(argv: list[str], bound: float = RUN_BOUND, stdin: bytes = 
         os.close(read_end)
         _end(proc)
     if proc.returncode != 0:
-        raise TokenError(f"the token command exited with status {proc.returncode}")
+        raise CommandFailed(proc.returncode)
     return out
 
 
@@ -221,8 +230,10 @@ class TokenKeeper:
         backoff: tuple[float, ...] = BACKOFF,
         first_wait: float = FIRST_WAIT,
         env: Mapping[str, str] | None = None,
+        quiet_status: int | None = None,
     ) -> None:
         self._argv = argv
+        self._quiet = quiet_status  # an exit status that means "nothing yet", not a failure
         self._env = env
         self._every = every
         self._say = say
@@ -243,6 +254,8 @@ class TokenKeeper:
         try:
             self._token = await read_token(self._argv, self._bound, self._env)
         except TokenError as exc:
+            if isinstance(exc, CommandFailed) and exc.status == self._quiet:
+                return False
             kept = "the previous token is kept" if self._token else "no token is held"
             self._say(f"token renewal failed: {exc}; {kept}")
             return False
@@ -309,7 +322,8 @@ class SecretKeeper:
         host = secret.host
         self.keeper = TokenKeeper(list(secret.argv), secret.every,
                                   lambda message: say(f"secret for {host}: {message}"),
-                                  bound=bound, first_wait=first_wait, env=env)
+                                  bound=bound, first_wait=first_wait, env=env,
+                                  quiet_status=ABSENT_STATUS if secret.login else None)
         self._made: tuple[str, bytes] | None = None
 
     def field(self) -> tuple[bytes, bytes] | None:

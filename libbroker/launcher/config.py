@@ -106,6 +106,7 @@ class Config(NamedTuple):
     secrets: tuple[Secret, ...] = ()  # [[secret]] tables
     repos: tuple[str, ...] = ()  # egress-proxy --repos: the token's writes held to these
     record: bool = True  # the session record (libbroker.launcher.record)
+    unsafe_login_switch: bool = False  # a login made inside may replace another account's
     learn: bool = False  # run --learn: every public host passed and marked (not a file key)
     workdir_read_only: bool = False  # codex -s read-only (launcher.agent_argv; not a file key)
 
@@ -141,6 +142,7 @@ _KEYS = frozenset(
         "record",
         "unsafe_grants",
         "unsafe_env",
+        "unsafe_login_switch",
     }
 )
 
@@ -202,6 +204,7 @@ def from_mapping(
         secrets=secrets,
         repos=egress_values.repos(get.strings("repos", ()), where("repos")),
         record=get.boolean("record", True),
+        unsafe_login_switch=get.boolean("unsafe_login_switch", False),
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )

@@ -71,18 +71,26 @@ _FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 }
 
 
-def detect(profile: Profile, home: str) -> Login | None:
-    """The agent's OAuth login in ``home``, or None (none, or not one we can hold)."""
+def known(profile: Profile, home: str) -> Login | None:
+    """Where the agent's OAuth login is or would be in ``home``, or None (an agent
+    with no login we hold)."""
     if profile.name not in _FILES:
         return None
     where, copy, hosts = _FILES[profile.name]
-    path = os.path.join(home, where[2:])
+    return Login(profile.name, os.path.join(home, where[2:]), copy, hosts)
+
+
+def detect(profile: Profile, home: str) -> Login | None:
+    """The agent's OAuth login in ``home``, or None (none, or not one we can hold)."""
+    login = known(profile, home)
+    if login is None:
+        return None
     try:
-        with open(path, encoding="utf-8") as fh:
+        with open(login.path, encoding="utf-8") as fh:
             oauth_login.parse(oauth_login.KINDS[profile.name], fh.read(1 << 20))
     except (OSError, UnicodeDecodeError, oauth_login.LoginError):
         return None
-    return Login(profile.name, path, copy, hosts)
+    return login
 
 
 def _every() -> int:
@@ -91,25 +99,45 @@ def _every() -> int:
 
 
 def take(profile: Profile, cfg: Config) -> tuple[Config, Login | None, str]:
-    """``cfg`` with the login's secret, the login, and the line that says so."""
+    """``cfg`` with the login's secret, the login, and the line that says so.
+
+    An agent with no login on the host yet gets the same secrets (their
+    keeper holds nothing until a login exists, and says nothing), so a first
+    ``/login`` inside is kept on the host too; the Login returned is None
+    then (no copy to fill with placeholders) and no line is said.  Its API
+    host with a key already (an exported key, a ``[[secret]]``) is left to
+    the key.
+    """
     login = detect(profile, cfg.home)
+    later = known(profile, cfg.home) if login is None else None
+    held = {s.host for s in cfg.secrets}
+    if later is not None:
+        if later.hosts[0] in held or later.hosts[0] in cfg.inject:
+            return cfg, None, ""
+        return _secrets(cfg, later, held), None, ""
     if login is None:
         return cfg, None, ""
-    held = {s.host for s in cfg.secrets}
     if login.hosts[0] in held:  # an API key is used there
         return cfg, login, (f"agent-sandbox: {profile.name}'s login stays on this host "
                             "(placeholders in the session; its API host has a key already)")
+    line = (f"agent-sandbox: {profile.name}'s login stays on this host: egress-proxy sends "
+            f"its token to {login.hosts[0]} and refreshes it (the session holds placeholders)")
+    return _secrets(cfg, login, held), login, line
+
+
+def _secrets(cfg: Config, login: Login, held: set[str]) -> Config:
+    """``cfg`` with the login's secrets (the keeper's command on its file) and their hosts."""
     argv = [sys.executable, "-m", "libegress.login_keeper", login.kind, login.path,
             *(f"--resolve={pin}" for pin in cfg.resolve)]
     if cfg.upstream_ca:
         argv.append(f"--ca={cfg.upstream_ca}")
+    if cfg.unsafe_login_switch:
+        argv.append("--switch-ok")
     added = tuple(Secret(host, "Authorization", shlex.join(argv), "Bearer {}", _every(),
                          login=login.kind)
                   for host in login.hosts if host not in held and host not in cfg.inject)
-    line = (f"agent-sandbox: {profile.name}'s login stays on this host: egress-proxy sends "
-            f"its token to {login.hosts[0]} and refreshes it (the session holds placeholders)")
     domains = (*cfg.domains, *(s.host for s in added if s.host not in cfg.domains))
-    return cfg._replace(secrets=(*cfg.secrets, *added), domains=domains), login, line
+    return cfg._replace(secrets=(*cfg.secrets, *added), domains=domains)
 
 
 def placeholder_copy(login: Login, root: str, runtime: str) -> None:

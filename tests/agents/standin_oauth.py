@@ -47,6 +47,11 @@ GEMINI_CLIENT_ID = "681255809395-oo8ft2oprdrnp9e3aqf6av3hmdib135j.apps.googleuse
 CLIENT_ID = "9d1c250a-e61b-44d9-88ed-5944d1962f5e"
 CODEX_CLIENT_ID = "app_EMoamEEZ73f0CkXaXp7hrann"
 ACCOUNT = "acct-standin-1"
+CLAUDE_ACCOUNT = "claude-account-standin-1"  # Claude's token answers name their account
+# gcloud's public client id, and its own ADC login (in the session: the person's choice)
+GCLOUD_CLIENT_ID = "32555940559.apps.googleusercontent.com"
+GCLOUD_REFRESH = "1//gcloud-own-refresh"
+GCLOUD_ACCESS = "ya29.gcloud-own-access"
 
 
 def jwt(claims: dict[str, object], signature: str) -> str:
@@ -89,6 +94,7 @@ class Oauth:
     seen: list[Request] = field(default_factory=list)
     on_refresh: Callable[[], None] | None = None  # called after each rotation
     code: str = field(default_factory=lambda: f"code-{uuid.uuid4().hex}")  # one, for a /login
+    account: str = CLAUDE_ACCOUNT  # whose login a code exchange gives (Claude's; Google's sub)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -193,7 +199,9 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
                     o.refresh = f"sk-ant-ort01-real-{uuid.uuid4().hex}"
                     answer = {"access_token": o.access, "refresh_token": o.refresh,
                               "expires_in": int(o.lifetime_s), "token_type": "Bearer",
-                              "scope": body.get("scope", "user:inference")}
+                              "scope": body.get("scope", "user:inference"),
+                              "account": {"uuid": o.account,
+                                          "email_address": "p@example.com"}}
                 if good:
                     o.issued.append((o.access, o.refresh))
             if not good:
@@ -212,6 +220,12 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
         def _google_token(self, raw: bytes) -> None:
             form = dict(parse_qsl(raw.decode("ascii", "replace")))
             with o.lock:
+                if form.get("client_id") == GCLOUD_CLIENT_ID:  # gcloud's own ADC refresh
+                    good = form.get("refresh_token") == GCLOUD_REFRESH
+                    self._reply(200 if good else 400, json.dumps(
+                        {"access_token": GCLOUD_ACCESS, "expires_in": 3599} if good
+                        else {"error": "invalid_grant"}).encode())
+                    return
                 code = o.exchanged(form, GEMINI_CLIENT_ID)
                 good = code or (form.get("grant_type") == "refresh_token"
                                 and form.get("client_id") == GEMINI_CLIENT_ID
@@ -230,8 +244,10 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
             answer = {"access_token": o.access, "expires_in": int(o.lifetime_s),
                       "token_type": "Bearer",
                       "scope": "https://www.googleapis.com/auth/cloud-platform"}
-            if code:
+            if code:  # a new login: its refresh token, and who it is (openid email scopes)
                 answer["refresh_token"] = o.refresh
+                answer["id_token"] = jwt({"sub": o.account, "email": "p@example.com"},
+                                         f"idsig-{uuid.uuid4().hex}")
             self._reply(200, json.dumps(answer).encode())
 
         def _tokeninfo(self) -> None:

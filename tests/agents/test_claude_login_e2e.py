@@ -31,7 +31,7 @@ import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, report, split
-from standin_oauth import Oauth, run_logged_in, serving
+from standin_oauth import CLAUDE_ACCOUNT, Oauth, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
 MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
@@ -51,6 +51,9 @@ def login(w: Home, o: Oauth, expires_in_s: float) -> Path:
         "expiresAt": int((time.time() + expires_in_s) * 1000),
         "scopes": ["user:inference", "user:profile"], "subscriptionType": "max"}}))
     creds.chmod(0o640)  # not the 0600 a fresh file would get: kept as it is
+    config = w.home / ".claude.json"  # Claude Code records the login's account here
+    config.write_text(json.dumps({**json.loads(config.read_text()), "oauthAccount": {
+        "accountUuid": CLAUDE_ACCOUNT, "emailAddress": "p@example.com"}}))
     return creds
 
 

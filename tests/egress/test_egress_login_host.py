@@ -28,7 +28,14 @@ from egress_world import require
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "agents"))
 
-from standin_oauth import GEMINI_CLIENT_ID, Oauth, start
+from standin_oauth import (
+    GCLOUD_ACCESS,
+    GCLOUD_CLIENT_ID,
+    GCLOUD_REFRESH,
+    GEMINI_CLIENT_ID,
+    Oauth,
+    start,
+)
 
 MARK = "agent-sandbox-placeholder"
 
@@ -90,7 +97,61 @@ def test_the_real_token_goes_to_tokeninfo_only_and_never_the_clients(rig: Rig) -
     assert head.startswith("HTTP/1.1 404")
     info, other = o.seen[-2:]
     assert f"Bearer {o.access}" in info.headers and MARK not in info.headers
-    assert "Authorization" not in other.headers and o.access not in other.headers
+    # a bearer the client brought goes as it came, never replaced, never the real one
+    assert "Bearer mine" in other.headers and o.access not in other.headers
+
+
+def curl_to(rig: Rig, host: str, path: str, *extra: str) -> tuple[str, str]:
+    argv = ["curl", "-sS", "--max-time", "15", "-x", rig.proxy.http, "--cacert",
+            str(rig.egress / "ca.pem"), "-D", "-", "--suppress-connect-headers", *extra,
+            f"https://{host}{path}"]
+    env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    head, _, body = done.stdout.partition("\n\n")
+    return head, body
+
+
+API = "cloudcode-pa.googleapis.com"
+
+
+@pytest.mark.parametrize(("host", "path", "headers", "goes"), [
+    # the placeholder is replaced by the real token
+    (API, "/v1internal:loadCodeAssist", [f"Authorization: Bearer ya29.{MARK}"], "REAL"),
+    # a credential the request brought itself goes as it came, nothing added
+    (API, "/v1internal:loadCodeAssist", ["Authorization: Bearer ya29.its-own"],
+     "Authorization: Bearer ya29.its-own"),
+    (API, "/v1internal:loadCodeAssist", ["x-goog-api-key: its-own-key"], "x-goog-api-key"),
+    (API, "/v1internal:loadCodeAssist", ["x-api-key: its-own-key"], "x-api-key: its-own-key"),
+    ("oauth2.googleapis.com", "/tokeninfo", ["Authorization: Bearer ya29.its-own"],
+     "Authorization: Bearer ya29.its-own"),
+])
+def test_the_real_token_replaces_the_placeholder_only_never_a_credential_of_its_own(
+        rig: Rig, host: str, path: str, headers: list[str], goes: str) -> None:
+    o = rig.o
+    o.seen.clear()
+    curl_to(rig, host, path, "-X", "POST", "-d", "{}", *(a for h in headers for a in ("-H", h)))
+    (seen,) = o.seen
+    if goes == "REAL":
+        assert f"Bearer {o.access}" in seen.headers and MARK not in seen.headers
+    else:
+        assert goes.lower() in seen.headers.lower() and o.access not in seen.headers
+        assert seen.headers.lower().count("authorization") == ("authorization" in goes.lower())
+
+
+def test_gclouds_own_refresh_on_the_token_host_passes_untouched(rig: Rig) -> None:
+    o = rig.o
+    o.seen.clear()
+    log_before = rig.proxy.log_text()
+    head, body = curl(rig, "/token", "-d", f"client_id={GCLOUD_CLIENT_ID}",
+                      "-d", "client_secret=d-FL95Q19q7MQmFpd7hHD0Ty", "-d",
+                      "grant_type=refresh_token", "-d", f"refresh_token={GCLOUD_REFRESH}")
+    assert head.startswith("HTTP/1.1 200") and json.loads(body)["access_token"] == GCLOUD_ACCESS
+    (seen,) = o.seen
+    assert GCLOUD_REFRESH.replace("/", "%2F") in seen.body or GCLOUD_REFRESH in seen.body
+    assert o.access not in seen.headers + seen.body and MARK not in seen.headers + seen.body
+    assert "blocked-login" not in rig.proxy.log_text()[len(log_before):]
 
 
 def test_a_placeholder_refresh_is_answered_and_never_reaches_the_endpoint(rig: Rig) -> None:

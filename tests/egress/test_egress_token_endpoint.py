@@ -109,9 +109,54 @@ def test_a_code_exchange_goes_upstream_to_be_kept() -> None:
     claude = {"grant_type": "authorization_code", "code": "c", "redirect_uri": "http://x",
               "client_id": CLAUDE.client_id, "code_verifier": "v", "state": "s"}
     codex = b"grant_type=authorization_code&code=c&redirect_uri=http%3A%2F%2Flocalhost&" \
-            b"client_id=app&code_verifier=v"
+            b"client_id=" + CODEX.client_id.encode() + b"&code_verifier=v"
     assert ask("claude", claude)[0] is Action.EXCHANGE
     assert ask("codex", codex, headers=FORM)[0] is Action.EXCHANGE
+
+
+GCLOUD = "32555940559.apps.googleusercontent.com"  # gcloud's public client id
+
+
+@pytest.mark.parametrize(("kind", "body", "headers", "action"), [
+    # another client's own traffic on the token host: upstream as it came, answer relayed
+    ("gemini", f"client_id={GCLOUD}&client_secret=x&grant_type=refresh_token"
+     "&refresh_token=1//gclouds-own".encode(), FORM, Action.RELAY),
+    ("gemini", f"client_id={GCLOUD}&grant_type=authorization_code&code=c".encode(), FORM,
+     Action.RELAY),
+    ("claude", {"grant_type": "client_credentials", "client_id": "another-app"}, JSON,
+     Action.RELAY),
+    # ... unless it carries a placeholder, which never goes upstream
+    ("gemini", f"client_id={GCLOUD}&grant_type=refresh_token&refresh_token=1//{MARK}".encode(),
+     FORM, Action.ANSWER),
+    ("gemini", f"client_id={GCLOUD}&grant_type=authorization_code&code={MARK}".encode(), FORM,
+     Action.REFUSE),
+    # the agent's own client: a code exchange is kept, anything else judged as before
+    ("gemini", f"client_id={GEMINI.client_id}&grant_type=authorization_code&code=c".encode(),
+     FORM, Action.EXCHANGE),
+    ("gemini", f"client_id={GEMINI.client_id}&grant_type=refresh_token"
+     "&refresh_token=1//other".encode(), FORM, Action.REFUSE),
+    # a code exchange with no client id, or an empty one: not the agent's, not another's
+    ("claude", {"grant_type": "authorization_code", "code": "c"}, JSON, Action.REFUSE),
+    ("claude", {"grant_type": "authorization_code", "code": "c", "client_id": ""}, JSON,
+     Action.REFUSE),
+    ("claude", {"grant_type": "authorization_code", "code": "c", "client_id": [1]}, JSON,
+     Action.REFUSE),
+])
+def test_only_the_agents_own_client_and_placeholders_are_taken_on_the_token_path(
+        kind: str, body: object, headers: list[tuple[bytes, bytes]], action: Action) -> None:
+    assert ask(kind, body, headers=headers)[0] is action
+
+
+@pytest.mark.parametrize(("headers", "action"), [
+    ([(b"Authorization", f"Bearer ya29.{MARK}".encode())], Action.INJECT),
+    ([(b"authorization", b"Bearer ya29.%61gent-sandbox-placeholder")], Action.INJECT),
+    ([(b"Authorization", b"Bearer ya29.gclouds-own")], Action.FORWARD),  # its own, as it came
+    ([], Action.FORWARD),
+    ([(b"X-Goog-Token", MARK.encode())], Action.REFUSE),
+])
+def test_tokeninfo_gets_the_real_token_in_place_of_the_placeholder_only(
+        headers: list[tuple[bytes, bytes]], action: Action) -> None:
+    assert judge(ENDPOINTS["gemini"], b"POST", b"/tokeninfo", headers, b"").action is action
 
 
 @pytest.mark.parametrize(("target", "headers", "body"), [
@@ -132,8 +177,9 @@ def test_a_placeholder_anywhere_else_on_the_host_is_refused(
 def test_only_geminis_tokeninfo_gets_the_real_token() -> None:
     gemini = ENDPOINTS["gemini"]
     assert gemini.host == "oauth2.googleapis.com" and gemini.token_path == "/token"
-    assert judge(gemini, b"POST", b"/tokeninfo", FORM, b"").action is Action.INJECT
-    assert judge(gemini, b"POST", b"/TokenInfo/", FORM, b"").action is Action.INJECT
+    bearer = [(b"Authorization", f"Bearer ya29.{MARK}".encode())]
+    assert judge(gemini, b"POST", b"/tokeninfo", bearer, b"").action is Action.INJECT
+    assert judge(gemini, b"POST", b"/TokenInfo/", bearer, b"").action is Action.INJECT
     assert judge(gemini, b"GET", b"/.well-known/x", [], b"").action is Action.FORWARD
     assert judge(ENDPOINTS["claude"], b"POST", b"/tokeninfo", FORM, b"").action \
         is Action.FORWARD
@@ -254,8 +300,10 @@ def test_the_keeper_answers_a_refresh_with_placeholders_from_the_file(tmp_path: 
 @pytest.mark.parametrize("exists", [True, False])
 def test_the_keeper_stores_a_new_login_atomically_with_the_files_mode(
         tmp_path: Path, exists: bool) -> None:
-    path = tmp_path / ".credentials.json"
-    if exists:
+    path = tmp_path / ".claude" / ".credentials.json"
+    if exists:  # the same account (Claude Code records it in ~/.claude.json)
+        path.parent.mkdir()
+        (tmp_path / ".claude.json").write_text(json.dumps({"oauthAccount": {"accountUuid": "u"}}))
         path.write_text(json.dumps({"claudeAiOauth": {"accessToken": "A0", "refreshToken": "R0",
                                                       "expiresAt": 1}}))
         path.chmod(0o640)
@@ -268,7 +316,9 @@ def test_the_keeper_stores_a_new_login_atomically_with_the_files_mode(
     assert (held["accessToken"], held["refreshToken"]) == ("sk-ant-oat01-REAL1",
                                                            "sk-ant-ort01-REAL1")
     assert os.stat(path).st_mode & 0o777 == (0o640 if exists else 0o600)
-    assert [p.name for p in tmp_path.iterdir()] == [".credentials.json"]
+    assert [p.name for p in path.parent.iterdir()] == [".credentials.json"]
+    if not exists:  # a first login: the agent's directory made for it, the person's only
+        assert os.stat(path.parent).st_mode & 0o777 == 0o700
 
 
 @pytest.mark.parametrize("stdin", ["", "[]", "{", '{"access_token": 5}', '{"error": "x"}'])

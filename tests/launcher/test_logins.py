@@ -48,11 +48,36 @@ def test_a_login_becomes_a_secret_whose_command_names_only_the_file(tmp_path: Pa
     assert line.startswith("agent-sandbox: claude's login stays on this host")
 
 
-def test_no_login_or_one_we_cannot_hold_changes_nothing(tmp_path: Path) -> None:
-    for data in ({}, {"claudeAiOauth": {"accessToken": "a"}}, "x"):
-        cfg = cfg_for(home_with_login(tmp_path / str(len(str(data))), data))
-        assert logins.take(CLAUDE, cfg) == (cfg, None, "")
-    assert logins.take(agents.PROFILES["gemini"], cfg)[1] is None
+def test_no_login_yet_gets_the_secrets_for_a_first_login_inside_and_no_line(
+        tmp_path: Path) -> None:
+    for data in ({}, {"claudeAiOauth": {"accessToken": "a"}}, "x", None):
+        home = home_with_login(tmp_path / str(len(str(data))), data)
+        if data is None:
+            (home / ".claude" / ".credentials.json").unlink()
+        cfg = cfg_for(home)
+        out, login, line = logins.take(CLAUDE, cfg)
+        assert (login, line) == (None, "")
+        (secret,) = out.secrets
+        assert (secret.host, secret.login) == ("api.anthropic.com", "claude")
+        assert shlex.split(secret.command)[3:] == [
+            "claude", str(home / ".claude" / ".credentials.json")]
+    gemini = logins.take(agents.PROFILES["gemini"], cfg)
+    assert gemini[1] is None and {s.login for s in gemini[0].secrets} == {"gemini"}
+
+
+def test_no_login_and_a_key_for_the_api_host_leaves_the_key_alone(tmp_path: Path) -> None:
+    home = home_with_login(tmp_path, {})
+    cfg = cfg_for(home, secret=[{"host": "api.anthropic.com", "header": "x-api-key",
+                                 "format": "{}", "command": "printenv ANTHROPIC_API_KEY"}])
+    assert logins.take(CLAUDE, cfg) == (cfg, None, "")
+
+
+def test_unsafe_login_switch_reaches_the_keeper(tmp_path: Path) -> None:
+    cfg = cfg_for(home_with_login(tmp_path), unsafe_login_switch=True)
+    (secret,) = logins.take(CLAUDE, cfg)[0].secrets
+    assert shlex.split(secret.command)[-1] == "--switch-ok"
+    assert "--switch-ok" not in logins.take(CLAUDE, cfg_for(home_with_login(
+        tmp_path / "b")))[0].secrets[0].command
 
 
 def test_a_host_with_a_key_already_keeps_the_key_and_the_placeholders(tmp_path: Path) -> None:
