@@ -402,7 +402,9 @@ class LandlockBox(Box):
         if self.subreaper:  # what escaped the command's process group is ours now
             from libbroker.sandbox import reaper
 
-            reaper.kill_below(os.getpid())
+            # Not the janitor: it must outlive the merge and the sweep that follow.
+            janitor = self.s.janitor
+            reaper.kill_below(os.getpid(), frozenset({janitor.pid}) if janitor else frozenset())
         if self.ns_probe:  # a start that failed before it asked for the answer
             with contextlib.suppress(OSError):
                 os.waitpid(self.ns_probe, 0)

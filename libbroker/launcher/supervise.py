@@ -68,6 +68,10 @@ class Janitor:
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, self._proc.pid, 19)
 
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
     def watch(self, child: Child) -> None:
         os.write(self._w, f"{child.pid} {int(child.own_group)}\n".encode())
 

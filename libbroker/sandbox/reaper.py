@@ -85,12 +85,14 @@ def process_parents() -> dict[int, int]:
     return table
 
 
-def kill_below(root: int) -> None:
+def kill_below(root: int, keep: frozenset[int] = frozenset()) -> None:
     """SIGKILL every process below ``root`` (this process), and reap its children.
 
-    Returns once this process has no child left.  Each kill goes through a
-    pidfd opened after the process was found and checked again, so a pid
-    that was reused in between is left alone.
+    Returns once this process has no child left but those in ``keep`` (and
+    what is below them): the launcher's janitor must outlive this, its work
+    (the sweep) comes after.  Each kill goes through a pidfd opened after the
+    process was found and checked again, so a pid that was reused in between
+    is left alone.
     """
     while True:
         try:
@@ -98,7 +100,10 @@ def kill_below(root: int) -> None:
                 pass  # reap what has ended already
         except ChildProcessError:
             return  # no child at all, so nothing below us: the usual end, no /proc scan
-        found = descendants(root, process_parents())
+        parents = process_parents()
+        found = [pid for pid in descendants(root, parents) if not _kept(pid, keep, parents)]
+        if not found:
+            return  # only the kept ones are left
         ours = {root, *found}
         for pid in found:
             try:
@@ -114,6 +119,20 @@ def kill_below(root: int) -> None:
                 os.close(fd)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(-1, 0)  # one of ours has died (orphans below are ours now)
+
+
+def _kept(pid: int, keep: frozenset[int], parents: Mapping[int, int]) -> bool:
+    """Whether ``pid`` is in ``keep`` or below one of them (by ``parents``)."""
+    seen: set[int] = set()
+    while pid not in seen:  # a malformed table must not loop
+        if pid in keep:
+            return True
+        seen.add(pid)
+        parent = parents.get(pid)
+        if parent is None:
+            return False
+        pid = parent
+    return False
 
 
 def exit_as(status: int) -> NoReturn:
