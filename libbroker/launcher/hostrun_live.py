@@ -15,7 +15,8 @@ repository), and the repositories' configs are merged by key
 (:mod:`.hostrun_gitconfig`).  New directories are watched as they appear,
 and what they already hold is judged.  A lost event (queue overflow) or a
 directory that cannot be watched (the watch limit) is said in one line; the
-end sweep still judges everything.
+end sweep still judges everything.  Where the launcher may use fanotify, the
+gate (:mod:`.hostrun_gate`) holds each host open until :meth:`Watcher.synced`.
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ import os
 import select
 import sys
 import threading
-from collections.abc import Callable
 from typing import Any
 
 from libbroker.launcher import hostrun_gitconfig as gitconfig
@@ -58,10 +58,6 @@ class Watcher(Watches):
         self._seen_repos: dict[str, tuple[object, ...]] = {}  # new repo -> state judged
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self.busy = False  # reading or judging a batch (the gate waits for it: synced())
-        self.on_batch: Callable[[], None] | None = None  # the gate's wake-up
-        self._stopped = False
 
     # --- watches ------------------------------------------------------------------
 
@@ -115,16 +111,6 @@ class Watcher(Watches):
             self._log()
             if self.on_batch is not None:
                 self.on_batch()
-
-    def synced(self) -> bool:
-        """Whether every change queued so far has been judged (the gate asks)."""
-        if self._stopped:
-            return True
-        if not self._ready.is_set() or self.busy:
-            return False
-        pending = select.poll()
-        pending.register(self._ino.fd, select.POLLIN)
-        return not pending.poll(0) and not self.busy
 
     def _log(self) -> None:
         """New lines into the quarantine's sweep.log at once: a launcher killed later still

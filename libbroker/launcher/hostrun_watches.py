@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
+import threading
+from collections.abc import Callable
 
 from libbroker.launcher import inotify
 from libbroker.launcher.hostrun_fingerprint import Snapshot
@@ -42,6 +45,20 @@ class Watches:
         self._touched: set[int] = set()
         self._ino = inotify.Inotify()
         self._root = os.open(snap.workdir, O_DIR)
+        self._ready = threading.Event()  # every directory watched
+        self.busy = False  # reading or judging a batch (the gate waits for it: synced())
+        self.on_batch: Callable[[], None] | None = None  # the gate's wake-up
+        self._stopped = False
+
+    def synced(self) -> bool:
+        """Whether every change queued so far has been judged (the gate asks)."""
+        if self._stopped:
+            return True
+        if not self._ready.is_set() or self.busy:
+            return False
+        pending = select.poll()
+        pending.register(self._ino.fd, select.POLLIN)
+        return not pending.poll(0) and not self.busy
 
     def _watch_path(self, path: str, rel: str) -> None:
         fd = os.open(path, O_DIR)
