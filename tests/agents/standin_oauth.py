@@ -340,12 +340,12 @@ def serving(tmp: Path) -> Iterator[Oauth]:
 
 
 def run_logged_in(w: Home, o: Oauth, backend: str, agent: str, key_var: str, script: str,
-                  timeout: float) -> subprocess.CompletedProcess[str]:
+                  timeout: float, **keys: object) -> subprocess.CompletedProcess[str]:
     """``sh -c script`` in a session of ``agent`` whose only login is its OAuth file:
     the hosts pinned to the stand-in, the keeper's cycle shortened to 1 s, and the
-    agent's exported key (``key_var``) removed."""
+    agent's exported key (``key_var``) removed; ``keys``: more config keys."""
     cfg = w.config(resolve=[f"{h}:127.0.0.1:{o.port}" for h in HOSTS],
-                   upstream_ca=str(o.ca_file))
+                   upstream_ca=str(o.ca_file), **keys)
     env = w.env(AGENT_SANDBOX_LOGIN_EVERY="1")
     env.pop(key_var)  # the login alone
     argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}",
