@@ -214,8 +214,15 @@ class Service:
                     if frame["op"] == "broker":
                         if broker >= 0 or len(fds) != 4:
                             raise ValueError("one broker per session, on four descriptors")
-                        pid, broker = await self.zygote.fork(
-                            frame["env"], frame["cwd"], frame["umask"], frame["socket_fd"], fds)
+                        try:
+                            pid, broker = await self.zygote.fork(
+                                frame["env"], frame["cwd"], frame["umask"], frame["socket_fd"],
+                                fds)
+                        except (LaunchError, OSError, ValueError) as exc:
+                            # The session goes on: its launcher spawns a broker of its own.
+                            _say(f"the zygote gave no broker: {exc}")
+                            conn.send(_reply(False, error=f"no broker: {exc}"))
+                            continue
                         conn.send(_reply(True, pid=pid), [broker])
                         continue
                     if fds:
