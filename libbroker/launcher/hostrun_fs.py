@@ -325,6 +325,18 @@ class parent_of:
         self.chain.close()
 
 
+class parent_in(parent_of):
+    """:class:`parent_of` through a chain the caller keeps from one path to the next (a
+    loop over many entries opens only what differs); the chain stays open."""
+
+    def __init__(self, chain: Chain, rel: str) -> None:
+        self.parts = tuple(rel.split("/"))
+        self.chain = chain
+
+    def __exit__(self, *_: object) -> None:
+        pass
+
+
 def make_dirs(top: int, top_path: str, parts: list[str]) -> tuple[int, str]:
     """The directory ``parts`` below ``top`` (its path ``top_path``), each made 0700 if
     missing: its fd (the caller's) and path.  A name already taken by something that is

@@ -45,6 +45,7 @@ import time
 from libbroker.launcher.hostrun_files import O_DIR, put_in_place, read_at, read_small, replace
 from libbroker.launcher.hostrun_fingerprint import Node, Snapshot
 from libbroker.launcher.hostrun_fingerprint import parent_of as _parent
+from libbroker.launcher.hostrun_fs import Chain, parent_in
 from libbroker.launcher.hostrun_gitmerge import (
     LiveConfigs,
     Repo,
@@ -162,10 +163,11 @@ def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
     original.
     """
     root = os.open(live.workdir, O_DIR)
+    chain = Chain(root)  # one chain of directory fds for all: the repositories share paths
     try:
-        for repo in live.repos:
+        for repo in sorted(live.repos, key=lambda r: r.git):
             try:
-                final = _finish_one(live, root, repo)
+                final = _finish_one(live, chain, repo)
             except OSError as exc:
                 live.lines.append(f"agent-sandbox: {shown(repo.rel)} [git-config]: could not be "
                                   f"merged back: {exc.strerror or exc}; the original is in "
@@ -174,6 +176,7 @@ def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
             if final is not None and snap is not None:
                 accept(snap, repo.rel, *final)
     finally:
+        chain.close()
         os.close(root)
     lines = live.lines + quarantine_lines(live)
     live.lines = []
@@ -183,12 +186,12 @@ def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
     return lines
 
 
-def _finish_one(live: LiveConfigs, root: int, repo: Repo
+def _finish_one(live: LiveConfigs, chain: Chain, repo: Repo
                 ) -> tuple[bytes, int, os.stat_result | None] | None:
     """The config's final bytes, written in place, its mode and (when the launcher wrote it
     last) its stat; None when the sweep must judge it."""
     ours = os.path.join(live.host_dir(repo), "config")
-    with _parent(root, repo.rel) as (gfd, name):
+    with parent_in(chain, repo.rel) as (gfd, name):
         if gfd < 0:
             return None
         try:

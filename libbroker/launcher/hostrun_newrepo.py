@@ -120,6 +120,12 @@ def judge_pointers(sweeper: Sweeper, root: int, walk: Walk) -> None:
     git_dirs = {rel for rel, ino in walk.git_dirs if guarded(rel, ino, snap)}
     for rel, name, prefix in _pointers(walk):
         entry = f"{rel}/{name}" if rel else name
+        try:  # most git dirs have no commondir: one lstat, not an open per level
+            os.stat(entry, dir_fd=root, follow_symlinks=False)
+        except FileNotFoundError:
+            continue  # not there by any way (a link on the way: the fd walk skips it too)
+        except OSError:
+            pass
         with parent_of(root, entry, fix=True) as (dfd, _):
             if dfd < 0 or not sweeper.exists(dfd, name):
                 continue

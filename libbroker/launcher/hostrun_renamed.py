@@ -25,6 +25,11 @@ def put_back_renamed_git(sweeper: Sweeper, root: int) -> None:
     for rel, ino in snap.repos.items():
         if not rel.endswith(".git"):
             continue
+        try:  # where it still is (the usual case): one lstat, not an open per level
+            if os.stat(rel, dir_fd=root, follow_symlinks=False).st_ino == ino:
+                continue
+        except OSError:
+            pass
         with parent_of(root, rel) as (pfd, name):
             if pfd < 0:
                 continue
