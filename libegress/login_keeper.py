@@ -55,6 +55,8 @@ from libegress.oauth_login import CLAUDE, GEMINI, Kind, LoginError, Tokens
 from libegress.route import parse_pin
 
 MAX_FILE = 1 << 20
+# ~/.claude.json keeps every project's history: several MiB is common.
+MAX_BESIDE = 64 << 20
 TIMEOUT = 20.0
 ABSENT = oauth_login.ABSENT_STATUS  # no login file: nothing to hold yet, nothing said
 
@@ -169,9 +171,11 @@ def _beside(kind: Kind, path: str) -> object:
         where = os.path.join(parent, "google_accounts.json")
     else:
         return None
-    try:
-        return json.loads(_read(where)[0])
-    except (OSError, LoginError, ValueError, RecursionError):
+    try:  # read only, to learn the account: a link (a dotfiles manager's) is followed
+        with open(where, "rb") as fh:
+            data = fh.read(MAX_BESIDE + 1)
+        return None if len(data) > MAX_BESIDE else json.loads(data)
+    except (OSError, ValueError, RecursionError):
         return None
 
 

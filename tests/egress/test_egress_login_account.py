@@ -122,6 +122,22 @@ def test_the_keeper_keeps_the_hosts_login_against_another_account(
     assert path.read_text() == before and "NEW" not in done.stdout
 
 
+@pytest.mark.parametrize(("padding", "link"), [(0, False), (3 << 20, False), (10, True)])
+def test_the_same_account_is_kept_whatever_the_size_of_claudes_config(
+        tmp_path: Path, padding: int, link: bool) -> None:
+    """~/.claude.json is often over 1 MiB, and may be a dotfiles manager's link."""
+    path = _host(tmp_path)
+    config = tmp_path / ("dots.json" if link else ".claude.json")
+    if link:
+        (tmp_path / ".claude.json").unlink()
+        (tmp_path / ".claude.json").symlink_to(config)
+    config.write_text(json.dumps(
+        {"projects": {"/p": {"history": ["x" * padding]}}, **CLAUDE_BESIDE}))
+    done = keeper(path, "--store", stdin=_answer("acct-A"))
+    assert done.returncode == 0 and "refused" not in done.stdout, done.stdout + done.stderr
+    assert "sk-ant-oat01-NEW" in path.read_text()
+
+
 def test_switch_ok_lets_another_account_replace_it(tmp_path: Path) -> None:
     path = _host(tmp_path)
     done = keeper(path, "--store", "--switch-ok", stdin=_answer("acct-B"))
