@@ -4,7 +4,8 @@ The host holds no login file for the agent at the start: the session runs the
 agent, so egress-proxy serves its token host all the same.  Inside, a new
 login's authorization code is exchanged (Codex under bwrap: the real ``codex
 login``; otherwise curl sends the exact exchange the CLI sends, and writes the
-answer to the agent's login file as the CLI would).  The keeper creates the
+answer to the agent's login file as the CLI would; Claude Code and Gemini CLI,
+whose ``/login`` needs a browser and a terminal).  The keeper creates the
 person's login file (0600, its directory 0700 when there was none, the agent's
 own format), the session gets placeholders, the next turn goes with the new
 real token, and no real token is found inside.  The keeper, with no login to
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import test_claude_login_e2e as claude_login
 import test_codex_login_e2e as codex_login
+import test_gemini_login_e2e as gemini_login
 from agents_world import Home, need
 from inside_scan import SCAN, report, split
 from standin_oauth import Oauth, run_logged_in, serving
@@ -32,7 +34,8 @@ from test_login_inside_e2e import CODEX_LOGIN, EXCHANGE, LEARN, TURN
 
 BACKENDS = ("bwrap", "nono")
 MARK = "agent-sandbox-placeholder"
-KEY_VAR = {"claude": "ANTHROPIC_API_KEY", "codex": "OPENAI_API_KEY"}
+KEY_VAR = {"claude": "ANTHROPIC_API_KEY", "codex": "OPENAI_API_KEY",
+           "gemini": "GEMINI_API_KEY"}
 
 # The agent's login file as each CLI writes it from the token answer (placeholders here).
 WRITE = {
@@ -52,6 +55,13 @@ with open(os.path.join(os.environ["CODEX_HOME"], "auth.json"), "w") as fh:
     json.dump({"OPENAI_API_KEY": None, "tokens": {"id_token": a["id_token"],
         "access_token": a["access_token"], "refresh_token": a["refresh_token"],
         "account_id": account}, "last_refresh": "2026-01-01T00:00:00Z"}, fh)
+""",
+    "gemini": """import json, os, time
+a = json.load(open("answer.json"))
+with open(os.path.join(os.environ["GEMINI_CLI_HOME"], ".gemini", "oauth_creds.json"), "w") as fh:
+    json.dump({"access_token": a["access_token"], "refresh_token": a["refresh_token"],
+        "scope": a.get("scope", ""), "token_type": "Bearer",
+        "expiry_date": int(time.time() * 1000) + a["expires_in"] * 1000}, fh)
 """,
 }
 
@@ -73,14 +83,14 @@ def oauth(tmp_path: Path) -> Iterator[Oauth]:
 
 def _no_login(agent: str, w: Home, o: Oauth) -> Path:
     """The stand-in set up for ``agent``, the host with no login file (nor its directory)."""
-    module = {"claude": claude_login, "codex": codex_login}[agent]
+    module = {"claude": claude_login, "codex": codex_login, "gemini": gemini_login}[agent]
     path: Path = module.login(w, o, 8 * 3600)
     path.unlink()  # the agent's directory stays: its config is there (the world's)
     return path
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("agent", ["codex", "claude"])
+@pytest.mark.parametrize("agent", ["codex", "claude", "gemini"])
 def test_a_first_login_inside_is_kept_on_the_host_and_the_session_gets_placeholders(
     world: Home, oauth: Oauth, agent: str, backend: str
 ) -> None:
@@ -107,7 +117,10 @@ def test_a_first_login_inside_is_kept_on_the_host_and_the_session_gets_placehold
     # The person's new file holds the real pair, 0600, in the agent's own format.
     new_access, new_refresh = o.issued[-1]
     held = json.loads(path.read_text())
-    if agent == "codex":
+    if agent == "gemini":
+        assert (held["access_token"], held["refresh_token"]) == (new_access, new_refresh)
+        assert held["expiry_date"] > 0 and held["id_token"]
+    elif agent == "codex":
         assert held["tokens"]["access_token"] == new_access
         assert held["tokens"]["refresh_token"] == new_refresh
         assert held["tokens"]["id_token"] == o.id_token and held["OPENAI_API_KEY"] is None
@@ -119,7 +132,8 @@ def test_a_first_login_inside_is_kept_on_the_host_and_the_session_gets_placehold
     # The session got placeholders only; the turn after went with the new real token.
     answer = out.split("ANSWER ", 1)[1].splitlines()[0]
     assert MARK in answer and not any(t and t in answer for t in (*o.secrets(), o.id_token))
-    last = [r for r in o.seen if r.path.endswith(("/v1/messages", "/codex/responses"))][-1]
+    last = [r for r in o.seen if r.path.endswith(("/v1/messages", "/codex/responses"))
+            or r.path.startswith("/v1internal:streamGenerateContent")][-1]
     assert f"Bearer {new_access}" in last.headers, done.stderr[-3000:]
     assert (f"{agent}'s new login (a code exchanged inside the session) is kept in the "
             "person's login file; the session holds placeholders") in done.stderr
