@@ -27,6 +27,7 @@ import os
 import select
 import sys
 import threading
+import time
 from typing import Any
 
 from libbroker.launcher import hostrun_gitconfig as gitconfig
@@ -41,6 +42,8 @@ from libbroker.launcher.hostrun_walk import _is_git_dir as is_git_dir
 from libbroker.launcher.hostrun_watches import GIT_MARKS, O_DIR, Watches, join
 from libbroker.shellquote import shown
 from libpolicy.hostrun import NESTED_GIT
+
+LIVE_RETRIES = 5  # looks at an entry that vanished under a check (a repository being made)
 
 
 class Watcher(Watches):
@@ -322,11 +325,24 @@ class Watcher(Watches):
                         self._guard(rel, check_new_repo, self.sweeper, self._root, rel)
 
     def _guard(self, rel: str, step: Any, *args: Any) -> None:
-        try:
-            step(*args)
-        except OSError as exc:
-            self.sweeper.lines.append(f"agent-sandbox: {shown(rel)}: could not be "
-                                      f"checked during the session: {exc.strerror or exc}")
+        # A repository being made right now (git init, clone) has entries that come
+        # and go between the listing and the move (config.lock, a sample hook): an
+        # ENOENT is looked at again, not said. What stays unchecked is said; the end
+        # sweep judges every new git dir again in any case.
+        for attempt in range(LIVE_RETRIES):
+            try:
+                step(*args)
+                return
+            except FileNotFoundError as exc:
+                if attempt + 1 == LIVE_RETRIES:
+                    why = exc.strerror or str(exc)
+                else:
+                    time.sleep(0.01 * (attempt + 1))
+            except OSError as exc:
+                why = exc.strerror or str(exc)
+                break
+        self.sweeper.lines.append(f"agent-sandbox: {shown(rel)}: could not be "
+                                  f"checked during the session: {why}")
 
     # --- the end ------------------------------------------------------------------
 

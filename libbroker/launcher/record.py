@@ -58,8 +58,17 @@ def sessions_dir(home: str = "") -> str:
 
 
 def new_id() -> str:
-    """A session id that sorts by start time: ``20250102-150405-1a2b3c``."""
-    return time.strftime("%Y%m%d-%H%M%S") + "-" + os.urandom(3).hex()
+    """A session id that sorts by start time: ``20250102-150405-1f4a2c``.
+
+    The last six hex digits are the millisecond (three digits, 000-3e7) and
+    three random ones: two sessions started in one second still sort in the
+    order they started ("the newest" is the last), and two in one millisecond
+    differ by chance, else :meth:`SessionRecord.start` draws again.
+    """
+    now = time.time()
+    ms = int(now * 1000) % 1000
+    return (time.strftime("%Y%m%d-%H%M%S", time.localtime(now)) + "-"
+            + f"{ms:03x}" + os.urandom(2).hex()[:3])
 
 
 def digest(data: bytes) -> str:
@@ -336,8 +345,15 @@ class SessionRecord:
         ``domains`` is the allow list as configured, before an agent's own
         hosts joined it: what ``report --propose`` merges into.
         """
-        sid = new_id()
-        rec = Record.create(directory, sid)
+        for _ in range(8):  # O_EXCL: an id taken in the same millisecond is drawn again
+            sid = new_id()
+            try:
+                rec = Record.create(directory, sid)
+                break
+            except FileExistsError:
+                continue
+        else:
+            raise OSError(f"no free session id in {directory}")
         made = cls(rec)
         made.add("start", {
             "id": sid, "workdir": cfg.workdir, "backend": backend,

@@ -154,7 +154,8 @@ ROWS: dict[str, Row] = {
     "hostrun-add": _file('hostrun_add = ["/etc/x"]\n',
                          "{cfg} line 1: hostrun_add: entry '/etc/x' must be a relative path of "
                          "plain names (no leading '/', no '.' or '..'; a trailing '/' marks a "
-                         "directory)"),
+                         "directory; a name may start with '*' for a suffix, as in "
+                         "'*.code-workspace')"),
     "deny-under-landlock": _file('deny = ["/usr/share"]\n',
                                  "{cfg} line 1: deny: /usr/share is inside the granted /usr, and "
                                  "Landlock (--sandbox=nono) cannot deny part of a grant; use "

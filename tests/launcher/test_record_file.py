@@ -7,6 +7,7 @@ import itertools
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,19 @@ def test_the_file_is_private_and_chained(tmp_path: Path) -> None:
         assert json.loads(line)["prev"] == record.digest(before)
     assert [json.loads(line)["seq"] for line in lines] == list(range(len(EVENTS)))
     assert record.verify(str(path)) == []
+
+
+def test_ids_sort_in_the_order_sessions_started_within_one_second(tmp_path: Path) -> None:
+    """'The newest' is the last id: two sessions in one second must not sort by chance."""
+    made = []
+    for _ in range(40):
+        made.append(record.new_id())
+        time.sleep(0.0011)  # each in a later millisecond, most in the same second
+    assert sorted(made) == made
+    assert all(len(sid) == len(SID) and sid[:15].replace("-", "").isdigit() for sid in made)
+    with pytest.raises(FileExistsError):  # O_EXCL: a taken id is never shared
+        (tmp_path / (made[0] + record.SUFFIX)).touch()
+        record.Record.create(str(tmp_path), made[0])
 
 
 def test_verify_fails_after_one_byte_is_changed(tmp_path: Path) -> None:
