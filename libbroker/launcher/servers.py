@@ -102,7 +102,7 @@ class ServerPipes:
         except BlockingIOError:
             return []
         if not data:
-            self.poller.unregister(fd)
+            self.unwatch(fd)
             data = b"\n" if self.pending.get(fd) else b""
         buf = self.pending.get(fd, b"") + data
         *lines, rest = buf.split(b"\n")
@@ -127,6 +127,16 @@ class ServerPipes:
                 with contextlib.suppress(OSError):
                     os.write(self.log, (line + "\n").encode())
         return out
+
+    def unwatch(self, fd: int) -> None:
+        """Stop polling ``fd`` (at its end of file); a second call is a no-op.
+
+        One poll batch can name a pipe twice over: the service's link ends, the
+        drain that follows reads every pipe to its end, and then the same batch
+        hands over the pipe's own hang-up.  Its second end of file is no error.
+        """
+        with contextlib.suppress(KeyError):
+            self.poller.unregister(fd)
 
     def stop_audit(self, fd: int) -> None:
         """Close our end of the broker's stdout: its next audit line fails, so it refuses."""

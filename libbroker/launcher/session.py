@@ -550,18 +550,20 @@ class Session:
                 return str(exc) if first else None
             return None
         if link is not None and fd == link.fileno():
-            self.pipes.poller.unregister(fd)
+            self.pipes.unwatch(fd)
             if not first:
                 return None
             self.pipes.drain_all(self.record)
             return _SERVICE_GONE
         dead = next((c for c in self.children if c.pidfd == fd), None)
-        if dead is None or not first:
+        if dead is None:
+            return None
+        self.pipes.unwatch(fd)  # an exited child's pidfd stays readable: once is enough
+        if not first:
             return None
         crash = self._crashed(dead)
         if link is not None and link.gone(0.5):  # the broker went with it
             crash = _SERVICE_GONE
-        self.pipes.poller.unregister(fd)
         return crash
 
     def _crashed(self, dead: supervise.Child) -> str:
