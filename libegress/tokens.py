@@ -12,7 +12,14 @@ read), the command's whole process group gets SIGKILL and the command itself
 is reaped.  The read never waits for the pipe to close: a grandchild that
 keeps stdout open (``sh -c 'sleep 600; echo tok'``) can neither hold a read
 past its bound nor outlive it.  A descendant that leaves the group on purpose
-(``setsid``) is beyond the reach of a process group and is not tracked.
+(``setsid``) is beyond the reach of a process group and is not tracked here.
+
+When the proxy itself is killed (SIGKILL: none of the above runs), the
+command gets SIGKILL from the kernel (``PR_SET_PDEATHSIG``, set between fork
+and exec), and the rest is its owner's: ``agent-sandbox run`` is a child
+subreaper, so what is left of the command (its group, a ``setsid`` escape)
+becomes the launcher's and is killed at the session's end
+(:meth:`libbroker.launcher.session_box.Box.reap`).
 
 Start-up: ``listening`` waits for the first token at most :data:`FIRST_WAIT`
 seconds, so the first GitHub request already carries it.  A slower command
@@ -45,6 +52,31 @@ BACKOFF = (1.0, 2.0, 5.0, 15.0, 30.0, 60.0)
 MAX_OUTPUT = 64 * 1024
 # Without a pidfd (kernels before 5.3) the command's exit is polled this often.
 _POLL = 0.1
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_us() -> Callable[[], None]:
+    """What the command runs between fork and exec: SIGKILL when the proxy's thread ends.
+
+    The one Python run between fork and exec (``preexec_fn``), kept to a libc
+    call resolved here, in the parent, as the proxy has threads (its TLS
+    pool).  The reads run on the event loop's thread, the main one, which
+    lives as long as the proxy.  A proxy already gone (the race before the
+    prctl) ends the command at once.  ctypes is imported on the first read,
+    not at the proxy's start.
+    """
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    parent = os.getpid()
+
+    def die_with() -> None:
+        if prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0 or os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return die_with
 
 
 class CommandFailed(TokenError):
@@ -114,7 +146,8 @@ async def run_command(argv: list[str], bound: float = RUN_BOUND, stdin: bytes = 
     try:
         proc = subprocess.Popen(argv, stdin=in_read, stdout=write_end,
                                 stderr=subprocess.DEVNULL, start_new_session=True,
-                                env=None if env is None else dict(env))
+                                env=None if env is None else dict(env),
+                                preexec_fn=_die_with_us())
     except (OSError, ValueError) as exc:
         os.close(read_end)
         reason = exc.strerror if isinstance(exc, OSError) else str(exc)

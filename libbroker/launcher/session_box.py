@@ -54,12 +54,24 @@ class Box:
     def __init__(self, session: Session) -> None:
         self.s = session
         self.control = -1  # write end: signal numbers for CMD (bwrap: the go byte first)
+        self.subreaper = False  # orphans below the launcher are killed at teardown
 
     def check(self) -> None:
         """SandboxUnavailable before anything starts, when this backend cannot run."""
 
     def open(self) -> None:
-        """Right after the servers' spawn, before the session's own work."""
+        """Right after the servers' spawn, before the session's own work.
+
+        The launcher becomes a child subreaper: what a child of ours leaves
+        when it dies (a token command egress-proxy was running when it was
+        killed, with its group and what left it by setsid(); under Landlock
+        what the command left when its helper was killed) is reparented to
+        us, not to init, and :meth:`reap` kills it.
+        """
+        from libbroker.sandbox import reaper
+
+        reaper.become_subreaper()
+        self.subreaper = True
 
     def fixed_ports(self) -> tuple[int, int] | None:
         """(http, socks) as the command sees them, when known before the proxy listens."""
@@ -95,7 +107,13 @@ class Box:
             self.control = -1
 
     def reap(self) -> None:
-        """After the children: whatever the command left outside its group."""
+        """After the children: whatever they left outside their groups (see :meth:`open`)."""
+        if self.subreaper:
+            from libbroker.sandbox import reaper
+
+            # Not the janitor: it must outlive the merge and the sweep that follow.
+            janitor = self.s.janitor
+            reaper.kill_below(os.getpid(), frozenset({janitor.pid}) if janitor else frozenset())
 
 
 class BwrapBox(Box):
@@ -263,7 +281,6 @@ class LandlockBox(Box):
         super().__init__(session)
         self.spec = -1  # write end of the helper's spec
         self.door: Door | None = None
-        self.subreaper = False  # orphans below the launcher are killed at teardown
         self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
         self.mounts = False  # the helper gets a mount namespace (pidns.probe said so)
@@ -272,12 +289,9 @@ class LandlockBox(Box):
         # What the command leaves behind (setsid(), double forks) ends with
         # its PID namespace where one can be made, else the helper reaps and
         # kills it; should the helper be killed itself, the launcher, a child
-        # subreaper too, inherits them and the teardown kills them
+        # subreaper (Box.open), inherits them and the teardown kills them
         # (libbroker.sandbox.reaper, libbroker.sandbox.pidns).
-        from libbroker.sandbox import reaper
-
-        reaper.become_subreaper()
-        self.subreaper = True
+        super().open()
         if self.s.cfg.protect_git:  # can the helper bind the private git configs? (pidns)
             from libbroker.sandbox import pidns
 
@@ -399,12 +413,7 @@ class LandlockBox(Box):
             self.door = None
 
     def reap(self) -> None:
-        if self.subreaper:  # what escaped the command's process group is ours now
-            from libbroker.sandbox import reaper
-
-            # Not the janitor: it must outlive the merge and the sweep that follow.
-            janitor = self.s.janitor
-            reaper.kill_below(os.getpid(), frozenset({janitor.pid}) if janitor else frozenset())
+        super().reap()  # what escaped the command's process group is ours now
         if self.ns_probe:  # a start that failed before it asked for the answer
             with contextlib.suppress(OSError):
                 os.waitpid(self.ns_probe, 0)

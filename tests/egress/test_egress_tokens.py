@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -92,3 +96,31 @@ def test_no_command_no_token() -> None:
     keeper = TokenKeeper(None, every=1, say=lambda s: None)
     assert asyncio.run(keeper.refresh()) is False
     assert keeper.current() is None
+
+
+def test_a_proxy_killed_mid_read_takes_the_command_with_it(tmp_path: Path) -> None:
+    """SIGKILL of the reader (egress-proxy): nothing of ours runs, the kernel ends the command."""
+    pidfile = tmp_path / "pid"
+    command = ["sh", "-c", 'echo $$ > "$0"; exec sleep 300', str(pidfile)]
+    reader = ("import asyncio, sys\n"
+              "from libegress.tokens import read_token\n"
+              f"asyncio.run(read_token({command!r}))\n")
+    proxy = subprocess.Popen([sys.executable, "-c", reader])
+    try:
+        deadline = time.monotonic() + 30
+        while not pidfile.exists() or not pidfile.read_text().strip():
+            assert time.monotonic() < deadline and proxy.poll() is None
+            time.sleep(0.02)
+        pid = int(pidfile.read_text())
+        assert "sleep" in Path(f"/proc/{pid}/cmdline").read_text()
+    finally:
+        proxy.send_signal(signal.SIGKILL)
+        proxy.wait()
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)  # killed at once; init reaps it soon after
+    stat = Path(f"/proc/{pid}/stat")
+    alive = stat.exists() and ") Z" not in stat.read_text()
+    if alive:  # not left behind by a failure
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "the token command outlived the proxy"

@@ -436,12 +436,35 @@ def test_git_commit_s_signs_through_gpg_shim(world: World, backend: str) -> None
         subprocess.run(["gpgconf", "--kill", "all"], env=git_env, check=False)
 
 
-@pytest.mark.parametrize("server", ["egress-proxy", "broker-server"])
-def test_a_crashed_server_ends_the_session(world: World, server: str) -> None:
+# The token command's second run (a renewal, token_every = 1) hangs: a shell
+# waiting on a child of its own, and a child that left the group (setsid).
+# All of it must end with the session when egress-proxy is killed mid-read.
+_HANGING_TOKEN = """#!/bin/sh
+if [ -e "$0.ran" ]; then
+    setsid sleep 300 &
+    touch "$0.again"
+    sleep 300
+    exit 0
+fi
+touch "$0.ran"
+echo tok-first
+"""
+
+
+@pytest.mark.parametrize(("server", "backend"), [("egress-proxy", "bwrap"),
+                                                 ("broker-server", "nono")])
+def test_a_crashed_server_ends_the_session(world: World, server: str, backend: str) -> None:
     # broker-server starts on the first brokered call (lazy_broker): one first.
     sh, dash_c, script = _sleeper(world)
-    proc = world.launch(sh, dash_c, "broker-client -- true; " + script)
+    token = world.root / "token.sh"
+    token.write_text(_HANGING_TOKEN)
+    token.chmod(0o755)
+    config = world.config(token_command=str(token), token_every=1)
+    proc = world.launch(sh, dash_c, "broker-client -- true; " + script, config=config,
+                        sandbox=backend)
     _wait_for(world.workdir / "started", proc)
+    if server == "egress-proxy":  # killed while its token command runs
+        _wait_for(world.root / "token.sh.again", proc)
     victims = [
         int(line.split()[1].rstrip(":"))
         for line in world.leftovers()
