@@ -17,10 +17,12 @@ From ``AGENT_SANDBOX_TRACE``'s lines: *start* is the launcher's ms to ``go``
 Printed: medians, and each guarded way against ``off`` (delta ms and ratio).
 Goal (issue 24): at most +50 ms at session end on the big tree.
 
-``BENCH_HR_BEFORE=<a checkout>`` adds ``sweep@before`` and ``full@before``: the
-same sessions with that checkout's code first on PYTHONPATH (``git archive
-<commit> | tar -x -C DIR``, then ``python -m libbroker.native`` there), in the
-same interleaved run: a change's before and after side by side.
+``BENCH_HR_BEFORE=<a checkout>`` adds ``sweep@before``, ``full@before`` (and as
+root ``full-nogate@before``): the same sessions with that checkout's code first on
+PYTHONPATH (``git archive <commit> | tar -x -C DIR``, then ``python -m
+libbroker.native`` there), in the same interleaved run: a change's before and after
+side by side.  ``BENCH_HR_TREES=big`` and ``BENCH_HR_WAYS=full,full@before`` (``off``
+always runs) narrow a run to what a change touches, for more rounds in the same time.
 """
 
 from __future__ import annotations
@@ -39,6 +41,9 @@ BEFORE = os.environ.get("BENCH_HR_BEFORE", "")
 FILES = int(os.environ.get("BENCH_HR_FILES", "100000"))  # smaller for a smoke run
 DIRS, REPOS = max(FILES // 20, 50), 50
 END_GOAL_MS = 50.0
+# A focused run: BENCH_HR_TREES=big, BENCH_HR_WAYS=off,full,full@before (default: all)
+TREES = [t for t in os.environ.get("BENCH_HR_TREES", "empty,big").split(",") if t]
+WAYS = [w for w in os.environ.get("BENCH_HR_WAYS", "").split(",") if w]
 
 # The bench-only "off" switch: the session's guard is a stand-in with an empty snapshot.
 OFF = """
@@ -136,18 +141,23 @@ def main() -> None:
         (home / ".config").mkdir(parents=True)
         (home / ".config/token").write_text("t\n")
         rt.mkdir(mode=0o700)
-        trees = {"empty": base / "empty", "big": base / "big"}
-        trees["empty"].mkdir()
+        trees = {t: base / t for t in TREES}
+        (base / "empty").mkdir()
         t = time.perf_counter()
-        build_big(trees["big"], base / "template")
+        build_big(base / "big", base / "template")
         print(f"built the big tree in {time.perf_counter() - t:.1f} s "
-              f"({FILES} files, {DIRS} dirs, {REPOS} repositories); N={N}")
+              f"({FILES} files, {DIRS} dirs, {REPOS} repositories); N={N}; load average "
+              + " ".join(f"{x:.1f}" for x in os.getloadavg()))
         ways = {"off": (True, False, ""), "sweep": (False, False, ""), "full": (False, True, "")}
         if os.geteuid() == 0:  # the live gate (fanotify) runs as root only: also without it
             ways["full-nogate"] = (False, True, "")
         if BEFORE:
             ways.update({"sweep@before": (False, False, BEFORE),
                          "full@before": (False, True, BEFORE)})
+            if os.geteuid() == 0:
+                ways["full-nogate@before"] = (False, True, BEFORE)
+        if WAYS:
+            ways = {w: ways[w] for w in ["off", *WAYS] if w in ways}
         cfgs = {}
         for tree, work in trees.items():
             for way, (_, protect, _) in ways.items():
@@ -161,16 +171,17 @@ def main() -> None:
                 for tree in trees:
                     for way, (off, _, code) in ways.items():
                         run = session(cfgs[tree, way], home, rt, backend, off, code,
-                                      gate=way != "full-nogate")
+                                      gate=not way.startswith("full-nogate"))
                         got.setdefault((backend, tree, way), []).append(run)
         report(got, backends, list(trees), list(ways))
+        print("load average at the end: " + " ".join(f"{x:.1f}" for x in os.getloadavg()))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
 
 def report(got: dict[tuple[str, str, str], list[tuple[float, float, float]]],
            backends: list[str], trees: list[str], ways: list[str]) -> None:
-    print(f"{'backend':7} {'tree':6} {'way':12} {'start ms':>9} {'end ms':>8} {'wall ms':>8}"
+    print(f"{'backend':7} {'tree':6} {'way':18} {'start ms':>9} {'end ms':>8} {'wall ms':>8}"
           f"   {'start vs off':>16} {'end vs off':>16}")
     worst_end = 0.0
     for backend in backends:
@@ -185,7 +196,7 @@ def report(got: dict[tuple[str, str, str], list[tuple[float, float, float]]],
                            f" {de:+7.0f} ({med[1] / max(base[1], 0.1):4.2f}x)")
                     if tree == "big" and "@" not in way:
                         worst_end = max(worst_end, de)
-                print(f"{backend:7} {tree:6} {way:12} {med[0]:9.0f} {med[1]:8.0f} {med[2]:8.0f}"
+                print(f"{backend:7} {tree:6} {way:18} {med[0]:9.0f} {med[1]:8.0f} {med[2]:8.0f}"
                       + cmp)
     verdict = "met" if worst_end <= END_GOAL_MS else "NOT met"
     print(f"goal: at most +{END_GOAL_MS:.0f} ms at session end on the big tree: worst "

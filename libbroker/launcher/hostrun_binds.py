@@ -20,6 +20,15 @@ Unbound in the reverse order (the workdir's first: the ``.git`` binds lie
 below it) on every exit path: :meth:`Binds.remove` at the end, and from the
 record written *before* each mount (in the session's runtime dir, which
 outlives the gate), :func:`release` for the janitor.
+
+:attr:`Binds.under` keeps, for the launcher alone, an ``O_PATH`` fd on the
+workdir and on each bound ``.git``, taken *before* the binds: a lookup
+relative to one stays on the mount beneath, which carries no mark (from the
+workdir's, until it enters a bound ``.git``).  The end puts the configs back through
+it (:func:`.hostrun_gitconfig.finish`): its opens never wait on the gate's
+thread, and the exchange of names with the host's copy in the state dir
+works (a rename across mounts is EXDEV).  The gate stays up meanwhile for
+every other process.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ _OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_FDCWD = 1, 0x8000, -100
 _F_EMPTY, _T_EMPTY = 0x4, 0x40
 _MNT_DETACH = 2
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_O_UNDER = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 RECORD = "binds.json"
 
 
@@ -57,17 +67,31 @@ def _bind(src: str, target_fd: int | None, target: str, *, recursive: bool) -> N
         os.close(tree)
 
 
-def _mount_ids(path: str) -> list[int]:
-    """The ids of the mounts whose mount point is ``path``, in mount order."""
+def _mounts() -> list[tuple[int, int, str]]:
+    """(id, parent id, mount point) of every mount in our namespace, in mount order."""
     out = []
     with contextlib.suppress(OSError), open("/proc/self/mountinfo", "rb") as fh:
         for line in fh:
             fields = line.split(b" ")
             point = fields[4].replace(b"\\040", b" ").replace(b"\\011", b"\t")
             point = point.replace(b"\\012", b"\n").replace(b"\\134", b"\\")
-            if os.fsdecode(point) == path:
-                out.append(int(fields[0]))
+            out.append((int(fields[0]), int(fields[1]), os.fsdecode(point)))
     return out
+
+
+def _mount_ids(path: str, mounts: list[tuple[int, int, str]] | None = None) -> list[int]:
+    """The ids of the mounts whose mount point is ``path``, in mount order."""
+    return [mid for mid, _, point in (_mounts() if mounts is None else mounts) if point == path]
+
+
+def _mount_id_of(fd: int) -> int:
+    """The id of the mount ``fd`` is on (fdinfo's ``mnt_id``); -1 if it cannot be read (the
+    release then takes the newest mount there that was not there before)."""
+    with contextlib.suppress(OSError, ValueError), open(f"/proc/self/fdinfo/{fd}", "rb") as fh:
+        for line in fh:
+            if line.startswith(b"mnt_id:"):
+                return int(line.split()[1])
+    return -1
 
 
 class Binds:
@@ -80,31 +104,35 @@ class Binds:
         # (mount point, our mount's id or -1 while being made, the ids there before), in order
         self.made: list[tuple[str, int, list[int]]] = []
         self.mark_fds: list[int] = []  # a directory fd on each bind, for the marks
+        # git dir (relative; "" the workdir) -> O_PATH fd on it beneath the binds: the
+        # launcher's own way in, unmarked
+        self.under: dict[str, int] = {}
 
     def make(self) -> None:
         """Bind and keep an fd on each bind; OSError (after undoing what was done) if any
         bind fails."""
+        mounts = _mounts()  # read once (a read per path cost a millisecond per repository)
         for path in (self.workdir, *(os.path.join(self.workdir, g) for g in self.git_dirs)):
-            if _mount_ids(path):  # another session's gate: two stacked would unbind wrongly
+            if _mount_ids(path, mounts):  # another session's gate: two stacked would unbind
                 raise OSError(errno.EBUSY, f"{shown(path)} is a mount point already (another "
                               "session's live gate?)")
         old = os.open(self.workdir, O_DIR)  # the workdir's mount as it is now
         try:
+            self.under[""] = os.open(".", _O_UNDER, dir_fd=old)
             self._intend(self.workdir)
             _bind(self.workdir, None, self.workdir, recursive=True)
-            self._made(self.workdir)
-            self.mark_fds.append(os.open(self.workdir, O_DIR))
+            self._made(self.workdir, os.open(self.workdir, O_DIR))
             for rel in self.git_dirs:
                 path = os.path.join(self.workdir, rel)
                 self._intend(path)
-                target = os.open(rel, os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC,
-                                 dir_fd=old)
+                target = os.open(rel, _O_UNDER, dir_fd=old)
                 try:
                     _bind(path, target, path, recursive=False)
-                finally:
+                except BaseException:
                     os.close(target)
-                self._made(path)
-                self.mark_fds.append(os.open(rel, O_DIR, dir_fd=old))  # crosses onto the bind
+                    raise
+                self.under[rel] = target
+                self._made(path, os.open(rel, O_DIR, dir_fd=old))  # crosses onto the bind
         except BaseException:
             self.remove()
             raise
@@ -112,14 +140,15 @@ class Binds:
             os.close(old)
 
     def _intend(self, path: str) -> None:
-        """Recorded before the mount: a death right after it still leaves its trace."""
-        self.made.append((path, -1, _mount_ids(path)))
+        """Recorded before the mount: a death right after it still leaves its trace.  Nothing
+        was mounted there (make checked): the mount there after it is ours."""
+        self.made.append((path, -1, []))
         self._write()
 
-    def _made(self, path: str) -> None:
-        before = self.made[-1][2]
-        new = [i for i in _mount_ids(path) if i not in before]
-        self.made[-1] = (path, new[-1] if new else -1, before)
+    def _made(self, path: str, fd: int) -> None:
+        """``fd``: a directory fd on the new bind (kept for its mark); its mount id."""
+        self.mark_fds.append(fd)
+        self.made[-1] = (path, _mount_id_of(fd), [])
         self._write()
 
     def _write(self) -> None:
@@ -128,12 +157,20 @@ class Binds:
             json.dump({"made": self.made}, fh)
         os.rename(tmp, self.record)
 
-    def remove(self) -> list[str]:
-        """Unbind everything made (the workdir's first); the lines of what could not be."""
+    def marked(self) -> None:
+        """The marks are made: their fds are not needed any more (a mark holds its mount)."""
         for fd in self.mark_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.mark_fds = []
+
+    def remove(self) -> list[str]:
+        """Unbind everything made (the workdir's first); the lines of what could not be."""
+        self.marked()
+        for fd in self.under.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.under = {}
         lines = _unbind(self.made)
         self.made = []
         if not lines:
@@ -144,19 +181,39 @@ class Binds:
 
 def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:
     """Detach each of ours that is still the top mount there (never one that was there
-    before, nor one stacked on ours since: that is said instead)."""
-    import ctypes
+    before, nor one stacked on ours since: that is said instead).
 
+    mountinfo is read once (a read per path cost a quarter of a millisecond each, with
+    a ``.git`` bind per repository); a detach takes the mounts below ours with it,
+    dropped from what was read by their parent ids.  On a shared mount a detach also
+    propagates (the ``.git`` binds' copies, even the binds themselves, go with the
+    workdir's): whatever the read no longer matches (a detach that fails, a mount
+    stacked on ours) is decided again on a fresh read."""
     lines = []
+    mounts = _mounts()
     for path, mid, before in made:  # the workdir first: the .git binds are reachable only then
-        now = _mount_ids(path)
-        ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
-        if ours not in now:
-            continue  # never made, or gone already (a second release)
-        if now[-1] != ours or libc().umount2(os.fsencode(path), _MNT_DETACH) != 0:
-            why = "another mount lies on it" if now[-1] != ours else os.strerror(ctypes.get_errno())
-            lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
-                         f"{shown(path)}: {why}; run: umount -l {quote(path)}")
+        for fresh in (False, True):
+            if fresh:
+                mounts = _mounts()
+            now = _mount_ids(path, mounts)
+            ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
+            if ours not in now:
+                break  # never made, or gone already (a second release, a propagated detach)
+            if now[-1] == ours and libc().umount2(os.fsencode(path), _MNT_DETACH) == 0:
+                gone: set[int] = set()
+                more = {ours}
+                while more:  # ours and every mount below it
+                    gone |= more
+                    more = {child for child, parent, _ in mounts if parent in gone} - gone
+                mounts = [m for m in mounts if m[0] not in gone]
+                break
+            if fresh:
+                import ctypes
+
+                why = ("another mount lies on it" if now[-1] != ours
+                       else os.strerror(ctypes.get_errno()))
+                lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
+                             f"{shown(path)}: {why}; run: umount -l {quote(path)}")
     return lines
 
 

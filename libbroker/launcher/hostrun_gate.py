@@ -71,6 +71,7 @@ class Gate:
         self.pid = os.getpid()
         self.refused: dict[str, int] = {}
         self.asked = 0  # host opens judged (for the bench)
+        self.own = 0  # the launcher's own opens that reached the gate (a round trip each)
         self.errors: list[str] = []
         self.died = ""
         self._held: list[tuple[fanotify.Event, float]] = []
@@ -89,6 +90,7 @@ class Gate:
             self.binds.make()
             for fd in self.binds.mark_fds:
                 self.fan.mark_mount(fd)
+            self.binds.marked()
         except BaseException:
             self.stop()
             raise
@@ -132,6 +134,7 @@ class Gate:
         if ev.fd < 0:  # FAN_Q_OVERFLOW (no fd): nothing to answer
             return
         if ev.pid == self.pid:  # our own threads (the watcher, the sweep): never waited on
+            self.own += 1
             self._answer(ev, True)
             return
         self._held.append((ev, time.monotonic()))

@@ -41,6 +41,7 @@ import fcntl
 import os
 import stat
 import time
+from collections.abc import Mapping
 
 from libbroker.launcher.hostrun_files import O_DIR, put_in_place, read_at, read_small, replace
 from libbroker.launcher.hostrun_fingerprint import Node, Snapshot
@@ -154,20 +155,27 @@ def _swap_in(live: LiveConfigs, root: int, repo: Repo) -> None:
 
 # --- merging: the session's keys into the host's copy ---------------------------------
 
-def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
+def finish(live: LiveConfigs, snap: Snapshot | None,
+           under: Mapping[str, int] | None = None) -> list[str]:
     """Merge a last time, put regular files back, and tell the sweep they are accepted.
 
     Run once nothing of the session is alive, before the sweep.  A config
     the session replaced by something else (it cannot under bwrap: the
     watcher puts the link back) is left to the sweep, which restores the
-    original.
+    original.  ``under``: git dir -> an fd on it beneath the live gate's
+    bind (:attr:`.hostrun_binds.Binds.under`): the launcher's own opens there
+    do not wait on the gate, and the exchange with the host's copy is not
+    across mounts.
     """
-    root = os.open(live.workdir, O_DIR)
+    under = under or {}
+    # From the workdir beneath the gate's binds where there are some (an open by the
+    # launcher through them would wait on the gate's thread).
+    root = os.dup(under[""]) if "" in under else os.open(live.workdir, O_DIR)
     chain = Chain(root)  # one chain of directory fds for all: the repositories share paths
     try:
         for repo in sorted(live.repos, key=lambda r: r.git):
             try:
-                final = _finish_one(live, chain, repo)
+                final = _finish_one(live, chain, repo, under.get(repo.git, -1))
             except OSError as exc:
                 live.lines.append(f"agent-sandbox: {shown(repo.rel)} [git-config]: could not be "
                                   f"merged back: {exc.strerror or exc}; the original is in "
@@ -186,38 +194,46 @@ def finish(live: LiveConfigs, snap: Snapshot | None) -> list[str]:
     return lines
 
 
-def _finish_one(live: LiveConfigs, chain: Chain, repo: Repo
+def _finish_one(live: LiveConfigs, chain: Chain, repo: Repo, under: int
                 ) -> tuple[bytes, int, os.stat_result | None] | None:
     """The config's final bytes, written in place, its mode and (when the launcher wrote it
-    last) its stat; None when the sweep must judge it."""
-    ours = os.path.join(live.host_dir(repo), "config")
+    last) its stat; None when the sweep must judge it.  ``under``: an fd on the git dir
+    beneath the gate's bind, or -1."""
+    if under >= 0:
+        return _finish_in(live, repo, under, "config")
     with parent_in(chain, repo.rel) as (gfd, name):
-        if gfd < 0:
-            return None
-        try:
-            linked = os.readlink(name, dir_fd=gfd) == ours
-        except OSError:
-            linked = False
-        if not linked:
-            if repo.swapped:
-                return None  # something else took the link's place: the sweep's
-            neutralize(live, repo)  # Landlock (or a start killed before its swap)
-            data = read_small(gfd, name)
-            return None if data is None else (data, repo.mode, None)
-        sync(live, repo)
-        final = read_at(live.host_dir(repo), "config")
-        st = (put_in_place(live.host_dir(repo), gfd, name, final, repo.mode)
-              if final is not None else None)
-        if final is None:
-            final = read_at(os.path.join(live.live, "saved"), str(repo.n))
-        if final is None:
-            return None
-        if st is None:
-            replace(gfd, name, final, repo.mode)
-            st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
-        repo.swapped = False
-        live.restored.append(repo.rel)
-        return final, repo.mode, st
+        return _finish_in(live, repo, gfd, name)
+
+
+def _finish_in(live: LiveConfigs, repo: Repo, gfd: int, name: str
+               ) -> tuple[bytes, int, os.stat_result | None] | None:
+    if gfd < 0:
+        return None
+    ours = os.path.join(live.host_dir(repo), "config")
+    try:
+        linked = os.readlink(name, dir_fd=gfd) == ours
+    except OSError:
+        linked = False
+    if not linked:
+        if repo.swapped:
+            return None  # something else took the link's place: the sweep's
+        neutralize(live, repo)  # Landlock (or a start killed before its swap)
+        data = read_small(gfd, name)
+        return None if data is None else (data, repo.mode, None)
+    sync(live, repo)
+    final = read_at(live.host_dir(repo), "config")
+    st = (put_in_place(live.host_dir(repo), gfd, name, final, repo.mode)
+          if final is not None else None)
+    if final is None:
+        final = read_at(os.path.join(live.live, "saved"), str(repo.n))
+    if final is None:
+        return None
+    if st is None:
+        replace(gfd, name, final, repo.mode)
+        st = os.stat(name, dir_fd=gfd, follow_symlinks=False)
+    repo.swapped = False
+    live.restored.append(repo.rel)
+    return final, repo.mode, st
 
 
 def _set_aside(path: str) -> None:

@@ -653,21 +653,28 @@ class Session:
             # its last command, still emptying then: groups of the gone go too.
             cgroups.reclaim()
         quiet = None
-        if self.live is not None:  # configs merged and files again, before the sweep
+        live = self.live
+        if live is not None:  # configs merged and files again, before the sweep
             from libbroker.launcher import hostrun_live
 
-            self.say(hostrun_live.end(self.live, self.hostrun.snap if self.hostrun else None))
-            quiet = self.live.quiet_dirs()
+            # Through the gate's own way beneath its binds: its opens do not wait on it.
+            under = self.gate.binds.under if self.gate is not None else None
+            self.say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
+                                      under, _trace))
+            quiet = live.quiet_dirs()
             self.live = None
         if self.hostrun is not None:  # last: nothing of the session is alive to race it
             self.hostrun.finish(quiet=quiet)
             self.hostrun = None
             _trace("host-run files swept")
+        if live is not None:
+            live.closed()
         while self.gitdirs:  # a worktree's common dir, a submodule's git dir
             self.gitdirs.pop().finish()
         if self.gate is not None:  # last: it guarded the host's opens through the sweep
             self.say(self.gate.stop())
             self.gate = None
+            _trace("live gate stopped")
         # Only now may the janitor go, and the runtime dir that holds the scan's
         # snapshot: a launcher killed during the merge or the sweep above leaves
         # both, and the janitor finishes from the snapshot (each step idempotent).

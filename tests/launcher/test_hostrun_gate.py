@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -248,3 +249,68 @@ def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
     assert any("the live gate stopped during the session" in line for line in lines), lines
     assert _mounts(work) == []
     assert not (record / "binds.json").exists()
+
+
+def test_the_end_puts_configs_back_beneath_the_gate(world: World) -> None:
+    """The end's put-back goes through the fds the gate took beneath its binds: the merged
+    config is a regular file again (the host's copy itself, exchanged), and none of the
+    launcher's opens waited on the gate's thread, which stayed up for everyone else."""
+    from libbroker.launcher import hostrun_live, hostrun_scan
+    from libbroker.launcher.hostrun_gate import Gate
+    from libpolicy.hostrun import Table
+
+    work = _repo(world)
+    snap = hostrun_scan.scan(str(work), Table())
+    state = world.home / ".local/state/agent-sandbox"
+    watcher = hostrun_live.begin(snap, str(state), "", swap=True)
+    watcher.start()
+    watcher.wait_ready()
+    record = world.root / "gate-record"
+    record.mkdir()
+    gate = Gate(snap, watcher, str(record))
+    gate.start()
+    try:
+        assert sorted(gate.binds.under) == ["", ".git"]  # the workdir and its .git beneath
+        (repo,) = (r for r in watcher.configs.repos if r.git == ".git")
+        inside = Path(watcher.configs.inside_dir(repo)) / "config"
+        inside.write_text(inside.read_text() + "[user]\n\temail = e@example.com\n")
+        own = gate.own
+        lines = hostrun_live.end(watcher, snap, gate.binds.under)
+        assert gate.own == own, "the put-back waited on the gate"
+        assert git(work, "config", "--get", "user.email").stdout.strip() == "e@example.com"
+        st = (work / ".git/config").lstat()
+        assert stat.S_ISREG(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o640
+        assert not any(".git/config" in line for line in lines), lines
+        assert gate.asked > 0  # the host's git above was judged: the gate was up
+    finally:
+        gate.stop()
+    assert _mounts(work) == []
+
+
+def test_binds_under_a_shared_mount_go_with_one_read_of_mountinfo(tmp_path: Path) -> None:
+    """On a shared mount (systemd makes / shared) the workdir's bind joins its peer group,
+    so each ``.git`` bind propagates a copy onto it: the one read of mountinfo the removal
+    makes must drop those copies with the workdir's bind, and leave nothing mounted."""
+    from libbroker.launcher.hostrun_binds import Binds
+
+    top = tmp_path / "shared"
+    top.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(top)], check=True)
+    try:
+        subprocess.run(["mount", "--make-shared", str(top)], check=True)
+        work = top / "w"
+        gits = [f"r{i}/.git" for i in range(3)]
+        for g in gits:
+            (work / g).mkdir(parents=True)
+        binds = Binds(str(work), gits, str(tmp_path))
+        binds.make()
+        try:
+            assert len(_mounts(work)) > 1 + len(gits)  # the copies propagated
+            assert sorted(binds.under) == ["", *gits]
+        finally:
+            lines = binds.remove()
+        assert lines == []
+        assert _mounts(work) == []
+        assert not (tmp_path / "binds.json").exists()
+    finally:
+        subprocess.run(["umount", "-l", str(top)], check=True)
