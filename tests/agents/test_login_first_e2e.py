@@ -20,6 +20,7 @@ host's file unchanged byte for byte, neither login's tokens inside; with
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,7 +109,9 @@ def test_a_first_login_inside_is_kept_on_the_host_and_the_session_gets_placehold
     flag = w.workdir / "refreshed"  # the new pair, learnt by the scan inside
     o.on_refresh = lambda: flag.write_text(json.dumps(split(
         *o.issued[-1], *([o.id_token] if agent == "codex" else []))))
-    (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split("unused-value-x")))
+    # (a value made now: a literal would be found in this file, wherever the checkout is
+    # readable inside, e.g. a clone under /tmp)
+    (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(os.urandom(8).hex())))
     (w.workdir / "write_login.py").write_text(WRITE[agent])
     if agent == "codex" and backend == "bwrap":
         script = CODEX_LOGIN.format(code=o.code, turn=TURN[agent])
