@@ -11,8 +11,9 @@ Sessions reach the service on a unix socket: bound here (0600 under a 0177
 umask, a stale one replaced) or handed over by systemd (``LISTEN_FDS``).  A
 peer must be of this uid (``SO_PEERCRED``) and in this network namespace (a
 bwrap sandbox has one of its own: even if the socket were in its reach, it is
-refused).  One connection is one session: it sends one ``session`` request
-(:mod:`.serve_link`), gets the gateway's ports, and the tenant lives exactly as
+refused); the peer is held by a pidfd, never looked up by its pid
+(:mod:`.serve_peer`).  One connection is one session: it sends one ``session``
+request (:mod:`.serve_link`), gets the gateway's ports, and the tenant lives exactly as
 long as the connection; before or after it, at most one ``broker`` request (on
 the session's first brokered connection).  Anything else ends the session.
 
@@ -35,10 +36,10 @@ import tempfile
 from typing import Any
 
 from libbroker.errors import LaunchError, SocketInUse, UsageError
-from libbroker.launcher import boot
+from libbroker.launcher import boot, serve_peer
 from libbroker.launcher.serve_brokers import Zygote
 from libbroker.launcher.serve_conn import Closed, Conn
-from libbroker.launcher.serve_link import MAX_REPLY, peer_ids
+from libbroker.launcher.serve_link import MAX_REPLY
 from libbroker.server_lines import listening_url
 from libbroker.unix_listen import LiveSocket, listen_unix
 
@@ -145,7 +146,7 @@ class Service:
         self.socks_port = 0
         self.sessions = 0
         self.zygote = Zygote()
-        self._netns = os.stat("/proc/self/ns/net").st_ino
+        self._netns = serve_peer.own_netns()
 
     async def start_gateway(self) -> None:
         """egress-proxy in gateway mode; its two ports once it says ``listening``."""
@@ -180,28 +181,12 @@ class Service:
             with contextlib.suppress(OSError):
                 await writer.wait_closed()
 
-    def _refusal(self, sock: socket.socket) -> str:
-        """Why this peer may not register a session ("" when it may)."""
-        try:
-            pid, uid = peer_ids(sock)
-        except OSError as exc:
-            return f"its credentials cannot be read ({exc.strerror})"
-        if uid != os.getuid():
-            return f"peer uid {uid} is not the service's uid {os.getuid()}"
-        try:
-            netns = os.stat(f"/proc/{pid}/ns/net").st_ino
-        except OSError:
-            return f"peer pid {pid}'s network namespace cannot be read"
-        if netns != self._netns:
-            return f"peer pid {pid} is in another network namespace (a sandbox)"
-        return ""
-
     async def client(self, conn: Conn) -> None:
         """One session: check the peer, then its requests; its broker and tenant end with it."""
         tenant = ""
         broker = -1  # the pidfd of the session's broker, from the zygote
         try:
-            refusal = self._refusal(conn.sock)
+            refusal = serve_peer.refusal(conn.sock, self._netns)
             if refusal:
                 return self._refuse(conn, refusal)
             while True:  # until the link closes: at most one broker, one session

@@ -12,6 +12,7 @@ launcher killed, and socket activation by a real parent.
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import re
@@ -29,6 +30,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from launcher_world import World
+from test_serve_peer import spawn_as_pid
 
 from libbroker.launcher import record
 
@@ -427,6 +429,63 @@ def test_a_request_that_is_no_session_is_refused_with_a_line(
         answer = json.loads(s.makefile().readline())
     assert answer["ok"] is False and "short-secret-x" not in answer["error"] + service.text()
     assert service.text().count("refused a session") == 5
+    assert service.proc.poll() is None
+
+
+# A peer in a network namespace of its own (a sandbox's) connects, hands the
+# connection to its child and exits; its pid then goes to a process in the
+# service's namespace.  A check by pid would read that process's namespace.
+# The request waits in the socket while the service is stopped.
+RECYCLED_PEER = r"""
+import json, os, secrets, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect(sys.argv[1])
+os.write(1, b"%d\n" % os.getpid())
+if os.fork():
+    os._exit(0)
+s.sendall(json.dumps({"op": "session", "tenant": "s" + secrets.token_hex(8),
+                      "password": secrets.token_hex(32), "policy": {}}).encode() + b"\n")
+os.write(1, b"%d\n" % os.getpid())  # (after the request: it is there before the accept)
+print(s.makefile().readline(), end="", flush=True)
+"""
+
+
+def test_a_peer_whose_pid_went_to_another_process_is_refused(
+    world: World, service: Service
+) -> None:
+    if not os.access("/usr/bin/unshare", os.X_OK):
+        pytest.skip("unshare is not installed")
+    service.proc.send_signal(signal.SIGSTOP)  # it accepts (and checks) once all is in place
+    stat = Path(f"/proc/{service.proc.pid}/stat")
+    _wait_for(lambda: stat.read_text().rsplit(")", 1)[1].split()[0] == "T", "the stop")
+    holder = sleeper = None
+    try:
+        peer = subprocess.Popen(["/usr/bin/unshare", "-rn", sys.executable, "-c", RECYCLED_PEER,
+                                 str(service.path)],
+                                stdout=subprocess.PIPE, text=True)
+        assert peer.stdout is not None
+        connected = int(peer.stdout.readline())
+        holder = int(peer.stdout.readline())
+        assert peer.wait(timeout=30) == 0  # reaped: its pid is free
+        sleeper = spawn_as_pid(connected, ["sleep", "60"])  # in the service's namespace
+        if sleeper is None:
+            pytest.skip("the freed pid went elsewhere 200 times")
+        service.proc.send_signal(signal.SIGCONT)
+        line = peer.stdout.readline()
+        assert line, service.text()
+        answer = json.loads(line)
+    finally:
+        service.proc.send_signal(signal.SIGCONT)
+        for pid in (holder,):
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        if sleeper is not None:
+            sleeper.kill()
+            sleeper.wait()
+    assert answer["ok"] is False, answer
+    assert f"peer pid {connected} has exited since it connected" in answer["error"], answer
+    assert "tenant added" not in service.text() and "refused a session" in service.text()
     assert service.proc.poll() is None
 
 
