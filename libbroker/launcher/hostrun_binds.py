@@ -185,36 +185,78 @@ def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:
 
     mountinfo is read once (a read per path cost a quarter of a millisecond each, with
     a ``.git`` bind per repository); a detach takes the mounts below ours with it,
-    dropped from what was read by their parent ids.  On a shared mount a detach also
-    propagates (the ``.git`` binds' copies, even the binds themselves, go with the
-    workdir's): whatever the read no longer matches (a detach that fails, a mount
-    stacked on ours) is decided again on a fresh read."""
-    lines = []
+    dropped from what was read by their parent ids.  Each detach waits for an RCU grace
+    period (milliseconds on a busy machine): the workdir's first, then the ``.git``
+    binds' in a few threads at once.  On a shared mount a detach also propagates (the
+    ``.git`` binds' copies, even the binds themselves, go with the workdir's): whatever
+    the read no longer matches (a detach that fails, a mount stacked on ours) is decided
+    again on a fresh read."""
     mounts = _mounts()
-    for path, mid, before in made:  # the workdir first: the .git binds are reachable only then
-        for fresh in (False, True):
-            if fresh:
-                mounts = _mounts()
+    again: list[tuple[str, int, list[int], int]] = []  # (path, id, before, ours)
+    for batch in (made[:1], made[1:]):  # the workdir first: the .git binds lie below it
+        todo: list[tuple[str, int, list[int], int]] = []
+        for path, mid, before in batch:
             now = _mount_ids(path, mounts)
             ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
             if ours not in now:
-                break  # never made, or gone already (a second release, a propagated detach)
-            if now[-1] == ours and libc().umount2(os.fsencode(path), _MNT_DETACH) == 0:
-                gone: set[int] = set()
-                more = {ours}
-                while more:  # ours and every mount below it
-                    gone |= more
-                    more = {child for child, parent, _ in mounts if parent in gone} - gone
-                mounts = [m for m in mounts if m[0] not in gone]
-                break
-            if fresh:
-                import ctypes
-
-                why = ("another mount lies on it" if now[-1] != ours
-                       else os.strerror(ctypes.get_errno()))
-                lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
-                             f"{shown(path)}: {why}; run: umount -l {quote(path)}")
+                continue  # never made, or gone already (a second release)
+            (todo if now[-1] == ours else again).append((path, mid, before, ours))
+        failed = _detach_each([path for path, *_ in todo])
+        again += [entry for entry in todo if entry[0] in failed]
+        done = {entry[3] for entry in todo if entry[0] not in failed}
+        mounts = _without(mounts, done)
+    lines = []
+    if again:
+        mounts = _mounts()
+    for path, mid, before, _ in again:
+        now = _mount_ids(path, mounts)
+        ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
+        if ours not in now:
+            continue  # gone with another (a propagated detach)
+        if now[-1] == ours and not _detach_each([path]):
+            mounts = _without(mounts, {ours})
+            continue
+        why = "another mount lies on it" if now[-1] != ours else "it could not be detached"
+        lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
+                     f"{shown(path)}: {why}; run: umount -l {quote(path)}")
     return lines
+
+
+def _without(mounts: list[tuple[int, int, str]], ids: set[int]) -> list[tuple[int, int, str]]:
+    """``mounts`` without ``ids`` and every mount below them."""
+    gone: set[int] = set()
+    more = set(ids)
+    while more:
+        gone |= more
+        more = {child for child, parent, _ in mounts if parent in gone} - gone
+    return [m for m in mounts if m[0] not in gone]
+
+
+def _detach_each(paths: list[str], threads: int = 8) -> set[str]:
+    """``umount2(MNT_DETACH)`` each path, up to ``threads`` at once (each waits for an RCU
+    grace period; waits that overlap share it); the paths that failed."""
+    import threading
+
+    failed: set[str] = set()
+    queue = list(paths)
+
+    def work() -> None:
+        while queue:
+            try:
+                path = queue.pop()
+            except IndexError:
+                return
+            if libc().umount2(os.fsencode(path), _MNT_DETACH) != 0:
+                failed.add(path)
+
+    workers = [threading.Thread(target=work, name="hostrun-unbind", daemon=True)
+               for _ in range(min(threads, len(paths)) - 1)]
+    for worker in workers:
+        worker.start()
+    work()  # this thread too
+    for worker in workers:
+        worker.join()
+    return failed
 
 
 def release(record_dir: str) -> list[str]:

@@ -229,12 +229,14 @@ class Gate:
         """End the thread (pending opens refused), close the group, unbind; lines to say."""
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
+        # The thread closes the group (the kernel waits for an SRCU grace period there)
+        # while the binds go (an RCU grace period per detach): at once, both at the end.
+        lines = self.binds.remove()
         if self._thread is not None:
             self._thread.join()
             self._thread = None
         elif self.fan is not None:
             self.fan.close()
-        lines = self.binds.remove()
         for fd in (self._stop_r, self._stop_w, self._wake_r, self._wake_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -156,7 +156,8 @@ def _swap_in(live: LiveConfigs, root: int, repo: Repo) -> None:
 # --- merging: the session's keys into the host's copy ---------------------------------
 
 def finish(live: LiveConfigs, snap: Snapshot | None,
-           under: Mapping[str, int] | None = None) -> list[str]:
+           under: Mapping[str, int] | None = None,
+           unwritten: frozenset[str] = frozenset()) -> list[str]:
     """Merge a last time, put regular files back, and tell the sweep they are accepted.
 
     Run once nothing of the session is alive, before the sweep.  A config
@@ -165,7 +166,8 @@ def finish(live: LiveConfigs, snap: Snapshot | None,
     original.  ``under``: git dir -> an fd on it beneath the live gate's
     bind (:attr:`.hostrun_binds.Binds.under`): the launcher's own opens there
     do not wait on the gate, and the exchange with the host's copy is not
-    across mounts.
+    across mounts.  ``unwritten``: configs whose private copy the watcher saw no
+    write to (no last merge needed).
     """
     under = under or {}
     # From the workdir beneath the gate's binds where there are some (an open by the
@@ -175,7 +177,8 @@ def finish(live: LiveConfigs, snap: Snapshot | None,
     try:
         for repo in sorted(live.repos, key=lambda r: r.git):
             try:
-                final = _finish_one(live, chain, repo, under.get(repo.git, -1))
+                final = _finish_one(live, chain, repo, under.get(repo.git, -1),
+                                    repo.rel not in unwritten)
             except OSError as exc:
                 live.lines.append(f"agent-sandbox: {shown(repo.rel)} [git-config]: could not be "
                                   f"merged back: {exc.strerror or exc}; the original is in "
@@ -194,18 +197,18 @@ def finish(live: LiveConfigs, snap: Snapshot | None,
     return lines
 
 
-def _finish_one(live: LiveConfigs, chain: Chain, repo: Repo, under: int
+def _finish_one(live: LiveConfigs, chain: Chain, repo: Repo, under: int, merge: bool
                 ) -> tuple[bytes, int, os.stat_result | None] | None:
     """The config's final bytes, written in place, its mode and (when the launcher wrote it
     last) its stat; None when the sweep must judge it.  ``under``: an fd on the git dir
     beneath the gate's bind, or -1."""
     if under >= 0:
-        return _finish_in(live, repo, under, "config")
+        return _finish_in(live, repo, under, "config", merge)
     with parent_in(chain, repo.rel) as (gfd, name):
-        return _finish_in(live, repo, gfd, name)
+        return _finish_in(live, repo, gfd, name, merge)
 
 
-def _finish_in(live: LiveConfigs, repo: Repo, gfd: int, name: str
+def _finish_in(live: LiveConfigs, repo: Repo, gfd: int, name: str, merge: bool
                ) -> tuple[bytes, int, os.stat_result | None] | None:
     if gfd < 0:
         return None
@@ -220,7 +223,8 @@ def _finish_in(live: LiveConfigs, repo: Repo, gfd: int, name: str
         neutralize(live, repo)  # Landlock (or a start killed before its swap)
         data = read_small(gfd, name)
         return None if data is None else (data, repo.mode, None)
-    sync(live, repo)
+    if merge:
+        sync(live, repo)
     final = read_at(live.host_dir(repo), "config")
     st = (put_in_place(live.host_dir(repo), gfd, name, final, repo.mode)
           if final is not None else None)
@@ -240,11 +244,9 @@ def _set_aside(path: str) -> None:
     """A finished live dir out of the way in one rename (a directory per repository costs
     a millisecond each to remove on a busy disk): :func:`remove_set_aside`, in the next
     start's scan thread, removes it; it holds nothing the person needs any more."""
-    import secrets
-
     parent, base = os.path.split(path)
-    try:
-        os.rename(path, os.path.join(parent, f"{DONE}{base}-{secrets.token_hex(4)}"))
+    try:  # os.urandom, not secrets: importing secrets (hmac, random) cost up to 9 ms
+        os.rename(path, os.path.join(parent, f"{DONE}{base}-{os.urandom(4).hex()}"))
     except OSError:
         import shutil
 

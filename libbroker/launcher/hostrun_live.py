@@ -62,7 +62,6 @@ class Watcher(Watches):
         self._seen_repos: dict[str, tuple[object, ...]] = {}  # new repo -> state judged
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._thread: threading.Thread | None = None
-        self._closer: threading.Thread | None = None
 
     # --- watches ------------------------------------------------------------------
 
@@ -363,11 +362,7 @@ class Watcher(Watches):
         for fd in (self._stop_r, self._stop_w, self._root):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        # Closing the group drops every watch (5k directories: 7 to 18 ms): in a thread
-        # of its own, while the configs go back and the sweep runs; :meth:`closed` joins it.
-        self._closer = threading.Thread(target=self._ino.close, name="hostrun-live-close",
-                                        daemon=True)
-        self._closer.start()
+        self.close_group()
         lines = list(self.sweeper.lines)
         if self.sweeper.qfd >= 0:
             os.close(self.sweeper.qfd)
@@ -382,12 +377,6 @@ class Watcher(Watches):
         lines += [f"agent-sandbox: the live guard failed once: {e}" for e in self.errors]
         return lines
 
-
-    def closed(self) -> None:
-        """Wait for :meth:`stop`'s close of the inotify group."""
-        if self._closer is not None:
-            self._closer.join()
-            self._closer = None
 
     def quiet_dirs(self) -> frozenset[str] | None:
         """The directories no event named (:meth:`Watches.quiet`), for the end sweep's walk;
@@ -410,14 +399,13 @@ def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watche
 
 
 def end(watcher: Watcher, snap: Snapshot | None, under: dict[str, int] | None = None,
-        mark: Callable[[str], None] | None = None) -> list[str]:
-    """Stop watching, merge the configs a last time and put them back; every line to say.
-    ``under``: the live gate's way to each bound git dir beneath its bind
-    (:attr:`.hostrun_binds.Binds.under`); ``mark``: the trace's."""
+        mark: Callable[[str], None] = lambda _: None) -> list[str]:
+    """Stop watching, merge the configs a last time (not the copies no write reached,
+    unless an event was lost) and put them back; every line to say.  ``under``: the live
+    gate's :attr:`.hostrun_binds.Binds.under`; ``mark``: the trace's."""
     lines = watcher.stop()
-    if mark is not None:
-        mark("live guard stopped")
-    lines += gitconfig.finish(watcher.configs, snap, under)
-    if mark is not None:
-        mark("git configs put back")
+    mark("live guard stopped")
+    unwritten = frozenset() if watcher.overflows or watcher.errors else watcher.unwritten()
+    lines += gitconfig.finish(watcher.configs, snap, under, unwritten)
+    mark("git configs put back")
     return lines

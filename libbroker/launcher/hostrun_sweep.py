@@ -277,9 +277,8 @@ class Sweeper:
 
 def _stage(pfd: int, name: str) -> str:
     """Rename ``name`` to a fresh hidden name beside it; that name."""
-    import secrets
-
-    staged = f".agent-sandbox-aside-{secrets.token_hex(6)}"
+    # os.urandom, not secrets: importing secrets (hmac, random) cost the end up to 9 ms
+    staged = f".agent-sandbox-aside-{os.urandom(6).hex()}"
     os.rename(name, staged, src_dir_fd=pfd, dst_dir_fd=pfd)
     return staged
 

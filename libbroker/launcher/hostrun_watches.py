@@ -49,6 +49,7 @@ class Watches:
         self.busy = False  # reading or judging a batch (the gate waits for it: synced())
         self.on_batch: Callable[[], None] | None = None  # the gate's wake-up
         self._stopped = False
+        self._closer: threading.Thread | None = None
 
     def synced(self) -> bool:
         """Whether every change queued so far has been judged (the gate asks)."""
@@ -182,6 +183,26 @@ class Watches:
         touched = {self._initial[wd][0] for wd in self._touched if wd in self._initial}
         return frozenset(rel for wd, (rel, kind) in self._initial.items()
                          if kind != "inside" and wd not in self._touched and rel not in touched)
+
+
+    def close_group(self) -> None:
+        """Close the inotify group in a thread of its own, while the configs go back and
+        the sweep runs (dropping 5k watches took 7 to 18 ms); :meth:`closed` joins it."""
+        self._closer = threading.Thread(target=self._ino.close, name="hostrun-live-close",
+                                        daemon=True)
+        self._closer.start()
+
+    def closed(self) -> None:
+        """Wait for :meth:`close_group`'s end."""
+        if self._closer is not None:
+            self._closer.join()
+            self._closer = None
+
+    def unwritten(self) -> frozenset[str]:
+        """The repositories' configs (relative) whose private copy's directory no event
+        named: the session never wrote there (the end's last merge has nothing to take)."""
+        return frozenset(rel.removeprefix("inside:") for wd, (rel, kind) in self.dirs.items()
+                         if kind == "inside" and wd not in self._touched)
 
 
 def join(rel: str, name: str) -> str:
