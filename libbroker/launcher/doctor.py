@@ -300,7 +300,9 @@ def check_hostrun(cfg: Config) -> list[Check]:
 
 
 def _live_leftovers(cfg: Config) -> list[Check]:
-    """A repository's config a dead session left as a link (hostrun_gitconfig): repaired."""
+    """A repository's config a dead session left as a link (hostrun_gitconfig), the live
+    gate's binds of one that died with its janitor (hostrun_binds): repaired."""
+    from libbroker.launcher import hostrun_binds, runtime_dir
     from libbroker.launcher.hostrun_gitconfig import repair
     from libbroker.launcher.hostrun_sweep import state_dir
 
@@ -309,6 +311,11 @@ def _live_leftovers(cfg: Config) -> list[Check]:
     except OSError as exc:
         return [Check(WARN, f"git configs left by a session that died: {exc}",
                       "look at ~/.local/state/agent-sandbox/live (each has its saved original)")]
+    try:
+        lines += hostrun_binds.repair(runtime_dir.session_dirs())
+    except OSError as exc:
+        return [Check(WARN, f"mounts left by a session that died: {exc}",
+                      "umount -l the paths in $XDG_RUNTIME_DIR/agent-sandbox/*/binds.json")]
     return [Check(WARN, line.removeprefix("agent-sandbox: ") + " (repaired now)") for line in lines]
 
 

@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
+from collections.abc import Iterable
 
+from libbroker.launcher import hostrun_bindrecord as record
 from libbroker.sandbox.libc import fail, libc
 from libbroker.shellquote import quote, shown
 
@@ -47,7 +48,7 @@ _F_EMPTY, _T_EMPTY = 0x4, 0x40
 _MNT_DETACH = 2
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _O_UNDER = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
-RECORD = "binds.json"
+RECORD = record.RECORD
 
 
 def _bind(src: str, target_fd: int | None, target: str, *, recursive: bool) -> None:
@@ -100,7 +101,8 @@ class Binds:
     def __init__(self, workdir: str, git_dirs: list[str], record_dir: str) -> None:
         self.workdir = workdir
         self.git_dirs = git_dirs  # relative to the workdir, each named .git
-        self.record = os.path.join(record_dir, RECORD)
+        self.record_dir = record_dir
+        self._record: record.Record | None = None
         # (mount point, our mount's id or -1 while being made, the ids there before), in order
         self.made: list[tuple[str, int, list[int]]] = []
         self.mark_fds: list[int] = []  # a directory fd on each bind, for the marks
@@ -116,6 +118,7 @@ class Binds:
             if _mount_ids(path, mounts):  # another session's gate: two stacked would unbind
                 raise OSError(errno.EBUSY, f"{shown(path)} is a mount point already (another "
                               "session's live gate?)")
+        self._record = record.Record(self.record_dir)  # locked while we live
         old = os.open(self.workdir, O_DIR)  # the workdir's mount as it is now
         try:
             self.under[""] = os.open(".", _O_UNDER, dir_fd=old)
@@ -143,19 +146,17 @@ class Binds:
         """Recorded before the mount: a death right after it still leaves its trace.  Nothing
         was mounted there (make checked): the mount there after it is ours."""
         self.made.append((path, -1, []))
-        self._write()
+        self._write(self.made[-1])
 
     def _made(self, path: str, fd: int) -> None:
         """``fd``: a directory fd on the new bind (kept for its mark); its mount id."""
         self.mark_fds.append(fd)
         self.made[-1] = (path, _mount_id_of(fd), [])
-        self._write()
+        self._write(self.made[-1])
 
-    def _write(self) -> None:
-        tmp = self.record + ".tmp"
-        with open(tmp, "w") as fh:
-            json.dump({"made": self.made}, fh)
-        os.rename(tmp, self.record)
+    def _write(self, made: record.Made) -> None:
+        assert self._record is not None
+        self._record.write(made)
 
     def marked(self) -> None:
         """The marks are made: their fds are not needed any more (a mark holds its mount)."""
@@ -173,9 +174,9 @@ class Binds:
         self.under = {}
         lines = _unbind(self.made)
         self.made = []
-        if not lines:
-            with contextlib.suppress(OSError):
-                os.unlink(self.record)
+        if self._record is not None:  # kept, unlocked, if something stayed mounted
+            self._record.close(remove=not lines)
+            self._record = None
         return lines
 
 
@@ -260,17 +261,48 @@ def _detach_each(paths: list[str], threads: int = 8) -> set[str]:
 
 
 def release(record_dir: str) -> list[str]:
-    """The janitor's (or a later start's) unbinding of a dead session's binds, from its record."""
-    path = os.path.join(record_dir, RECORD)
-    try:
-        with open(path) as fh:
-            data = json.load(fh)
-        made = [(str(p), int(i), [int(b) for b in before])
-                for p, i, before in data.get("made", [])]
-    except (OSError, ValueError, TypeError):
+    """The janitor's unbinding of a dead launcher's binds, from its record."""
+    taken = record.take(record_dir, wait=2.0)  # a start's repair may hold it a moment
+    if taken is None or taken[0] < 0:
         return []
+    fd, made = taken
     lines = _unbind(made)
-    if not lines:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    if lines:
+        os.close(fd)
+    else:
+        record.drop(record_dir, fd)
+    return lines
+
+
+def repair(session_dirs: Iterable[str]) -> list[str]:
+    """Binds of sessions whose launcher and janitor both died (the runtime dirs of this
+    user, :func:`.runtime_dir.session_dirs`): unbound, said; a live session's are left,
+    and a mount its record names is never touched (a dead record's id reused)."""
+    live: set[tuple[str, int]] = set()
+    dead: list[tuple[str, int, list[record.Made]]] = []
+    for path in session_dirs:
+        taken = record.take(path)
+        if taken is None:
+            continue
+        fd, made = taken
+        if fd < 0:
+            live |= {(p, mid) for p, mid, _ in made}
+        else:
+            dead.append((path, fd, made))
+    lines = []
+    mounts = _mounts()
+    for path, fd, made in dead:
+        made = [m for m in made if (m[0], m[1]) not in live]
+        there = [p for p, mid, _ in made if mid in _mount_ids(p, mounts)]
+        failed = _unbind(made)
+        if failed:
+            os.close(fd)
+        else:
+            record.drop(path, fd)
+        if there:
+            lines.append(f"agent-sandbox: a session that died with its janitor left its live "
+                         f"guard's mounts on {shown(there[0])}" + (
+                             f" and {len(there) - 1} more" if len(there) > 1 else "")
+                         + ("; unbound them" if not failed else ""))
+        lines += failed
     return lines

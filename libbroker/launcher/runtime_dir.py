@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -42,6 +43,24 @@ def create() -> Runtime:
             f"cannot create the session's runtime directory: {exc.strerror}"
         ) from None
     return Runtime(root)
+
+
+def session_dirs() -> list[str]:
+    """Every session runtime dir of this user that :func:`create` may have made (a dead
+    session's stays): ``$XDG_RUNTIME_DIR/agent-sandbox/*`` and the fallback's
+    ``agent-sandbox-*`` in the temporary directory.  Their owner is for the reader to
+    check (:mod:`.hostrun_bindrecord` does)."""
+    out = []
+    base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if base and os.path.isabs(base):
+        parent = os.path.join(base, "agent-sandbox")
+        with contextlib.suppress(OSError):
+            out += [os.path.join(parent, n) for n in os.listdir(parent) if not n.endswith(".host")]
+    tmp = tempfile.gettempdir()
+    with contextlib.suppress(OSError):
+        out += [os.path.join(tmp, n) for n in os.listdir(tmp)
+                if n.startswith("agent-sandbox-") and not n.endswith(".host")]
+    return out
 
 
 def remove(rt: Runtime) -> None:

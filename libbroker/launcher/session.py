@@ -253,10 +253,18 @@ class Session:
             _trace("record started")
 
     def _repair_configs(self) -> None:
-        """Configs a dead session left as links become files again (hostrun_gitconfig)."""
-        from libbroker.launcher import hostrun_gitconfig
+        """Configs a dead session left as links become files again (hostrun_gitconfig);
+        the live gate's binds of one that died with its janitor go (hostrun_binds), before
+        this session's gate binds the workdir."""
+        from libbroker.launcher import hostrun_binds, hostrun_gitconfig
 
         self.say(hostrun_gitconfig.repair(hostrun_guard.state_dir(self.cfg.home)))
+        cwd = os.getcwd()
+        lines = hostrun_binds.repair(runtime_dir.session_dirs())
+        if lines:  # our working directory may have been on a bind now detached: the path's
+            self.say(lines)
+            with contextlib.suppress(OSError):
+                os.chdir(cwd)
 
     def begin_live(self, snap: hostrun_guard.Snapshot, root: str, *, swap: bool) -> Watcher:
         from libbroker.launcher import hostrun_live

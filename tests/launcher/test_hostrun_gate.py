@@ -14,6 +14,7 @@ watcher guards alone.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import stat
@@ -121,9 +122,32 @@ def test_a_killed_launcher_leaves_no_mount(world: World) -> None:
     git(work, "status", "--short")
 
 
+def _janitor_of(runtime_parent: Path) -> int:
+    """The pid of the janitor whose runtime dir lies under ``runtime_parent``."""
+    for pid in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            janitor = any(b"agent-sandbox-janitor" in a for a in argv)
+            if janitor and argv[-2].startswith(str(runtime_parent).encode()):
+                return int(pid)
+    raise AssertionError("no janitor")
+
+
 def test_off_leaves_the_watcher_alone(world: World) -> None:
-    """AGENT_SANDBOX_LIVE_GATE=off (what an ordinary user gets): no mounts; doctor says so."""
+    """AGENT_SANDBOX_LIVE_GATE=off (what an ordinary user gets): no mounts; doctor says so.
+
+    First a gated session whose launcher and janitor are both killed: its binds stay
+    (nothing of it is left to unbind them) until the next start, this one's, unbinds
+    them (its runtime dir's record, no longer locked) and says so."""
     work = _repo(world)
+    dead = world.launch("sh", "-c", "touch planted && exec sleep 60", sandbox="bwrap")
+    _wait(work / "planted")
+    os.kill(_janitor_of(world.runtime_parent), signal.SIGKILL)
+    os.kill(dead.pid, signal.SIGKILL)
+    dead.communicate(timeout=30)
+    time.sleep(0.5)
+    assert len(_mounts(work)) == 2  # the workdir and its .git, with no one to unbind them
+    (work / "planted").unlink()
     env = {**world.env(), "AGENT_SANDBOX_LIVE_GATE": "off"}
     proc = world.launch("sh", "-c", "touch planted; while [ ! -e go ]; do sleep 0.05; done",
                         sandbox="bwrap", env=env)
@@ -131,9 +155,11 @@ def test_off_leaves_the_watcher_alone(world: World) -> None:
         _wait(work / "planted")
         assert _mounts(work) == []
         (work / "go").touch()
-        proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
+    assert "a session that died with its janitor left its live guard's mounts on" in err, err
+    assert not list(world.runtime_parent.glob("**/binds.json"))
     doctor = subprocess.run(["agent-sandbox", "doctor", f"--config={world.config()}"], env=env,
                             capture_output=True, text=True, timeout=60)
     assert "live guard: the watcher only" in doctor.stdout + doctor.stderr
@@ -314,3 +340,37 @@ def test_binds_under_a_shared_mount_go_with_one_read_of_mountinfo(tmp_path: Path
         assert not (tmp_path / "binds.json").exists()
     finally:
         subprocess.run(["umount", "-l", str(top)], check=True)
+
+
+def test_only_dead_sessions_binds_are_repaired(tmp_path: Path) -> None:
+    """The repair at a start (and in doctor) unbinds what a record names only when no
+    launcher holds that record locked, only from a directory and file of ours, and never a
+    mount a live session's record names."""
+    from libbroker.launcher import hostrun_binds
+
+    works, records = [tmp_path / "w1", tmp_path / "w2"], [tmp_path / "s1", tmp_path / "s2"]
+    for w, r in zip(works, records, strict=True):
+        (w / "r/.git").mkdir(parents=True)
+        r.mkdir()
+    live = hostrun_binds.Binds(str(works[0]), ["r/.git"], str(records[0]))
+    live.make()
+    dead = hostrun_binds.Binds(str(works[1]), ["r/.git"], str(records[1]))
+    dead.make()
+    try:
+        assert dead._record is not None  # its launcher dies: the lock goes, the mounts stay
+        os.close(dead._record.fd)
+        forged = tmp_path / "other-user"  # as root, another user's dir naming our mounts
+        forged.mkdir()
+        (forged / "binds.json").write_bytes((records[0] / "binds.json").read_bytes())
+        os.chown(forged / "binds.json", 65534, 65534)
+        os.chown(forged, 65534, 65534)
+        lines = hostrun_binds.repair([str(r) for r in (*records, forged, tmp_path / "none")])
+        assert _mounts(works[1]) == [] and not (records[1] / "binds.json").exists()
+        assert len(lines) == 1 and str(works[1]) in lines[0] and "unbound them" in lines[0]
+        assert len(_mounts(works[0])) == 2 and (records[0] / "binds.json").exists()
+    finally:
+        dead._record = None
+        dead.made = []
+        dead.remove()
+        assert live.remove() == []
+    assert _mounts(works[0]) == [] and not (records[0] / "binds.json").exists()
