@@ -193,12 +193,12 @@ def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:
     the read no longer matches (a detach that fails, a mount stacked on ours) is decided
     again on a fresh read."""
     mounts = _mounts()
+    inside = made[0][0] + "/" if made else "/"
     again: list[tuple[str, int, list[int], int]] = []  # (path, id, before, ours)
     for batch in (made[:1], made[1:]):  # the workdir first: the .git binds lie below it
         todo: list[tuple[str, int, list[int], int]] = []
         for path, mid, before in batch:
-            now = _mount_ids(path, mounts)
-            ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
+            path, now, ours = _where(path, mid, before, mounts, inside)
             if ours not in now:
                 continue  # never made, or gone already (a second release)
             (todo if now[-1] == ours else again).append((path, mid, before, ours))
@@ -210,8 +210,7 @@ def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:
     if again:
         mounts = _mounts()
     for path, mid, before, _ in again:
-        now = _mount_ids(path, mounts)
-        ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
+        path, now, ours = _where(path, mid, before, mounts, inside)
         if ours not in now:
             continue  # gone with another (a propagated detach)
         if now[-1] == ours and not _detach_each([path]):
@@ -221,6 +220,21 @@ def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:
         lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
                      f"{shown(path)}: {why}; run: umount -l {quote(path)}")
     return lines
+
+
+def _where(path: str, mid: int, before: list[int], mounts: list[tuple[int, int, str]],
+           inside: str) -> tuple[str, list[int], int]:
+    """(where our mount is now, the ids there, ours: -1 if gone).  By its id: a repository
+    moved within the workdir while the gate was on took its ``.git`` bind along (a
+    directory that holds a mount point may be renamed); a place elsewhere, or not a
+    ``.git``, is not believed (an id reused after ours went)."""
+    if mid >= 0:
+        point = next((p for i, _, p in mounts if i == mid), path)
+        if point != path and point.startswith(inside) and point.endswith("/.git"):
+            path = point
+    now = _mount_ids(path, mounts)
+    ours = mid if mid >= 0 else next((i for i in reversed(now) if i not in before), -1)
+    return path, now, ours
 
 
 def _without(mounts: list[tuple[int, int, str]], ids: set[int]) -> list[tuple[int, int, str]]:

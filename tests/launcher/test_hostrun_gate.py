@@ -109,16 +109,29 @@ def test_without_plants_the_hosts_git_works_meanwhile(world: World, backend: str
 
 
 def test_a_killed_launcher_leaves_no_mount(world: World) -> None:
+    """A launcher stopped with SIGSTOP holds the host's opens of workdir files (its gate's
+    thread is stopped with it: docs/hostrun-gate.md); its kill -9 lets them go at once,
+    and the janitor unbinds."""
     work = _repo(world)
     proc = world.launch("sh", "-c", "touch planted && exec sleep 60", sandbox="bwrap")
     _wait(work / "planted")
     assert len(_mounts(work)) == 2  # the workdir and its .git
+    os.kill(proc.pid, signal.SIGSTOP)
+    deadline = time.monotonic() + 10  # every thread stopped (the gate's among them)
+    while time.monotonic() < deadline and any(
+            Path(f"/proc/{proc.pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            != "T" for t in os.listdir(f"/proc/{proc.pid}/task")):
+        time.sleep(0.01)
+    reader = subprocess.Popen(["cat", str(work / "a.txt")], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(subprocess.TimeoutExpired):
+        reader.wait(timeout=1)  # held by the stopped gate
     os.kill(proc.pid, signal.SIGKILL)
     proc.communicate(timeout=30)
     deadline = time.monotonic() + 30
     while _mounts(work) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _mounts(work) == []  # the janitor unbound them
+    assert reader.communicate(timeout=30)[0] == "a\n"  # the kernel let it go with the group
     git(work, "status", "--short")
 
 
@@ -374,3 +387,27 @@ def test_only_dead_sessions_binds_are_repaired(tmp_path: Path) -> None:
         dead.remove()
         assert live.remove() == []
     assert _mounts(works[0]) == [] and not (records[0] / "binds.json").exists()
+
+
+def test_a_repository_moved_during_the_session_is_unbound_where_it_went(tmp_path: Path) -> None:
+    """A directory that holds a mount point may be renamed: a repository moved within the
+    workdir takes its ``.git`` bind along, and the end unbinds it there (by its id); moved
+    out of the workdir it cannot be (its ``.git`` is a mount point: EBUSY), as said in
+    docs/hostrun-gate.md."""
+    from libbroker.launcher.hostrun_binds import Binds
+
+    work = tmp_path / "w"
+    (work / "repo/.git").mkdir(parents=True)
+    (work / "repo/.git/HEAD").write_text("ref: refs/heads/main\n")
+    binds = Binds(str(work), ["repo/.git"], str(tmp_path))
+    binds.make()
+    try:
+        os.rename(work / "repo", work / "moved")
+        assert (work / "moved/.git/HEAD").exists()
+        out = subprocess.run(["mv", str(work / "moved"), str(tmp_path / "away")],
+                             capture_output=True, text=True)
+        assert out.returncode != 0 and "busy" in out.stderr, out.stderr
+    finally:
+        lines = binds.remove()
+    assert lines == []
+    assert _mounts(work) == [] and _mounts(tmp_path) == []
