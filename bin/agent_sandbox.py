@@ -143,8 +143,9 @@ def main() -> None:
     servers: Servers | None = None
     if "run" in sys.argv[1:]:
         # run's servers start first, before parsing: see libbroker.launcher.prestart.
-        from libbroker.launcher import prestart
+        from libbroker.launcher import cli_checks, prestart
 
+        sys.argv[1:] = cli_checks.command_marked(sys.argv[1:])  # "run claude --version"
         servers = prestart.try_start(sys.argv[1:])
     try:
         run(lambda: _main(_parse(servers), servers))

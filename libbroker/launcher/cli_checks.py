@@ -19,6 +19,34 @@ _RUN_FLAGS = frozenset({*_VALUED, "--learn"})
 RUN_USAGE = "agent-sandbox run [OPTIONS] -- CMD [ARG...]"
 
 
+def command_marked(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--`` before run's command when it was left out.
+
+    ``agent-sandbox run claude --version`` printed agent-sandbox's own version
+    (docopt took ``--version`` as ours), and ``run --agent=codex bash -c 'echo
+    hi'`` was a usage error (``-c``): every word from the command's first on is
+    the command's, as after ``--``.  The command is the first word after
+    ``run`` that is not one of run's options (or a valued option's value).
+    """
+    argv = list(argv)
+    words = _words(argv)
+    plain = [w for opt, w in words if not opt]
+    if plain[:1] != ["run"] or len(plain) < 2:
+        return argv  # no command word before any "--" (or not run): as typed
+    i, seen_run = 0, False
+    while i < len(argv) and argv[i] != "--":
+        word = argv[i]
+        name, eq, _ = word.partition("=")
+        if word.startswith("-"):
+            i += 2 if name in _VALUED and not eq else 1
+            continue
+        if seen_run:
+            return [*argv[:i], "--", *argv[i:]]
+        seen_run = word == "run"
+        i += 1
+    return argv
+
+
 def before_docopt(argv: Sequence[str]) -> None:
     """UsageError for ``run`` without a command and for ``report --propose --json``."""
     words = _words(list(argv))

@@ -357,3 +357,23 @@ env = "EXAMPLE_KEY"
             check=False, stdin=subprocess.DEVNULL)
         assert done.returncode == 0, done.stderr
         assert done.stdout == "agent-sandbox-placeholder\n"
+
+
+@pytest.mark.parametrize(("argv", "marked"), [
+    (["run", "claude", "--version"], ["run", "--", "claude", "--version"]),
+    (["run", "--agent=codex", "bash", "-c", "echo hi"],
+     ["run", "--agent=codex", "--", "bash", "-c", "echo hi"]),
+    (["run", "--sandbox", "nono", "--limit", "mem=1G", "codex", "-s", "read-only"],
+     ["run", "--sandbox", "nono", "--limit", "mem=1G", "--", "codex", "-s", "read-only"]),
+    (["run", "--", "claude", "--version"], ["run", "--", "claude", "--version"]),
+    (["run", "--learn", "--", "x", "--", "y"], ["run", "--learn", "--", "x", "--", "y"]),
+    (["run"], ["run"]),
+    (["run", "--version"], ["run", "--version"]),
+    (["report", "--last"], ["report", "--last"]),
+])
+def test_run_s_command_is_everything_from_its_first_word(argv: list[str],
+                                                         marked: list[str]) -> None:
+    """Without ``--``, the command's own flags are its own, never run's."""
+    from libbroker.launcher.cli_checks import command_marked
+
+    assert command_marked(argv) == marked
