@@ -27,7 +27,7 @@ them when they need them, and nothing else uses these numbers.
 from __future__ import annotations
 
 import collections
-import contextlib  # already imported by site's .pth processing
+import contextlib
 import io
 import os
 import select
