@@ -70,9 +70,10 @@ class Home:
             # The exported keys reach the APIs through egress-proxy (exported_keys.py).
             "start_timeout": 60,
         }
-        keys.update(extra)
+        keys.update(extra)  # a key given as None is left out
         path = self.root / "config.toml"
-        path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()))
+        path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()
+                                if v is not None))
         return path
 
     def env(self, **extra: str) -> dict[str, str]:

@@ -3,7 +3,9 @@ agents' own sandbox flags, translated (libbroker.launcher.agent_argv).
 
 - ``--agent=NAME`` applies the profile (the private config copy and its
   variable) to ``bash -c`` and ``env`` without changing their argv; the agent
-  itself starts (``--version``);
+  itself starts (``--version``); these sessions are tenants of a resident
+  service (``agent-sandbox serve``, one for the module), so the real CLIs start
+  with the gateway's credential in their proxy variables;
 - ``codex -s workspace-write`` / ``--full-auto`` / ``-s read-only`` and
   ``gemini -s`` run a turn whose shell tool writes the workdir: it is written,
   except under ``-s read-only``, where the session's workdir is read-only.
@@ -12,11 +14,19 @@ agents' own sandbox flags, translated (libbroker.launcher.agent_argv).
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from agents_world import Home, need
+from standin_apis import Apis
 
 BACKENDS = ("bwrap", "nono")
 AGENTS = ("claude", "codex", "gemini")
@@ -24,12 +34,40 @@ HOME_VAR = {"claude": "CLAUDE_CONFIG_DIR", "codex": "CODEX_HOME", "gemini": "GEM
 WRITE = "RUN<<touch made.txt && echo WROTE-OK>>"
 
 
-def session(w: Home, backend: str, *args: str) -> subprocess.CompletedProcess[str]:
+def session(w: Home, backend: str, *args: str, served: Path | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """A session; with ``served`` (the service's socket) a tenant of that service: no
+    upstream_ca of its own then (the gateway trusts the stand-in's CA, as a whole)."""
+    config = w.config(upstream_ca=None) if served else w.config()
+    env = w.env(AGENT_SANDBOX_SERVE=str(served)) if served else w.env()
     return subprocess.run(
-        ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={backend}", *args],
-        env=w.env(), cwd=w.workdir, capture_output=True, text=True, timeout=90,
+        ["agent-sandbox", "run", f"--config={config}", f"--sandbox={backend}", *args],
+        env=env, cwd=w.workdir, capture_output=True, text=True, timeout=90,
         stdin=subprocess.DEVNULL, check=False,
     )
+
+
+@pytest.fixture(scope="module")
+def service(apis: Apis) -> Iterator[Path]:
+    """One resident service for the module's tenants; its socket's path."""
+    root = Path(tempfile.mkdtemp(prefix="as-serve-", dir="/tmp"))  # short: sun_path
+    sock, log = root / "serve.sock", root / "serve.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_SANDBOX")}
+    env["SSL_CERT_FILE"] = str(apis.ca_file)
+    with log.open("w") as fh:
+        proc = subprocess.Popen(["agent-sandbox", "serve", f"--socket={sock}"], env=env,
+                                stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while "serving:" not in log.read_text() and proc.poll() is None:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert proc.poll() is None, log.read_text()
+        yield sock
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        shutil.rmtree(root, ignore_errors=True)
 
 
 def ours(stderr: str) -> list[str]:
@@ -44,19 +82,25 @@ def ours(stderr: str) -> list[str]:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("agent", AGENTS)
 def test_agent_profile_leaves_other_commands_as_typed(
-    world: Home, agent: str, backend: str
+    world: Home, service: Path, agent: str, backend: str
 ) -> None:
     need(agent)
-    done = session(world, backend, f"--agent={agent}", "--", "bash", "-c", "echo hi")
+    done = session(world, backend, f"--agent={agent}", "--", "bash", "-c", "echo hi",
+                   served=service)
     assert (done.returncode, done.stdout) == (0, "hi\n"), done.stderr
-    done = session(world, backend, f"--agent={agent}", "--", "env")
+    done = session(world, backend, f"--agent={agent}", "--", "env", served=service)
     assert done.returncode == 0, done.stderr
     env = dict(ln.split("=", 1) for ln in done.stdout.splitlines() if "=" in ln)
     # The profile applied: the agent's variable names the private copy, not the real config.
     assert "/agent-sandbox/agents/" in env[HOME_VAR[agent]], env
-    done = session(world, backend, "--", agent, "--version")
+    # A tenant of the service: its credential in the proxy variables the agent reads.
+    assert re.fullmatch(r"http://s[0-9a-f]{16}:[0-9a-f]{64}@127\.0\.0\.1:\d+/?",
+                        env["HTTPS_PROXY"]), env["HTTPS_PROXY"]
+    # The real CLI starts with it (Node's proxy setup reads the URL, userinfo and all).
+    done = session(world, backend, "--", agent, "--version", served=service)
     assert done.returncode == 0 and done.stdout.strip(), done.stderr
     assert ours(done.stderr) == [], done.stderr
+    assert "tenant added" in done.stderr  # the gateway's line for this session's tenant
 
 
 def turn(agent: str, flags: list[str]) -> list[str]:
