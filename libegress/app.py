@@ -26,7 +26,7 @@ from libegress.route import EgressPolicy, Pin, parse_pin
 from libegress.scope import Scope, parse_repos
 from libegress.secrets import Secret, login_hosts, parse_secrets
 from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind, inherited
-from libegress.tokens import SecretKeeper, TokenKeeper, token_argv
+from libegress.tokens import TokenKeeper, secret_keepers, token_argv
 
 DEFAULT_INJECT = "github.com,api.github.com"
 
@@ -281,8 +281,7 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         tokens=tokens,
         log=log,
         upstream_ca=options.upstream_ca,
-        secrets={s.host: SecretKeeper(s, log.note, bound=options.token_timeout)
-                 for s in options.secrets},
+        secrets=secret_keepers(options.secrets, log.note, bound=options.token_timeout),
         scope=(Scope(options.repos, frozenset(options.github_inject))
                if options.repos is not None else None),
     )

@@ -14,7 +14,7 @@ from libegress.peers import PidFinder
 from libegress.record import Recorder
 from libegress.route import EgressPolicy
 from libegress.scope import Scope
-from libegress.tokens import SecretKeeper, TokenKeeper
+from libegress.tokens import SecretKeeper, TokenKeeper, distinct
 
 if TYPE_CHECKING:
     from libegress.gateway import Gate
@@ -38,8 +38,8 @@ class Services:
     _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
 
     def keepers(self) -> list[TokenKeeper]:
-        """Every runner: the GitHub token's and one per secret."""
-        return [self.tokens, *(s.keeper for s in self.secrets.values())]
+        """Every runner, once: the GitHub token's and the secrets' (shared by same commands)."""
+        return distinct([self.tokens, *(s.keeper for s in self.secrets.values())])
 
     @property
     def upstream_tls(self) -> ssl.SSLContext:

@@ -37,7 +37,7 @@ from libegress.record import Recorder
 from libegress.route import EgressPolicy
 from libegress.scope import Scope
 from libegress.server import HANDLERS, ProxyServer, announce_lines, bind
-from libegress.tokens import SecretKeeper, TokenKeeper, keep_all, start_all
+from libegress.tokens import TokenKeeper, keep_all, secret_keepers, start_all
 
 MAX_TENANTS = 4096
 REMOVE_WAIT = 5.0  # seconds a removed tenant's connections get to finish their cancellation
@@ -141,8 +141,7 @@ class Gate:
             tokens=TokenKeeper(options.token_argv, options.token_every, log.note, bound=bound,
                                env=env),
             log=log, upstream_ca=self._options.upstream_ca,
-            secrets={s.host: SecretKeeper(s, log.note, bound=bound, env=env)
-                     for s in options.secrets},
+            secrets=secret_keepers(options.secrets, log.note, bound=bound, env=env),
             scope=(Scope(options.repos, frozenset(options.github_inject))
                    if options.repos is not None else None),
             record=record, _upstream_tls=self.upstream(),

@@ -51,7 +51,7 @@ from libegress.token_endpoint import (
     judge,
     token_answer,
 )
-from libegress.tokens import RUN_BOUND, SecretKeeper, run_command
+from libegress.tokens import RUN_BOUND, SecretKeeper, distinct, run_command
 
 Upstream = Callable[[], Awaitable[UpstreamSide]]
 # (the credential to set, whether the client's own Authorization goes as it came)
@@ -152,7 +152,7 @@ async def _answered(client: ClientSide, services: Services, login: HeldLogin,
     if store is not None:
         services.log.note(f"{name}'s new login (a code exchanged inside the session) is kept "
                           "in the person's login file; the session holds placeholders")
-        await asyncio.gather(*(k.keeper.refresh() for k in login.keepers))
+        await asyncio.gather(*(k.refresh() for k in distinct([s.keeper for s in login.keepers])))
     data = json.dumps(answer).encode()
     moved.status, moved.down = 200, len(data)
     await client.send(h11.Response(status_code=200, headers=[

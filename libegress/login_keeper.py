@@ -41,18 +41,13 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import http.client
 import json
 import os
-import socket
-import ssl
 import sys
 import time
-from urllib.parse import urlsplit
 
 from libegress import login_account, oauth_login, placeholders
 from libegress.oauth_login import CLAUDE, GEMINI, Kind, LoginError, Tokens
-from libegress.route import parse_pin
 
 MAX_FILE = 1 << 20
 # ~/.claude.json keeps every project's history: several MiB is common.
@@ -102,7 +97,18 @@ def _write(path: str, text: str, mode: int) -> None:
 
 def _post(url: str, body: bytes, ctype: str, pins: list[str],
           ca: str | None) -> tuple[int, bytes]:
-    """POST ``body`` to ``url`` over verified TLS, honouring the session's pins."""
+    """POST ``body`` to ``url`` over verified TLS, honouring the session's pins.
+
+    Its imports are here: the usual run (at every session's start, then every
+    minute) reads the file and prints, or finds none; only a refresh posts.
+    """
+    import http.client
+    import socket
+    import ssl
+    from urllib.parse import urlsplit
+
+    from libegress.route import parse_pin
+
     parts = urlsplit(url)
     host, port = parts.hostname or "", parts.port or 443
     address = host
@@ -119,6 +125,9 @@ def _post(url: str, body: bytes, ctype: str, pins: list[str],
                      headers={"Content-Type": ctype, "Accept": "application/json"})
         answer = conn.getresponse()
         return answer.status, answer.read(MAX_FILE)
+    except http.client.HTTPException as exc:  # one error kind for the caller (not OSError)
+        raise LoginError(f"the token endpoint's answer was not understood "
+                         f"({type(exc).__name__})") from None
     finally:
         conn.close()
 
@@ -137,7 +146,7 @@ def current_token(kind: Kind, path: str, pins: list[str], ca: str | None) -> str
             status, answer = _post(kind.token_url, oauth_login.refresh_body(kind, tokens),
                                    oauth_login.content_type(kind), pins, ca)
             new_data, new = oauth_login.refreshed(kind, data, tokens, status, answer, now)
-        except (LoginError, OSError, ssl.SSLError, http.client.HTTPException) as exc:
+        except (LoginError, OSError) as exc:  # ssl.SSLError is an OSError
             return _still_valid(tokens, now, exc)
         _write(path, json.dumps(new_data, indent=2), mode)
         return new.access

@@ -339,24 +339,26 @@ class TokenKeeper:
 
 
 class SecretKeeper:
-    """One ``--secrets`` entry at run time: its own runner, and the field it makes.
+    """One ``--secrets`` entry at run time: its runner, and the field it makes.
 
-    The command runs exactly as ``--token-command`` does (a :class:`TokenKeeper`
-    of its own); what is logged names the host, never the value.
+    The command runs exactly as ``--token-command`` does (a :class:`TokenKeeper`,
+    shared by the entries with the same command: :func:`secret_keepers`); what
+    is logged names the hosts, never the value.
     """
 
     def __init__(self, secret: Secret, say: Callable[[str], None],
                  bound: float = RUN_BOUND, first_wait: float = FIRST_WAIT,
-                 env: Mapping[str, str] | None = None) -> None:
+                 env: Mapping[str, str] | None = None, *,
+                 keeper: TokenKeeper | None = None) -> None:
         self.secret = secret
         self.env = env  # the command's environment: also the login keeper's other runs
         self.name = secret.header.encode("ascii")
         self.lower_name = self.name.lower()
         host = secret.host
-        self.keeper = TokenKeeper(list(secret.argv), secret.every,
-                                  lambda message: say(f"secret for {host}: {message}"),
-                                  bound=bound, first_wait=first_wait, env=env,
-                                  quiet_status=ABSENT_STATUS if secret.login else None)
+        self.keeper = keeper or TokenKeeper(
+            list(secret.argv), secret.every, lambda message: say(f"secret for {host}: {message}"),
+            bound=bound, first_wait=first_wait, env=env,
+            quiet_status=ABSENT_STATUS if secret.login else None)
         self._made: tuple[str, bytes] | None = None
 
     def field(self) -> tuple[bytes, bytes] | None:
@@ -368,6 +370,40 @@ class SecretKeeper:
         if made is None or made[0] is not value:
             made = self._made = (value, header_value(self.secret.format, value))
         return self.name, made[1]
+
+
+def secret_keepers(secrets: tuple[Secret, ...] | list[Secret], say: Callable[[str], None],
+                   bound: float = RUN_BOUND,
+                   env: Mapping[str, str] | None = None) -> dict[str, SecretKeeper]:
+    """Each secret's keeper, by host; entries with the same command share one runner.
+
+    An agent's login is one keeper command for several hosts (Gemini CLI's
+    three): it prints the same token for each, so it runs once per renewal,
+    not once per host (each run is a Python start, ~0.1 s of CPU, at every
+    session's start).  Same command means same argv, period and login kind.
+    """
+    runners: dict[tuple[tuple[str, ...], float, str], list[Secret]] = {}
+    for secret in secrets:
+        runners.setdefault((tuple(secret.argv), secret.every, secret.login), []).append(secret)
+    keepers: dict[str, SecretKeeper] = {}
+    for group in runners.values():
+        first = group[0]
+        shared = TokenKeeper(list(first.argv), first.every,
+                             _saying(say, "secret for " + ", ".join(s.host for s in group)),
+                             bound=bound, env=env,
+                             quiet_status=ABSENT_STATUS if first.login else None)
+        for secret in group:
+            keepers[secret.host] = SecretKeeper(secret, say, bound, env=env, keeper=shared)
+    return keepers
+
+
+def _saying(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
+    return lambda message: say(f"{prefix}: {message}")
+
+
+def distinct(keepers: list[TokenKeeper]) -> list[TokenKeeper]:
+    """``keepers`` without repeats (a runner shared by secrets runs once), in order."""
+    return list({id(k): k for k in keepers}.values())
 
 
 async def start_all(keepers: list[TokenKeeper]) -> None:

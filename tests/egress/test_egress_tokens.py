@@ -124,3 +124,28 @@ def test_a_proxy_killed_mid_read_takes_the_command_with_it(tmp_path: Path) -> No
     if alive:  # not left behind by a failure
         os.kill(pid, signal.SIGKILL)
     assert not alive, "the token command outlived the proxy"
+
+
+def test_secrets_with_one_command_share_one_run(tmp_path: Path) -> None:
+    """An agent's login keeper serves several hosts: one run per renewal, not one per host."""
+    from libegress.secrets import Secret
+    from libegress.tokens import distinct, secret_keepers, start_all
+
+    runs = tmp_path / "runs"
+    login = ("sh", "-c", f'echo run >> "{runs}"; echo {SECRET}')
+    other = ("sh", "-c", f'echo run >> "{runs}"; echo other-token')
+    secrets = [Secret(host, "Authorization", "Bearer {}", login, every=60, login="gemini")
+               for host in ("a.example", "b.example", "c.example")]
+    secrets.append(Secret("d.example", "X-Key", "{}", other, every=60))
+    said: list[str] = []
+    keepers = secret_keepers(secrets, said.append)
+    runners = distinct([k.keeper for k in keepers.values()])
+    assert len(runners) == 2
+    asyncio.run(start_all(runners))
+    assert runs.read_text().count("run") == 2
+    assert {h: k.field() for h, k in keepers.items()} == {
+        "a.example": (b"Authorization", f"Bearer {SECRET}".encode()),
+        "b.example": (b"Authorization", f"Bearer {SECRET}".encode()),
+        "c.example": (b"Authorization", f"Bearer {SECRET}".encode()),
+        "d.example": (b"X-Key", b"other-token"),
+    }
