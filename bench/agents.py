@@ -90,21 +90,56 @@ def copies(w: Home) -> None:
         print(f"          {'goal met' if met else 'OVER THE GOAL'}: {made.report.line(name)}")
 
 
+def _serve(w: Home) -> tuple[subprocess.Popen[bytes], Path, Path]:
+    """A resident service (docs/serve.md) for the "+serve" columns: its process, socket, config.
+
+    Its gateway trusts the stand-in's CA as any process does; the sessions'
+    config has no ``upstream_ca`` (a session with one runs its own proxy).
+    """
+    sock = w.root / "serve.sock"
+    proc = subprocess.Popen(["agent-sandbox", "serve", f"--socket={sock}"],
+                            env=w.env(SSL_CERT_FILE=str(w.apis.ca_file)), stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not sock.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit("agent-sandbox serve did not start")
+        time.sleep(0.05)
+    config = w.root / "config-serve.toml"
+    config.write_text("".join(line + "\n" for line in w.config().read_text().splitlines()
+                              if not line.startswith("upstream_ca")))
+    done = subprocess.run(["agent-sandbox", "run", f"--config={config}", "--", "true"],
+                          env=w.env(AGENT_SANDBOX_SERVE=str(sock), AGENT_SANDBOX_TRACE="1"),
+                          cwd=w.workdir, capture_output=True, text=True, timeout=60, check=False)
+    if done.returncode != 0 or "tenant requested from the resident service" not in done.stderr:
+        proc.terminate()
+        raise SystemExit(f"a session did not become the service's tenant: {done.stderr[-1500:]}")
+    return proc, sock, config
+
+
 def starts(w: Home) -> None:
-    """``--version`` per agent: host, bwrap, Landlock (the session's start and end around it)."""
+    """``--version`` per agent: host, bwrap, Landlock (the session's start and end around it),
+    and both again as tenants of a resident service (``+serve``: no egress-proxy start)."""
     agents = [a for a in AGENTS if installed(a)]
-    times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
+    modes = (*MODES, "bwrap+serve", "nono+serve")
+    times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
     # CPU (user + system) of the run and all it waited for: what the load does not move.
-    cpus: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in MODES}
+    cpus: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
+    service, sock, serve_config = _serve(w)
 
     def run(agent: str, mode: str) -> float:
         argv = [agent, "--version"]
+        env = w.env(AGENT_SANDBOX_SERVE="off")
         if mode != "host":
-            argv = ["agent-sandbox", "run", f"--config={w.config()}", f"--sandbox={mode}",
+            backend, served = mode.split("+")[0], mode.endswith("+serve")
+            config = serve_config if served else w.config()
+            argv = ["agent-sandbox", "run", f"--config={config}", f"--sandbox={backend}",
                     "--", *argv]
+            if served:
+                env["AGENT_SANDBOX_SERVE"] = str(sock)
         c0 = os.times()
         t0 = time.perf_counter()
-        done = subprocess.run(argv, env=w.env(), cwd=w.workdir, capture_output=True, text=True,
+        done = subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
                               timeout=60, stdin=subprocess.DEVNULL, check=False)
         took = time.perf_counter() - t0
         c1 = os.times()
@@ -114,25 +149,31 @@ def starts(w: Home) -> None:
                                  - c0.children_user - c0.children_system)
         return took
 
-    for agent in agents:
-        for mode in MODES:
-            run(agent, mode)  # warm
-    for _ in range(N):
+    try:
         for agent in agents:
-            for mode in MODES:
-                times[agent, mode].append(run(agent, mode))
-    print(f"0b. --version, median of {N} (s): host / bwrap / Landlock; session delta "
-          "(goal: +0.15)")
-    for agent in agents:
-        med = [statistics.median(times[agent, m]) for m in MODES]
-        print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
-              f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
+            for mode in modes:
+                run(agent, mode)  # warm
+        for _ in range(N):
+            for agent in agents:
+                for mode in modes:
+                    times[agent, mode].append(run(agent, mode))
+    finally:
+        service.terminate()
+        service.wait()
+    print(f"0b. --version, median of {N} (s): host / bwrap / Landlock / bwrap+serve / "
+          "Landlock+serve; each session's delta to the host (goal: +0.15)")
+
+    def rows(values: dict[tuple[str, str], list[float]]) -> None:
+        for agent in agents:
+            med = [statistics.median(values[agent, m]) for m in modes]
+            print(f"   {agent:<7}" + " /".join(f"{v:6.2f}" for v in med) + "    "
+                  + " ".join(f"{v - med[0]:+.2f}" for v in med[1:]))
+
+    rows(times)
     print("   the same in CPU seconds (user + system of every process reaped; the load does not "
-          "move it; under bwrap the command inside its PID namespace is not counted):")
-    for agent in agents:
-        med = [statistics.median(cpus[agent, m]) for m in MODES]
-        print(f"   {agent:<7}{med[0]:6.2f} /{med[1]:6.2f} /{med[2]:6.2f}"
-              f"    +{med[1] - med[0]:.2f} bwrap, +{med[2] - med[0]:.2f} Landlock")
+          "move it; under bwrap the command inside its PID namespace is not counted; the "
+          "service's own CPU is not counted):")
+    rows(cpus)
     for agent in agents:  # where a session's time goes, in one line (AGENT_SANDBOX_TRACE)
         argv = ["agent-sandbox", "run", f"--config={w.config()}", "--sandbox=nono", "--", agent,
                 "--version"]
