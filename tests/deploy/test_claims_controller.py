@@ -43,6 +43,8 @@ class FakeApi:
     def __init__(self) -> None:
         self.claims: dict[str, dict[str, Any]] = {}
         self.sandboxes: dict[str, dict[str, Any]] = {}  # labelled for a credential
+        self.pool: dict[str, dict[str, Any]] = {}  # a warm pool's Sandboxes (not labelled)
+        self.reviews: dict[str, dict[str, Any]] = {}  # token -> TokenReview status
         self.secrets: dict[str, dict[str, Any]] = {}
         self.calls: list[str] = []
         self.listed_secrets = lambda: list(self.secrets.values())  # the label selector's view
@@ -87,6 +89,8 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApi, dict[str, str]]]:
             elif self.path == (f"/apis/agents.x-k8s.io/v1beta1/namespaces/{NS}/sandboxes"
                                "?labelSelector=egress.agent-sandbox/credential%3Dtrue"):
                 self._reply(200, {"items": list(state.sandboxes.values())})
+            elif self.path == f"/apis/agents.x-k8s.io/v1beta1/namespaces/{NS}/sandboxes":
+                self._reply(200, {"items": [*state.sandboxes.values(), *state.pool.values()]})
             elif self.path == (f"/api/v1/namespaces/{NS}/secrets"
                                "?labelSelector=agent-sandbox/egress-cred%3Dtrue"):
                 self._reply(200, {"items": state.listed_secrets()})
@@ -97,6 +101,11 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApi, dict[str, str]]]:
             if not self._authorized():
                 return
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if self.path == "/apis/authentication.k8s.io/v1/tokenreviews":
+                status = state.reviews.get(body["spec"]["token"], {"authenticated": False})
+                assert body["spec"]["audiences"] == ["egress-gateway"]
+                self._reply(201, {**body, "status": status})
+                return
             name = body["metadata"]["name"]
             if name in state.secrets:
                 self._reply(409, {"code": 409})
@@ -310,8 +319,10 @@ def test_the_deployment_runs_this_script_beside_the_proxy_on_the_same_socket() -
     controller = container("claims-controller")
     assert controller["command"][:2] == [
         "python", f"/opt/agent-sandbox/controller/{SCRIPT.name}"]
-    assert f"COPY deploy/kubernetes/controller/{SCRIPT.name} /opt/agent-sandbox/controller/" in (
-        DEPLOY / "Containerfile").read_text()
+    # The endpoint's module beside it: the script imports it from its own directory.
+    assert (f"COPY deploy/kubernetes/controller/{SCRIPT.name} "
+            "deploy/kubernetes/controller/credential_endpoint.py /opt/agent-sandbox/controller/"
+            ) in (DEPLOY / "Containerfile").read_text()
     env = {e["name"]: e["value"] for e in controller["env"]}
     proxy_control = next(a for a in container()["command"] if a.startswith("--control="))
     assert proxy_control == f"--control={env['CONTROL']}"

@@ -62,11 +62,12 @@ def test_every_rendered_object_validates(target: str, version: str) -> None:
 def test_the_overlay_holds_the_gateway_and_the_agent_sandbox_objects(
         overlay: list[dict[str, Any]]) -> None:
     kinds = sorted(o["kind"] for o in overlay)
-    assert kinds == ["Deployment", "Namespace", "NetworkPolicy", "NetworkPolicy", "Role",
-                     "RoleBinding", "SandboxTemplate", "SandboxWarmPool", "Service",
-                     "ServiceAccount"]
-    assert {o["metadata"].get("namespace") for o in overlay if o["kind"] != "Namespace"} == {
-        "agent-sandboxes"}
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment",
+                     "Namespace", "NetworkPolicy", "NetworkPolicy", "Role", "RoleBinding",
+                     "SandboxTemplate", "SandboxWarmPool", "Service", "ServiceAccount"]
+    cluster_wide = ("Namespace", "ClusterRole", "ClusterRoleBinding")
+    assert {o["metadata"].get("namespace") for o in overlay
+            if o["kind"] not in cluster_wide} == {"agent-sandboxes"}
     pod = by_kind(overlay, "Deployment")["spec"]["template"]["spec"]
     assert {c["image"] for c in pod["containers"]} == {"localhost/agent-sandbox:0.1.0"}
 
@@ -87,6 +88,40 @@ def test_only_the_controller_container_holds_an_api_token(
         ("extensions.agents.x-k8s.io", "sandboxclaims", "list"),
         ("agents.x-k8s.io", "sandboxes", "list"),
         ("", "secrets", "list"), ("", "secrets", "create")}
+    # Cluster-wide: only TokenReview (a warm pod's token), bound to this account only.
+    [rule] = by_kind(overlay, "ClusterRole")["rules"]
+    assert rule == {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"],
+                    "verbs": ["create"]}
+    binding = by_kind(overlay, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == by_kind(overlay, "ClusterRole")["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "egress-gateway",
+                                    "namespace": "agent-sandboxes"}]
+
+
+@needs_kubectl
+def test_a_warm_pods_only_token_is_for_the_gateway(overlay: list[dict[str, Any]]) -> None:
+    """The template's pod holds a token the kubelet projects for the credential endpoint
+    (audience egress-gateway, short-lived), never one the API server takes, and starts its
+    agent through the overlay's egress-login.sh (the ConfigMap, executable, read-only)."""
+    pod = by_kind(overlay, "SandboxTemplate")["spec"]["podTemplate"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    tokens = [src["serviceAccountToken"] for v in pod["volumes"] if "projected" in v
+              for src in v["projected"]["sources"] if "serviceAccountToken" in src]
+    assert tokens == [{"audience": "egress-gateway", "path": "token",
+                       "expirationSeconds": 600}]
+    [script] = [v for v in pod["volumes"] if "configMap" in v]
+    assert script["configMap"] == {"name": "egress-login", "defaultMode": 0o555}
+    config_map = by_kind(overlay, "ConfigMap", "egress-login")
+    assert config_map["data"]["egress-login.sh"] == (
+        DEPLOY / "overlays" / "agent-sandbox" / "egress-login.sh").read_text()
+    [agent] = pod["containers"]
+    assert all(m.get("readOnly") for m in agent["volumeMounts"])
+    service = by_kind(overlay, "Service")
+    assert {"name": "credential", "port": 8080, "targetPort": "credential",
+            "protocol": "TCP"} in service["spec"]["ports"]
+    controller = next(c for c in by_kind(overlay, "Deployment")["spec"]["template"]["spec"][
+        "containers"] if c["name"] == "claims-controller")
+    assert "--credential-listen=0.0.0.0:8080" in controller["command"]
 
 
 def test_the_examples_validate() -> None:

@@ -2,8 +2,11 @@
 (and per Sandbox labelled egress.agent-sandbox/credential=true).
 
 Usage:
-  claims_controller.py [--once] [--every=SECONDS]
+  claims_controller.py [--once] [--every=SECONDS] [--credential-listen=HOST:PORT]
   claims_controller.py -h | --help
+
+--credential-listen serves a warm pool's pods their claim's credential
+(credential_endpoint.py) for as long as the loop runs.
 
 Runs as a second container of the gateway pod (the control socket is a unix
 socket of the pod's uid; nothing outside the pod can reach it).  Every
@@ -250,8 +253,21 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print("claims_controller: --every must be 0.1 to 3600 seconds", file=sys.stderr)
         return 2
+    listen = args["--credential-listen"]
+    if listen is not None and not re.fullmatch(r"(\[[0-9a-fA-F:.]+\]|[0-9.]+):\d{1,5}", listen):
+        print("claims_controller: --credential-listen must be HOST:PORT (an address)",
+              file=sys.stderr)
+        return 2
     token_dir = Path(os.environ.get("TOKEN_DIR", "/var/run/secrets/kubernetes.io/serviceaccount"))
     api = Api(token_dir)
+    if listen is not None:
+        from credential_endpoint import serve  # beside this script
+
+        try:
+            serve(api, listen)
+        except (OSError, OverflowError) as exc:
+            print(f"claims_controller: --credential-listen {listen}: {exc}", file=sys.stderr)
+            return 2
     control = os.environ.get("CONTROL", "/run/egress/control.sock")
     synced = Path(control).parent / "synced"
     while True:
