@@ -34,6 +34,8 @@ setup:
     @[ -x "{{venv}}/bin/python" ] || { echo "setup: python3 -m venv {{venv}}"; python3 -m venv "{{venv}}"; }
     @echo "setup: pip install -e . into {{venv}} (the project and its 5 dependencies)"
     @"{{venv}}/bin/pip" install --disable-pip-version-check --progress-bar off {{editable}} -e . | { grep -E "^Successfully installed" || echo "setup: .venv already had them"; }
+    @echo "setup: compiling the project's bytecode (as pip does for an installed package)"
+    @"{{venv}}/bin/python" -m compileall -q bin libbroker libpolicy libegress deploy/kubernetes/controller >/dev/null || echo "setup: compileall failed; each start compiles what it imports" >&2
     @echo "setup: building gpg-shim's C fast path and the broker's reaper (libbroker/native)"
     @python3 -m libbroker.native || echo "setup: the C helpers did not build; git signs through the Python gpg-shim" >&2
     @echo "setup: done.  The commands are in {{venv}}/bin: export PATH=\"{{venv}}/bin:\$PATH\""
