@@ -29,6 +29,10 @@ from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
 from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
+if TYPE_CHECKING:
+    from libbroker.launcher.lazy_broker import LazyBroker
+
 # What egress-proxy imports before its arguments arrive: everything it needs
 # up to its ``listening`` line.
 # Its command line's parser and the CA's OpenSSL backend too: both load at
@@ -69,6 +73,7 @@ class Servers:
     ``proxy`` is None: the session's tenant lives in its gateway.
     ``sockets``: the servers' listening sockets, made here and handed to them
     at the spawn (:mod:`.handoff`); the broker's is bound by the session.
+    ``tenant`` and ``lazy`` are the session's to set once it took them.
     """
 
     def __init__(self, proxy: Child | None, broker: Child | None, sockets: Sockets,
@@ -78,6 +83,9 @@ class Servers:
         self.sockets = sockets
         self.service = service
         self.taken = False  # a session owns them from then on
+        # The session's, once it owns them:
+        self.tenant = False  # its egress is a tenant of the service's gateway
+        self.lazy: LazyBroker | None = None  # broker-server until its first connection
 
 
 def _words(argv: list[str]) -> list[tuple[str, str]]:

@@ -15,11 +15,13 @@ each step; only here do bwrap and Landlock differ (:data:`BOXES`, keyed by
   guard begins, its git configs swapped where the helper can mount);
 - :meth:`Box.go`: CMD runs (bwrap: the go byte; Landlock: the spec);
 - :meth:`Box.signal`: a signal number for CMD (both: a byte on a pipe);
-- :meth:`Box.cut`, :meth:`Box.stop`, :meth:`Box.release`, :meth:`Box.reap`: the
-  teardown's steps, each idempotent.
+- :meth:`Box.cut`, :meth:`Box.stop`, :meth:`Box.release`: the children's end
+  (around :meth:`.supervise.Crew.end`); :meth:`Box.reap`: the end the session
+  registers for :meth:`Box.open`; each idempotent.
 
-The Box owns what it makes (pipes, bridges, the door); the session owns the
-sandbox's process (a :class:`~.supervise.Child`) and the shared steps.
+The Box owns what it makes (pipes, bridges, the door) and is handed the
+sandbox's limits (:attr:`Box.limits`); the session's crew owns the sandbox's
+process (a :class:`~.supervise.Child`), and the session the shared steps.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from typing import TYPE_CHECKING
 from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
 from libbroker.launcher import agent_sandbox, agent_session, boot, hostrun_guard, plan
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
+from libbroker.launcher.session_guards import say
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 
 if TYPE_CHECKING:
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
     from libbroker.launcher.door import Door
     from libbroker.launcher.session import Session
     from libbroker.sandbox.bridge import Bridge
+    from libbroker.sandbox.cgroups import Group
 else:
     import _signal as signal  # the C module: see session.py
 
@@ -54,6 +58,7 @@ class Box:
     def __init__(self, session: Session) -> None:
         self.s = session
         self.control = -1  # write end: signal numbers for CMD (bwrap: the go byte first)
+        self.limits: Group | None = None  # the sandbox's resource limits (the session makes them)
         self.subreaper = False  # orphans below the launcher are killed at teardown
 
     def check(self) -> None:
@@ -91,8 +96,8 @@ class Box:
         if self.control >= 0:
             with contextlib.suppress(OSError):
                 os.write(self.control, bytes([sig]))
-        elif self.s.sandbox is not None:
-            self.s.sandbox.send(sig)
+        elif self.s.crew.sandbox is not None:
+            self.s.crew.sandbox.send(sig)
 
     def cut(self) -> None:
         """First in the teardown: a sandbox still waiting to start never starts."""
@@ -112,7 +117,7 @@ class Box:
             from libbroker.sandbox import reaper
 
             # Not the janitor: it must outlive the merge and the sweep that follow.
-            janitor = self.s.janitor
+            janitor = self.s.crew.janitor
             reaper.kill_below(os.getpid(), frozenset({janitor.pid}) if janitor else frozenset())
 
 
@@ -148,29 +153,12 @@ class BwrapBox(Box):
         r, w = os.pipe()
         self.control = w
         os.set_inheritable(r, True)
-        # The workdir's host-run files are held by mounts, which bwrap's
-        # argv names: the guard's scan (begun with the session) must be done.
-        assert s.hostrun is not None
-        snap = s.hostrun.wait()
-        pin = tuple(hostrun_guard.bwrap_pin(snap))
-        hold = tuple(hostrun_guard.bwrap_protect(snap))
-        binds: tuple[tuple[str, str], ...] = ()
-        if s.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
-            s.live = live = s.begin_live(snap, rt.root, swap=True)
-            live.start()  # its walk overlaps the servers' start; waited for before go
-            s.begin_gate(snap, live)  # its mounts before bwrap's namespace copies them
-            hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
-            binds = tuple(live.configs.binds())
-        if s.gitdirs:  # their hooks and config held read-only, as the workdir's were
-            from libbroker.launcher import gitdir_guard
-
-            more_pin, more_hold = gitdir_guard.bwrap_holds(s.gitdirs)
-            pin, hold = pin + more_pin, hold + more_hold
+        pin, hold, binds = self._holds()
         overlays = s.agent.overlays(rt) if s.agent is not None else ()
         sec_fd = bwrap.seccomp_pipe(prog)
         env = s.env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.session_shape(
-            s.cfg, rt, host, env, landlock=False, tty=s.tty, pin=pin, hold=hold,
+            s.cfg, rt, host, env, landlock=False, tty=s.signals.tty, pin=pin, hold=hold,
             overlays=overlays, binds=binds,
         )  # fmt: skip
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
@@ -179,13 +167,13 @@ class BwrapBox(Box):
             shape, rt, host, s.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd, info_fd=info_w
         )
         try:
-            s.sandbox = s.spawn(
+            s.crew.sandbox = s.crew.spawn(
                 "sandbox",
                 argv,  # bwrap's --die-with-parent: it ends with the launcher
                 env=env,
                 pass_fds=[r, sec_fd, info_w],
                 pipes=False,
-                ignore=(signal.SIGINT, signal.SIGQUIT) if s.tty else (),
+                ignore=(signal.SIGINT, signal.SIGQUIT) if s.signals.tty else (),
             )
         except BaseException:
             os.close(info_r)
@@ -195,6 +183,33 @@ class BwrapBox(Box):
             os.close(r)
             os.close(info_w)
         self._open_ports(info_r)
+
+    def _holds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
+        """What bwrap's mounts pin and hold read-only, and the private git configs it binds.
+
+        The workdir's host-run files are held by mounts, which bwrap's argv
+        names: the guard's scan (begun with the session) must be done.
+        """
+        s = self.s
+        assert s.rt is not None
+        guards = s.guards
+        assert guards.hostrun is not None
+        snap = guards.hostrun.wait()
+        pin = tuple(hostrun_guard.bwrap_pin(snap))
+        hold = tuple(hostrun_guard.bwrap_protect(snap))
+        binds: tuple[tuple[str, str], ...] = ()
+        if s.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
+            live = guards.begin_live(s.cfg, snap, s.rt.root, swap=True)
+            live.start()  # its walk overlaps the servers' start; waited for before go
+            guards.begin_gate(snap, s.rt.root)  # its mounts before bwrap's namespace copies them
+            hold = tuple(p for p in hold if p not in live.configs.held_elsewhere())
+            binds = tuple(live.configs.binds())
+        if guards.gitdirs:  # their hooks and config held read-only, as the workdir's were
+            from libbroker.launcher import gitdir_guard
+
+            more_pin, more_hold = gitdir_guard.bwrap_holds(guards.gitdirs)
+            pin, hold = pin + more_pin, hold + more_hold
+        return pin, hold, binds
 
     def _open_ports(self, info_r: int) -> None:
         """The proxy's two ports in the sandbox's netns (bridged at go), while the servers start.
@@ -211,7 +226,7 @@ class BwrapBox(Box):
         finally:
             os.close(info_r)
         if inner is None:
-            sandbox = self.s.sandbox
+            sandbox = self.s.crew.sandbox
             assert sandbox is not None
             raise LaunchError(
                 f"{sandbox.name} exited with status {sandbox.proc.wait()} while starting "
@@ -231,11 +246,11 @@ class BwrapBox(Box):
         pairs = zip(self.listeners, ports, strict=True)
         self.bridges = [Bridge(sock, port) for sock, port in pairs]
         self.listeners = []
-        if s.limits is not None and s.sandbox is not None:
+        if self.limits is not None and s.crew.sandbox is not None:
             from libbroker.sandbox import cgroups
 
             # bwrap's tree waits for the go byte: nothing of CMD runs yet.
-            cgroups.move_tree(s.limits, s.sandbox.pid)
+            cgroups.move_tree(self.limits, s.crew.sandbox.pid)
         self._hold_config_links()
         os.write(self.control, b"g")
 
@@ -243,17 +258,18 @@ class BwrapBox(Box):
         """Each config link a mount point inside, so the command cannot put a file
         of its own there (libbroker.sandbox.holdlink); else the watcher puts it back."""
         s = self.s
-        links = tuple(sorted(s.live.configs.held_elsewhere())) if s.live else ()
-        if not links or s.sandbox is None:
+        live = s.guards.live
+        links = tuple(sorted(live.configs.held_elsewhere())) if live else ()
+        if not links or s.crew.sandbox is None:
             return
         from libbroker.sandbox import holdlink
 
         try:
-            pid = holdlink.sandbox_process(s.sandbox.pid, s.cfg.start_timeout)
+            pid = holdlink.sandbox_process(s.crew.sandbox.pid, s.cfg.start_timeout)
             holdlink.hold_in(pid, links)
         except OSError as exc:
-            s.say([f"agent-sandbox: the git config links are only watched in this "
-                   f"session, not held: {exc.strerror or exc}"])  # fmt: skip
+            say([f"agent-sandbox: the git config links are only watched in this "
+                 f"session, not held: {exc.strerror or exc}"])  # fmt: skip
 
     def stop(self) -> None:
         for bridge in self.bridges:  # the sandbox is gone: its connections end too
@@ -323,13 +339,13 @@ class LandlockBox(Box):
         helper_argv = boot.python_argv("agent-sandbox", helper, slow)
         argv = [*helper_argv, str(r), str(life_r)]
         try:
-            s.sandbox = s.spawn(
+            s.crew.sandbox = s.crew.spawn(
                 "sandbox",
                 argv,
                 env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
                 pass_fds=[r, life_r],
                 pipes=False,
-                own_group=not s.tty,  # the helper calls setsid() then
+                own_group=not s.signals.tty,  # the helper calls setsid() then
             )
         finally:
             os.close(r)
@@ -346,25 +362,25 @@ class LandlockBox(Box):
         mounts = pidns.probed(self.ns_probe) if self.ns_probe else False
         self.ns_probe = 0
         self.mounts = mounts and not s.cfg.workdir_read_only
-        s.live = s.begin_live(snap, s.rt.root, swap=mounts)
-        self.binds = tuple(s.live.configs.binds())
-        s.live.start()
+        live = s.guards.begin_live(s.cfg, snap, s.rt.root, swap=mounts)
+        self.binds = tuple(live.configs.binds())
+        live.start()
         if mounts:  # the command's view is its own namespace's copy: the gate sees the host
-            s.begin_gate(snap, s.live)
+            s.guards.begin_gate(snap, s.rt.root)
 
     def _hold(self) -> tuple[str, ...] | None:
         """What the helper's mount namespace (where the probe found one) holds read-only:
         the existing host-run entries, as bwrap holds them."""
-        s = self.s
-        snap = s.hostrun.snap if s.hostrun is not None else None
-        if snap is None or not self.mounts or s.live is None:
+        guards = self.s.guards
+        snap = guards.hostrun.snap if guards.hostrun is not None else None
+        if snap is None or not self.mounts or guards.live is None:
             return None
-        elsewhere = s.live.configs.held_elsewhere()
+        elsewhere = guards.live.configs.held_elsewhere()
         hold = list(hostrun_guard.bwrap_protect(snap))
-        if s.gitdirs:  # a worktree's common dir, a submodule's git dir: as bwrap holds them
+        if guards.gitdirs:  # a worktree's common dir, a submodule's git dir: as bwrap holds them
             from libbroker.launcher import gitdir_guard
 
-            hold += gitdir_guard.bwrap_holds(s.gitdirs)[1]
+            hold += gitdir_guard.bwrap_holds(guards.gitdirs)[1]
         return tuple(p for p in hold if p not in elsewhere)
 
     def go(self, host: Host, found: plan.Listening) -> None:
@@ -382,18 +398,18 @@ class LandlockBox(Box):
             host,
             env,
             landlock=True,
-            tty=s.tty,
+            tty=s.signals.tty,
             ports=(found.http_port, found.socks_port, self.door.port),
             tmpdir=tmpdir,
             binds=self.binds,
-            links=tuple(sorted(s.live.configs.held_elsewhere())) if s.live else (),
+            links=tuple(sorted(s.guards.live.configs.held_elsewhere())) if s.guards.live else (),
             hold=self._hold(),
         )
         import json
 
         spec: dict[str, object] = {"shape": shape.to_json(), "argv": s.cmd}
-        if s.limits is not None:  # joined by the command itself before it execs
-            spec["limits"] = s.limits.entry()
+        if self.limits is not None:  # joined by the command itself before it execs
+            spec["limits"] = self.limits.entry()
         data = json.dumps(spec).encode()
         view = memoryview(data)
         while view:

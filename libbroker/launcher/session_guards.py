@@ -1,0 +1,137 @@
+"""A session's host-run guards, held as one: begun step by step, ended together in one order.
+
+- the workdir's scan (:mod:`.hostrun_guard`), begun with the session in a
+  thread, waited for before go; the same for the git dirs outside the workdir
+  (a linked worktree's common dir, a submodule's git dir: :mod:`.gitdir_guard`);
+- the live guard of the workdir's git configs while CMD runs
+  (:mod:`.hostrun_live`), begun by the backend's box where it can hold them;
+- its fanotify gate, where allowed (:mod:`.hostrun_gate`).
+
+:meth:`Guards.end` is the session's last step but the runtime directory's:
+nothing of the session is alive to race the sweep then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import TYPE_CHECKING
+
+from libbroker.errors import LaunchError
+from libbroker.launcher import config, gitdir_guard, hostrun_guard
+from libbroker.launcher.trace import trace
+
+if TYPE_CHECKING:
+    from libbroker.launcher.config import Config
+    from libbroker.launcher.hostrun_gate import Gate
+    from libbroker.launcher.hostrun_live import Watcher
+
+
+def say(lines: list[str]) -> None:
+    """Lines for the person on stderr (a closed stderr does not stop the session)."""
+    if lines:
+        with contextlib.suppress(OSError):
+            os.write(2, "".join(line + "\n" for line in lines).encode(errors="replace"))
+
+
+class Guards:
+    """The workdir's guard, the git dirs', the live watcher and its gate, as far as begun."""
+
+    def __init__(self) -> None:
+        self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
+        self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside it
+        self.live: Watcher | None = None  # the host-run guard while CMD runs
+        self.gate: Gate | None = None  # the live guard's fanotify gate, where allowed
+
+    def begin(self, cfg: Config, root: str) -> None:
+        """The scans start in threads while the servers start (each leaves its snapshot
+        in the runtime dir ``root`` for the janitor).  An empty .git/hooks first, so that
+        the scan finds it to hold; what a dead session left is repaired (:meth:`_repair`)."""
+        gitdir_guard.prepare_workdir(cfg)
+        state = hostrun_guard.state_dir(cfg.home)
+        self._repair(state)
+        self.hostrun = hostrun_guard.Guard(cfg.workdir, config.hostrun_table(cfg), root, state)
+        if cfg.git_dirs:  # a linked worktree's common dir, a submodule's git dir
+            self.gitdirs = gitdir_guard.start(cfg, root, state)
+
+    @staticmethod
+    def _repair(state: str) -> None:
+        """Configs a dead session left as links become files again (hostrun_gitconfig);
+        the live gate's binds of one that died with its janitor go (hostrun_binds), before
+        this session's gate binds the workdir."""
+        from libbroker.launcher import hostrun_binds, hostrun_gitconfig, runtime_dir
+
+        say(hostrun_gitconfig.repair(state))
+        cwd = os.getcwd()
+        lines = hostrun_binds.repair(runtime_dir.session_dirs())
+        if lines:  # our working directory may have been on a bind now detached: the path's
+            say(lines)
+            with contextlib.suppress(OSError):
+                os.chdir(cwd)
+
+    def wait(self) -> hostrun_guard.Snapshot:
+        """Every host-run file fingerprinted: the workdir's snapshot."""
+        assert self.hostrun is not None
+        snap = self.hostrun.wait()
+        for guard in self.gitdirs:
+            guard.wait()
+        return snap
+
+    def begin_live(self, cfg: Config, snap: hostrun_guard.Snapshot, root: str, *,
+                   swap: bool) -> Watcher:
+        """The live guard (not started yet); ``swap``: each config a link to the host's."""
+        from libbroker.launcher import hostrun_live
+
+        swap = swap and not cfg.workdir_read_only  # nothing to write: the file stays
+        try:
+            self.live = hostrun_live.begin(snap, hostrun_guard.state_dir(cfg.home), root,
+                                           swap=swap)
+        except OSError as exc:
+            raise LaunchError(f"cannot set up the live guard of the workdir's git configs: "
+                              f"{exc.strerror or exc}") from None
+        return self.live
+
+    def begin_gate(self, snap: hostrun_guard.Snapshot, root: str) -> None:
+        """The live gate (fanotify: root), before the sandbox's mount namespace copies the
+        host's; else the watcher guards alone (said when the gate could not start)."""
+        from libbroker.launcher import fanotify
+        from libbroker.launcher.hostrun_gate import Gate
+
+        if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off" or not fanotify.available():
+            return
+        assert self.live is not None
+        gate = Gate(snap, self.live, root)  # its record lives as long as the janitor may need it
+        try:
+            gate.start()
+        except OSError as exc:
+            say([f"agent-sandbox: the live gate is off in this session "
+                 f"({exc.strerror or exc}); the watcher guards alone"])
+            return
+        self.gate = gate
+
+    def end(self) -> None:
+        """Configs merged back and files again, the sweep, the git dirs', then the gate,
+        which guarded the host's opens through the sweep; idempotent."""
+        quiet = None
+        live = self.live
+        if live is not None:  # configs merged and files again, before the sweep
+            from libbroker.launcher import hostrun_live
+
+            # Through the gate's own way beneath its binds: its opens do not wait on it.
+            under = self.gate.binds.under if self.gate is not None else None
+            say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
+                                 under, trace))
+            quiet = live.quiet_dirs()
+            self.live = None
+        if self.hostrun is not None:  # last: nothing of the session is alive to race it
+            self.hostrun.finish(quiet=quiet)
+            self.hostrun = None
+            trace("host-run files swept")
+        if live is not None:
+            live.closed()
+        while self.gitdirs:  # a worktree's common dir, a submodule's git dir
+            self.gitdirs.pop().finish()
+        if self.gate is not None:  # last: it guarded the host's opens through the sweep
+            say(self.gate.stop())
+            self.gate = None
+            trace("live gate stopped")
