@@ -9,15 +9,14 @@ The connection owns its child from spawn to reap: the child is waited for
 through a pidfd, killed (whole process group) when the exchange says so,
 and released (private tmp removed) once reaped.
 
-Bulk data never passes through Python: an output frame is its 5-byte header
-followed by ``splice(pipe -> socket)`` of exactly the bytes the pipe holds
-(FIONREAD), and a stdin frame's payload goes ``splice(socket -> pipe)`` once
-the reader has announced it.  Python only parses headers and small frames,
-which is what keeps a 1 GiB stream near the speed of a plain pipe.  When a
-splice moves less than a whole frame, the rest is copied and queued, so
-frames are never interleaved.  Backpressure is plain: output pipes are not
-read while anything is queued for the client, and the socket is not read
-while the command's stdin pipe is full.
+Its two directions are its bases, each in a module of its own:
+:class:`.connection_in.FromClient` reads the socket and splices a stdin
+payload into the command's pipe; :class:`.connection_out.ToClient` sends the
+command's output as frames (header, then ``splice(pipe -> socket)``), queues
+what could not go at once and half-closes at the end.  Bulk data never passes
+through Python; backpressure is plain: output pipes are not read while
+anything is queued for the client, and the socket is not read while the
+command's stdin pipe is full.
 """
 
 from __future__ import annotations
@@ -25,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import select
 import socket
 import struct
 import sys
@@ -33,10 +31,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, assert_never
 
+from libbroker.broker.connection_in import FromClient
+from libbroker.broker.connection_out import ToClient
 from libbroker.broker.exchange import (
-    AuditBroken,
     AuditLine,
-    BadFrame,
     ChildExited,
     ClientGone,
     Close,
@@ -57,15 +55,13 @@ from libbroker.broker.exchange import (
     Spawned,
     SpawnFailed,
     State,
-    from_wire,
 )
 from libbroker.broker.executor import Child, Executor
 from libbroker.broker.ops import checked_cwd, spawn_gpg
-from libbroker.broker.pipes import SPLICE_FLAGS, available, read_exact, set_pipe_size
-from libbroker.errors import ProtocolError, RequestRefused, SpawnError
+from libbroker.broker.pipes import set_pipe_size
+from libbroker.errors import RequestRefused, SpawnError
 from libbroker.wire import (
     CLIENT_CHANNELS,
-    HEADER_SIZE,
     MAX_PAYLOAD,
     Channel,
     Reader,
@@ -73,14 +69,12 @@ from libbroker.wire import (
     encode_error,
     encode_exit,
     encode_frame,
-    frame_header,
 )
 
 if TYPE_CHECKING:
     from libbroker.broker.audit import AuditLog
 
 REQUEST_TIMEOUT = 30.0
-LINGER = 5.0  # how long a finished connection waits for the client to hang up
 SOCKET_BUFFER = 4 * MAX_PAYLOAD
 
 
@@ -106,7 +100,7 @@ def _pipe() -> tuple[int, int]:
 _STDIN = frozenset({Channel.STDIN})  # the one payload the pump moves itself (splice)
 
 
-class Connection:
+class Connection(FromClient, ToClient):  # FromClient first: its _read_socket is the one
     """The server side of one connection, on the running event loop."""
 
     def __init__(self, sock: socket.socket, settings: Settings) -> None:
@@ -179,161 +173,6 @@ class Connection:
                 self._close_socket()
             case _:
                 assert_never(command)
-
-    # --- reading the socket -------------------------------------------------
-
-    def _read_socket(self, on: bool) -> None:
-        if on and not self.reading and not self.closed:
-            self.loop.add_reader(self.fd, self._on_readable)
-            self.reading = True
-        elif not on and self.reading:
-            self.loop.remove_reader(self.fd)
-            self.reading = False
-
-    def _on_readable(self) -> None:
-        try:
-            for _ in range(64):  # then let the other connections have a turn
-                if self.closed or not (self.reading or self.stdin_stalled):
-                    return
-                if not self._read_step():
-                    return
-        except ProtocolError as exc:
-            self._event(BadFrame(str(exc)))
-        except ConnectionError:
-            self._client_gone()
-        except Exception as exc:  # anything else: end this connection, not the server
-            self._internal_error(exc)
-
-    def _read_step(self) -> bool:
-        """Make progress on the incoming stream; False when nothing more can be done now."""
-        if self.ending:
-            return self._discard_step()
-        if self.reader.passing:
-            return self._stdin_step()
-        event = self.reader.next_event()
-        if event is not None:
-            if self.s.audit.broken is not None:  # the log is shared: report its state first
-                self._event(AuditBroken(self.s.audit.broken))
-            self._event(from_wire(event))
-            return True
-        data = self._recv(self.reader.want())
-        if data is None:
-            return False
-        self.reader.feed(data)
-        return True
-
-    def _recv(self, count: int) -> bytes | None:
-        """Up to ``count`` bytes from the client; None when there are none now or it hung up."""
-        try:
-            data = self.sock.recv(count)
-        except BlockingIOError:
-            self._socket_empty()
-            return None
-        if not data:
-            self._client_gone()
-            return None
-        return data
-
-    def _discard_step(self) -> bool:
-        """All said: what the client still sends is read and dropped until it hangs up.
-
-        Closing while the client still sends (stdin) would reset the
-        connection, and the client could lose the last frame.
-        """
-        return self._recv(MAX_PAYLOAD) is not None
-
-    def _stdin_step(self) -> bool:
-        """Splice a stdin payload from the socket into the command's stdin pipe."""
-        remaining = self.reader.passing
-        if self.stdin_fd is None:
-            # No stdin asked for, or the command closed it: discard.
-            data = self._recv(min(remaining, MAX_PAYLOAD))
-            if data is None:
-                return False
-            moved = len(data)
-        elif not self.s.splice:
-            return self._stdin_copy_step(remaining)
-        else:
-            try:
-                moved = os.splice(self.fd, self.stdin_fd, remaining, flags=SPLICE_FLAGS)
-            except BlockingIOError:
-                if self._stdin_full():
-                    return self._stall_stdin()
-                return self._socket_empty()
-            except (BrokenPipeError, ConnectionResetError) as exc:
-                if isinstance(exc, ConnectionResetError):
-                    raise
-                self._close_stdin()  # the command closed its stdin: drop the rest
-                return True
-            if not moved:
-                self._client_gone()
-                return False
-        self.reader.passed(moved)
-        return True
-
-    def _stdin_copy_step(self, remaining: int) -> bool:
-        """Without splice: recv and write (blocking the stream while the pipe is full)."""
-        assert self.stdin_fd is not None
-        if self._stdin_full():
-            return self._stall_stdin()
-        data = self._recv(min(remaining, 1 << 16))
-        if data is None:
-            return False
-        try:
-            os.write(self.stdin_fd, data)  # poll said writable: at least 4 KiB fit (PIPE_BUF)
-        except OSError:
-            self._close_stdin()
-        self.reader.passed(len(data))
-        return True
-    def _stdin_full(self) -> bool:
-        assert self.stdin_fd is not None
-        poller = select.poll()
-        poller.register(self.stdin_fd, select.POLLOUT)
-        return not poller.poll(0)
-
-    def _stall_stdin(self) -> bool:
-        """The command's stdin pipe is full: wait for room in it, not for the socket.
-
-        The pipe stays watched until the socket runs dry (:meth:`_socket_empty`):
-        a command that reads slowly wakes us once per read, and each wake-up
-        goes straight to the next splice, with no re-registering in between.
-        """
-        if not self.stdin_stalled:
-            assert self.stdin_fd is not None
-            self._read_socket(False)
-            self.loop.add_writer(self.stdin_fd, self._on_readable)
-            self.stdin_stalled = True
-            self._arm_watchdog()  # meanwhile a hang-up goes unseen: poll for it now and then
-        return False
-
-    def _socket_empty(self) -> bool:
-        """Nothing to read: from now on wait for the socket (the pipe has room)."""
-        self._unstall_stdin()
-        return False
-
-    def _unstall_stdin(self) -> None:
-        if self.stdin_stalled:
-            self.stdin_stalled = False
-            if self.stdin_fd is not None:
-                self.loop.remove_writer(self.stdin_fd)
-            self._read_socket(not self.closed)
-
-    def _arm_watchdog(self) -> None:
-        """While the socket is not read a hang-up goes unseen; poll for it now and then."""
-        if self.watchdog is None:
-            self.watchdog = self.loop.call_later(0.5, self._check_hangup)
-
-    def _check_hangup(self) -> None:
-        self.watchdog = None
-        if self.reading or self.closed:
-            return
-        poller = select.poll()
-        poller.register(self.fd, select.POLLRDHUP)
-        gone = select.POLLHUP | select.POLLRDHUP | select.POLLERR
-        if any(ev & gone for _, ev in poller.poll(0)):
-            self._client_gone()
-        else:
-            self._arm_watchdog()
 
     # --- the exchange's commands ----------------------------------------------
 
@@ -422,139 +261,6 @@ class Connection:
         if stdin_w >= 0:
             os.set_blocking(stdin_w, False)
             self.stdin_fd = stdin_w
-
-    def _close_stdin(self) -> None:
-        if self.stdin_fd is not None:
-            self.loop.remove_writer(self.stdin_fd)
-            os.close(self.stdin_fd)
-            self.stdin_fd = None
-            self.stdin_stalled = False
-            self._read_socket(not self.closed)
-
-    # --- output -------------------------------------------------------------
-
-    def _read_outputs(self, on: bool) -> None:
-        if on == self.outputs_on:
-            return
-        for fd, channel in self.outputs.items():
-            if on:
-                self.loop.add_reader(fd, self._on_output, fd, channel)
-            else:
-                self.loop.remove_reader(fd)
-        self.outputs_on = on
-
-    def _on_output(self, fd: int, channel: int) -> None:
-        try:
-            self._output_frame(fd, channel)
-        except Exception as exc:  # end this connection, not the server
-            self._internal_error(exc)
-
-    def _output_frame(self, fd: int, channel: int) -> None:
-        """One frame from a pipe: header sent, payload spliced; the rest queued."""
-        count = min(available(fd), MAX_PAYLOAD) if self.s.splice else 0
-        if not count:
-            self._copy_output(fd, channel)  # EOF, or a spurious wake-up
-            return
-        header = frame_header(channel, count)
-        try:
-            sent = self.sock.send(header)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._client_gone()
-            return
-        if sent < HEADER_SIZE:
-            self._queue(header[sent:], read_exact(fd, count))
-            return
-        try:
-            moved = os.splice(fd, self.fd, count, flags=SPLICE_FLAGS)
-        except BlockingIOError:
-            moved = 0
-        except (BrokenPipeError, ConnectionResetError):
-            self._client_gone()
-            return
-        except OSError:
-            self.s.splice = False  # not supported here: copy from now on
-            moved = 0
-        if moved < count:
-            self._queue(read_exact(fd, count - moved))
-
-    def _copy_output(self, fd: int, channel: int) -> bool:
-        """Read and queue what the pipe holds; False at EOF or when it is empty."""
-        try:
-            data = os.read(fd, MAX_PAYLOAD)
-        except BlockingIOError:
-            return False
-        except OSError:
-            data = b""
-        if not data:
-            self._close_output(fd)
-            return False
-        self._queue(frame_header(channel, len(data)), data)
-        return True
-
-    def _close_output(self, fd: int) -> None:
-        if self.outputs_on:
-            self.loop.remove_reader(fd)
-        del self.outputs[fd]
-        os.close(fd)
-
-    # --- writing the socket -------------------------------------------------
-
-    def _queue(self, *parts: bytes) -> None:
-        if self.closed:
-            return
-        self.outq.extend(parts)
-        self._flush()
-
-    def _on_writable(self) -> None:
-        try:
-            self._flush()
-        except Exception as exc:  # end this connection, not the server
-            self._internal_error(exc)
-
-    def _flush(self) -> None:
-        if self.closed:
-            return
-        while self.outq:
-            try:
-                sent = self.sock.sendmsg(self.outq[:64])
-            except BlockingIOError:
-                break
-            except OSError:
-                self._client_gone()
-                return
-            while sent:
-                head = self.outq[0]
-                if sent >= len(head):
-                    sent -= len(head)
-                    self.outq.pop(0)
-                else:
-                    self.outq[0] = head[sent:]
-                    sent = 0
-        if self.outq:
-            self._read_outputs(False)  # nothing more from the command until this is sent
-            if not self.writing:
-                self.loop.add_writer(self.fd, self._on_writable)
-                self.writing = True
-            return
-        if self.writing:
-            self.loop.remove_writer(self.fd)
-            self.writing = False
-        if self.ending:
-            self._half_close()
-        else:
-            self._read_outputs(True)
-
-    def _half_close(self) -> None:
-        """All said: shut our side and wait (briefly) for the client to hang up."""
-        if self.half_closed or self.closed:
-            return
-        self.half_closed = True
-        with contextlib.suppress(OSError):
-            self.sock.shutdown(socket.SHUT_WR)
-        self._read_socket(True)
-        self.timers.append(self.loop.call_later(LINGER, self._close_socket))
 
     # --- the child ends -----------------------------------------------------
 

@@ -32,9 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import select
 import shutil
-import time
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
@@ -49,6 +47,7 @@ from libbroker.launcher import (
     runtime_dir,
     session_box,
     session_guards,
+    session_poll,
     session_service,
     supervise,
     trace,
@@ -57,27 +56,17 @@ from libbroker.launcher.agent_sandbox import SOCKS_PORT, Host
 from libbroker.launcher.config import Config
 from libbroker.launcher.lazy_broker import LazyBroker
 from libbroker.launcher.runtime import Runtime
-from libbroker.launcher.serve_link import Link
 from libbroker.launcher.servers import ServerPipes
 from libbroker.launcher.trace import trace as _trace
 from libbroker.sandbox.kinds import choose_backend
 
 if TYPE_CHECKING:
-    import signal
     import subprocess
 
     from libbroker.launcher.child import Proc
     from libbroker.launcher.handoff import Sockets
     from libbroker.launcher.record import SessionRecord
     from libbroker.sandbox.cgroups import Group
-else:
-    # The C module: signal.py's enum conversions cost the launcher ~1 ms of
-    # CPU while the servers start, and nothing here needs its enums.
-    import _signal as signal
-
-_SERVICE_GONE = ("the resident service (agent-sandbox serve) went away: the session has no "
-                 "proxy any more")
-
 
 class Session:
     """One run: its steps in order, each owning its end (:meth:`_start`, :meth:`_teardown`)."""
@@ -277,7 +266,7 @@ class Session:
         _trace("servers and sandbox spawned")
         if fixed:
             runtime_dir.write_private(rt.policy, plan.policy_json(self.cfg, rt, *fixed))
-        found = self._wait_listening()
+        found = session_poll.wait_listening(self)
         _trace(f"listening: http {found.http_port}, socks {found.socks_port}")
         trace.children({c.name: c.pid for c in self.crew.children})
         if not fixed:  # the command reaches the proxy's own ports
@@ -379,138 +368,23 @@ class Session:
         self.crew.adopt(proxy, first=True)  # ended last, as a prestarted one
         return proxy
 
-    def _start_broker(self) -> None:
-        """The first brokered connection waits in the backlog: broker-server starts now."""
-        assert self.servers is not None and self.servers.lazy is not None
-        lazy = self.servers.lazy
-        self.pipes.poller.unregister(lazy.fd)
-        broker = lazy.start(self.crew.spawn, self.crew.adopt, self.servers.service)
-        self.pipes.watch(broker)
-        self.pipes.poller.register(broker.pidfd, select.POLLIN)
-        _trace("broker-server started: a first connection")
-
-    def _wait_listening(self) -> plan.Listening:
-        assert self.servers is not None
-        servers = self.servers
-        proxy, wake_r = servers.proxy, self.signals.wake
-        found = plan.Listening()
-        deadline = time.monotonic() + self.cfg.start_timeout
-        poller = self.pipes.poller
-        if servers.service is not None and servers.tenant:  # the gateway's ports, for our tenant
-            found.http_port, found.socks_port = servers.service.reply(self.cfg.start_timeout)
-            self.pipes.watch_tenant(servers.service)
-        for server in (proxy, servers.broker):
-            if server is not None:
-                self.pipes.watch(server)
-        for child in self.crew.children:
-            poller.register(child.pidfd, select.POLLIN)
-        poller.register(wake_r, select.POLLIN)
-        if servers.lazy is not None:
-            poller.register(servers.lazy.fd, select.POLLIN)
-        # Only the proxy is waited for: its `listening` lines say its egress dir
-        # (the CA the command trusts) is written.  Both servers' sockets listen
-        # already (handed over, :mod:`.handoff`): a connection waits in the
-        # backlog until its server accepts it, so the broker's own line comes
-        # when it comes, and a server that dies later ends the session
-        # (:meth:`_supervise`).
-        while not (found.http_port and found.socks_port):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                late = proxy
-                assert late is not None  # the service's ports came with its reply
-                raise LaunchError(
-                    f"{late.name} did not say 'listening' within {self.cfg.start_timeout:g}s"
-                    + late.error_tail()
-                )
-            for fd, _ in poller.poll(int(left * 1000) + 1):
-                if fd == wake_r:
-                    os.read(wake_r, 512)
-                    if self.signals.pending:
-                        raise LaunchError("interrupted while starting")
-                    continue
-                if servers.lazy is not None and fd == servers.lazy.fd:
-                    self._start_broker()
-                    continue
-                dead = self.crew.by_pidfd(fd)
-                if dead is not None:
-                    raise self._died_starting(dead)
-                for line in self._read_lines(fd):
-                    source, kind = self.pipes.owners[fd]
-                    if kind == "out":
-                        plan.parse_listening(source.name, line, found)
-        sockets = servers.sockets
-        if proxy is not None and (found.http_port, found.socks_port) != (
-            sockets.http_port, sockets.socks_port
-        ):  # never: it serves what it was handed; if it did not, nothing goes on
-            raise LaunchError(f"egress-proxy listens on {found.http_port} and "
-                              f"{found.socks_port}, not on the ports it was handed")
-        return found
-
-    def _died_starting(self, dead: supervise.Child) -> LaunchError:
-        """The error for a child that exited before go (the sandbox named first)."""
-        sandbox = self.crew.sandbox
-        if sandbox is not None and dead is not sandbox and (
-            sandbox.exited() or sandbox.wait(0.5)
-        ):  # the root cause when a server's probe of the sandbox failed too
-            dead = sandbox
-        self.pipes.drain_all(self.record)
-        code = dead.proc.wait()
-        hint = " (agent-sandbox doctor tells why)" if dead is sandbox else ""
-        return LaunchError(
-            f"{dead.name} exited with status {code} while starting{hint}" + dead.error_tail()
-        )
-
     def _go(self, host: Host, found: plan.Listening) -> None:
         """Let the command run, unless a child has died meanwhile (the servers are not
         waited for: one may have failed since, and the sandbox with it)."""
         dead = self.crew.exited()
         if dead is not None:
-            raise self._died_starting(dead)
+            raise session_poll.died_starting(self, dead)
         try:
             self.box.go(host, found)
         except BrokenPipeError:  # the sandbox died just now: its status says why
             assert self.crew.sandbox is not None
-            raise self._died_starting(self.crew.sandbox) from None
-
-    def _read_lines(self, fd: int) -> list[str]:
-        """A server's complete lines on ``fd`` (:meth:`.servers.ServerPipes.read_lines`)."""
-        return self.pipes.read_lines(fd, self.record)
+            raise session_poll.died_starting(self, self.crew.sandbox) from None
 
     # --- the session ---------------------------------------------------------
 
     def _supervise(self, ends: contextlib.ExitStack) -> int:
-        """Until CMD ends: relay signals, notice a crashed server. Its status."""
-        sandbox = self.crew.sandbox
-        assert sandbox is not None
-        deadline: float | None = None
-        status: int | None = None
-        crash: str | None = None
-        link = self.servers.service if self.servers is not None else None
-        if link is not None:  # its end (the service gone) ends the session: fail closed
-            self.pipes.poller.register(link.fileno(), select.POLLIN)
-        while status is None:
-            timeout = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-            events = self.pipes.poller.poll(timeout)
-            if not events and deadline is not None:
-                sandbox.send(signal.SIGKILL)  # grace spent
-                deadline = None
-            for fd, _ in events:
-                if fd == self.signals.wake:
-                    os.read(fd, 512)
-                    deadline = self.signals.relay(self.box.signal, deadline)
-                elif fd == sandbox.pidfd:
-                    status = self._status(sandbox.proc.wait())
-                    _trace(f"command ended: {status}")
-                    trace.mark("ended")
-                else:
-                    why = self._server_event(fd, link, first=crash is None)
-                    if why is not None:  # the first crash ends the session
-                        crash = why
-                        self.box.signal(signal.SIGTERM)
-                        deadline = time.monotonic() + supervise.GRACE
-        if crash is None:  # the command ended first: a server gone meanwhile is still told
-            dead = self.crew.exited(but=sandbox)
-            crash = self._crashed(dead) if dead is not None else None
+        """Until CMD ends (:func:`.session_poll.until_end`), then the end. Its status."""
+        status, crash = session_poll.until_end(self)
         self.pipes.drain_all(self.record)  # the servers' last log lines before they go
         self._teardown(ends)
         if self.record is not None:
@@ -519,47 +393,6 @@ class Session:
         if crash is not None:
             raise LaunchError(crash + "; the session was ended")
         return status
-
-    def _server_event(self, fd: int, link: Link | None, *, first: bool) -> str | None:
-        """A server's pipe, the lazy broker's socket, the service's link or a child's
-        exit: what it means for the session, a crash (only the ``first`` one is said)."""
-        if fd in self.pipes.owners:
-            self._read_lines(fd)
-            return None
-        lazy = self.servers.lazy if self.servers is not None else None
-        if lazy is not None and fd == lazy.fd:
-            try:
-                self._start_broker()
-            except LaunchError as exc:
-                return str(exc) if first else None
-            return None
-        if link is not None and fd == link.fileno():
-            self.pipes.unwatch(fd)
-            if not first:
-                return None
-            self.pipes.drain_all(self.record)
-            return _SERVICE_GONE
-        dead = self.crew.by_pidfd(fd)
-        if dead is None:
-            return None
-        self.pipes.unwatch(fd)  # an exited child's pidfd stays readable: once is enough
-        if not first:
-            return None
-        crash = self._crashed(dead)
-        if link is not None and link.gone(0.5):  # the broker went with it
-            crash = _SERVICE_GONE
-        return crash
-
-    def _crashed(self, dead: supervise.Child) -> str:
-        """The line for a server that exited by itself: before it served, or after."""
-        self.pipes.drain_all(self.record)
-        code = dead.proc.wait()
-        when = "" if dead.name in self.pipes.serving else ", while starting"
-        return f"{dead.name} exited unexpectedly (status {code}{when})" + dead.error_tail()
-
-    @staticmethod
-    def _status(code: int) -> int:
-        return 128 - code if code < 0 else code
 
     # --- the end -------------------------------------------------------------
 
@@ -592,7 +425,7 @@ class Session:
         service.close()
         # The tenant's last record lines, until the gateway's close.
         if self.pipes.tenant_out is not None:
-            self.pipes.tenant_out.drain(self._read_lines)
+            self.pipes.tenant_out.drain(lambda fd: self.pipes.read_lines(fd, self.record))
         service.close_record()
         assert self.servers is not None
         self.servers.service = None

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from libbroker.sandbox.bridge import Bridge
     from libbroker.sandbox.cgroups import Group
 else:
-    import _signal as signal  # the C module: see session.py
+    import _signal as signal  # the C module: see supervise.py
 
 
 class Box:
