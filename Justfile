@@ -86,7 +86,7 @@ bench-setup:
 
 # Every benchmark, each printing its figures side by side with its baseline.
 bench:
-    for b in broker hook sign egress egress_mitm egress_repos gateway launcher bridges serve limits hostrun hostrun_live git; do if [ -f bench/$b.py ]; then echo "== bench/$b.py"; python3 bench/$b.py; fi; done
+    for b in broker hook sign egress egress_mitm egress_repos gateway launcher bridges serve limits hostrun hostrun_live git agents; do if [ -f bench/$b.py ]; then echo "== bench/$b.py"; python3 bench/$b.py; fi; done
 
 # Load, fault, fuzz and attack runs; report in bench/results/stress.md.
 stress *ARGS:
