@@ -163,10 +163,7 @@ def from_mapping(
         return _abs_path(p, facts, where=where(key), key=key)
 
     workdir, why, git_dirs = _workdir(data, get, facts, where, path)
-    sandbox = get.string("sandbox", AUTO)
-    problem = not_a_kind(sandbox)
-    if problem is not None:
-        raise ConfigError(f"{where('sandbox')}: {problem}")
+    sandbox = _sandbox(get.string("sandbox", AUTO), where("sandbox"))
     domains, inject, secrets = _egress_hosts(data, get, where)
     token_every, env, timeout = _timing_and_env(get, where)
     read, write = _grants(get, facts, where, path)
@@ -208,6 +205,14 @@ def from_mapping(
         home=facts.home,
         harness=path(HARNESS, "harness"),
     )
+
+
+def _sandbox(kind: str, where: str) -> str:
+    """The backend the config names (or auto), refused unless it is one."""
+    problem = not_a_kind(kind)
+    if problem is not None:
+        raise ConfigError(f"{where}: {problem}")
+    return kind
 
 
 def _known_keys(data: Mapping[str, Any], where: Origins) -> None:
