@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import NamedTuple
 
 from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
@@ -157,69 +158,112 @@ def inside_cwd(cfg: Config, cwd: str) -> str:
     return cfg.workdir
 
 
-def session_shape(
+def bwrap_shape(
     cfg: Config,
     rt: Runtime,
     host: Host,
     env: Mapping[str, str],
     *,
-    landlock: bool,
     tty: bool,
-    ports: tuple[int, ...] = (),
     tmpdir: str = "",
     pin: tuple[str, ...] = (),
     hold: tuple[str, ...] | None = None,
     overlays: tuple[tuple[str, str], ...] = (),
     binds: tuple[tuple[str, str], ...] = (),
+) -> Shape:
+    """The agent session's :class:`Shape` under bwrap.
+
+    The home directory is an empty tmpfs under the grants, the workdir's
+    host-run files (``hold``: every repository's hooks and config, the
+    agents' and editors' project files, from the guard's snapshot; without
+    one, the top repository's hooks and config) are held read-only, every
+    repository's ``.git`` is bound onto itself (``pin``: a mount point cannot
+    be renamed or replaced), the agent's session-only files are mounted over
+    its own paths (``overlays``: Claude Code's managed settings), each
+    repository's config is the session's private copy (``binds``:
+    :mod:`.hostrun_gitconfig`), /tmp is a tmpfs of the configured size, and
+    the hostname is the sandbox's.  The rest: :func:`_shape`.
+    """
+    guard = cfg.protect_git and not cfg.workdir_read_only
+    held = tuple(protected_paths(cfg)) if hold is None else hold
+    return replace(
+        _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir),
+        write=(*_writes(cfg), *(pin if guard else ()), *((tmpdir,) if tmpdir else ())),
+        protect=held if guard else (),
+        empty=() if cfg.home in ("/", "") else (cfg.home,),
+        tmp_size=cfg.limits.tmp,
+        hostname="agent-sandbox",
+        overlays=overlays,
+        binds=_binds(cfg, binds),
+    )  # fmt: skip
+
+
+def landlock_shape(
+    cfg: Config,
+    rt: Runtime,
+    host: Host,
+    env: Mapping[str, str],
+    *,
+    tty: bool,
+    ports: tuple[int, ...] = (),
+    tmpdir: str = "",
+    hold: tuple[str, ...] | None = None,
+    binds: tuple[tuple[str, str], ...] = (),
     links: tuple[str, ...] = (),
 ) -> Shape:
-    """The agent session's :class:`Shape`, for either backend.
+    """The agent session's :class:`Shape` under Landlock.
 
-    bwrap: the home directory is an empty tmpfs under the grants, the
-    workdir's host-run files (``hold``: every repository's hooks and config,
-    the agents' and editors' project files, from the guard's snapshot;
-    without one, the top repository's hooks and config) are held read-only,
-    every repository's ``.git`` is bound onto itself (``pin``: a mount point
-    cannot be renamed or replaced), the agent's session-only files are
-    mounted over its own paths (``overlays``: Claude Code's managed
-    settings), each repository's config is the session's private copy
-    (``binds``: :mod:`.hostrun_gitconfig`), and the hostname is the sandbox's.
-    Landlock: a private TMPDIR, the terminal's devices, TCP connect to the
-    proxy's ``ports`` only.  ``--new-session`` (which drops the controlling
-    tty) only without a tty: an interactive shell needs its terminal for job
-    control, and the seccomp filter refuses TIOCSTI either way.
+    A private TMPDIR (``tmpdir``, a host directory), TCP connect to the
+    proxy's ``ports`` only.  Landlock cannot take rights back inside a
+    granted tree, but its helper's mount namespace (``hold`` is given only
+    where the probe found one; pidns refuses holds without one) can hold the
+    same entries read-only as bwrap does, bind the private git configs
+    (``binds``: written at the bind's path, which in that namespace is the
+    private copy) and make the config ``links`` mount points.  See
+    :func:`_shape` for the rest.
     """
-    ro = cfg.workdir_read_only  # codex -s read-only: nothing of the workdir is written
+    binds = _binds(cfg, binds)
+    guard = hold is not None and cfg.protect_git and not cfg.workdir_read_only
+    return replace(
+        _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir),
+        write=(*_writes(cfg), *((tmpdir,) if tmpdir else ()), *(inside for _, inside in binds)),
+        protect=hold if guard and hold is not None else (),
+        tcp_connect=ports,
+        binds=binds,
+        links=links if binds else (),
+    )  # fmt: skip
+
+
+def _writes(cfg: Config) -> tuple[str, ...]:
+    """The writable trees: the config's, and the workdir and its git dirs unless read-only
+    (codex -s read-only: nothing of the workdir is written)."""
+    work = () if cfg.workdir_read_only else (cfg.workdir, *cfg.git_dirs)
+    return (*cfg.write, *work)
+
+
+def _binds(cfg: Config, binds: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The private git configs, where the workdir's configs are guarded and written."""
+    return binds if cfg.protect_git and not cfg.workdir_read_only else ()
+
+
+def _shape(cfg: Config, rt: Runtime, host: Host, env: Mapping[str, str], *, tty: bool,
+           tmpdir: str) -> Shape:
+    """What both backends grant: the system's, the interpreter's, the project's and the
+    config's trees to read (the workdir too when it is read-only), the config's denials,
+    the devices and the terminal's, the start directory, the environment, the private tmp.
+    ``--new-session`` (which drops the controlling tty) only without a tty: an
+    interactive shell needs its terminal for job control, and the seccomp filter refuses
+    TIOCSTI either way.  Each backend replaces the rest of the :class:`Shape` with its own."""
     read = (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt.root)
-    read += (cfg.workdir, *cfg.git_dirs) if ro else ()
-    guard = not landlock and cfg.protect_git and not ro
-    work = () if ro else (cfg.workdir, *cfg.git_dirs)
-    write = (*cfg.write, *work, *(pin if guard else ()), *((tmpdir,) if tmpdir else ()))
-    binds = binds if cfg.protect_git and not ro else ()
-    if landlock:  # the bind's path, which in the helper's mount namespace is the private copy
-        write = (*write, *(inside for _, inside in binds))
-    held = tuple(protected_paths(cfg)) if hold is None else hold
-    # Landlock cannot take rights back inside a granted tree, but its helper's mount
-    # namespace (``hold`` is given only where the probe found one; pidns refuses holds
-    # without one) can hold the same entries read-only as bwrap does.
-    guard = guard or (landlock and hold is not None and cfg.protect_git and not ro)
+    read += (cfg.workdir, *cfg.git_dirs) if cfg.workdir_read_only else ()
     return Shape(
         read=tuple(dict.fromkeys(read)),
-        write=write,
         deny=cfg.deny,
-        protect=held if guard else (),
-        empty=() if landlock or cfg.home in ("/", "") else (cfg.home,),
         devices=(*DEVICES, *TERMINAL_DEVICES),
-        tcp_connect=ports if landlock else (),
         cwd=inside_cwd(cfg, host.cwd),
         env=dict(env),
         tmp=tmpdir,
-        tmp_size=None if landlock else cfg.limits.tmp,  # Landlock's tmp is a host directory
         new_session=not tty,
-        hostname="" if landlock else "agent-sandbox",
-        overlays=() if landlock else overlays,
-        binds=binds,
-        links=links if landlock and binds else (),
     )
 
 

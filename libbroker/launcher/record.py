@@ -304,7 +304,8 @@ def verify(path: str) -> list[str]:
 
 
 def session_grants(cfg: Any, host: Any, rt_root: str) -> tuple[str, ...]:
-    """Every tree the session's sandbox may read or write (as ``session_shape`` grants)."""
+    """Every tree the session's sandbox may read or write (as the shapes of
+    ``agent_sandbox.bwrap_shape`` and ``landlock_shape`` grant)."""
     from libbroker.sandbox.shape import SYSTEM_READ
 
     return (*SYSTEM_READ, *host.python_dirs, host.project_dir, *cfg.read, rt_root,

@@ -157,9 +157,9 @@ class BwrapBox(Box):
         overlays = s.agent.overlays(rt) if s.agent is not None else ()
         sec_fd = bwrap.seccomp_pipe(prog)
         env = s.env(host, HTTP_PORT, SOCKS_PORT)
-        shape = agent_sandbox.session_shape(
-            s.cfg, rt, host, env, landlock=False, tty=s.signals.tty, pin=pin, hold=hold,
-            overlays=overlays, binds=binds,
+        shape = agent_sandbox.bwrap_shape(
+            s.cfg, rt, host, env, tty=s.signals.tty, pin=pin, hold=hold, overlays=overlays,
+            binds=binds,
         )  # fmt: skip
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
         info_r, info_w = os.pipe()
@@ -392,12 +392,11 @@ class LandlockBox(Box):
         env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
         # The real home is not granted: every command gets a writable one of its own.
         env["HOME"] = home = agent_session.landlock_home(s.agent, s.cfg, s.rt)
-        shape = agent_sandbox.session_shape(
+        shape = agent_sandbox.landlock_shape(
             s.cfg._replace(write=(*s.cfg.write, home)),
             s.rt,
             host,
             env,
-            landlock=True,
             tty=s.signals.tty,
             ports=(found.http_port, found.socks_port, self.door.port),
             tmpdir=tmpdir,

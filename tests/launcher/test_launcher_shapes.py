@@ -35,9 +35,10 @@ ON_HOST = Facts(
 def _shape(cfg=CFG, host=HOST, tty: bool = False, landlock: bool = False):  # type: ignore[no-untyped-def]
     ports = (4000, 4001) if landlock else ()
     tmp = RT.root + "/tmp" if landlock else ""
-    return agent_sandbox.session_shape(
-        cfg, RT, host, {"A": "b"}, landlock=landlock, tty=tty, ports=ports, tmpdir=tmp
-    )
+    if landlock:
+        return agent_sandbox.landlock_shape(cfg, RT, host, {"A": "b"}, tty=tty, ports=ports,
+                                            tmpdir=tmp)
+    return agent_sandbox.bwrap_shape(cfg, RT, host, {"A": "b"}, tty=tty, tmpdir=tmp)
 
 
 def _argv(tty: bool, cfg=CFG, facts=ON_HOST) -> list[str]:  # type: ignore[no-untyped-def]
