@@ -27,6 +27,7 @@ pod network, like the proxy's own credential on 3128.
 
 from __future__ import annotations
 
+import socket
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -139,7 +140,10 @@ def serve(api: Api, listen: str) -> ThreadingHTTPServer:
         def log_message(self, *args: Any) -> None:
             pass  # one line per refusal or grant is said above; no request line
 
-    server = ThreadingHTTPServer((host.strip("[]"), int(port)), Handler)
+    class Server(ThreadingHTTPServer):
+        address_family = socket.AF_INET6 if host.startswith("[") else socket.AF_INET
+
+    server = Server((host.strip("[]"), int(port)), Handler)
     server.daemon_threads = True
     threading.Thread(target=server.serve_forever, daemon=True).start()
     say(f"credential endpoint on {host}:{server.server_address[1]}")
