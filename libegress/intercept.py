@@ -209,6 +209,9 @@ async def _close(upstream: UpstreamSide) -> None:
 
 
 def _why(exc: BaseException) -> str:
+    if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+        # the reason alone (CERTIFICATE_VERIFY_FAILED) does not say which check failed
+        return f"{exc.reason}: {exc.verify_message}"
     if isinstance(exc, ssl.SSLError):
         return exc.reason or str(exc)
     if isinstance(exc, OSError) and exc.strerror:

@@ -8,6 +8,7 @@ use it.  Everything that arrives through the door is hostile.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import os
 import shutil
@@ -64,13 +65,17 @@ def door(broker: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Door]:
 def _talk(sock: socket.socket | object, payload: bytes = b"x") -> bytes:
     s = socket.socket(fileno=sock.detach())  # type: ignore[attr-defined]
     with s:
-        s.sendall(payload)
-        s.shutdown(socket.SHUT_WR)  # the half-close crosses the relay
         answer = b""
         try:
+            s.sendall(payload)
+            s.shutdown(socket.SHUT_WR)  # the half-close crosses the relay
             while data := s.recv(1 << 16):
                 answer += data
-        except ConnectionResetError:  # closed with our bytes unread: a refusal too
+        except (ConnectionResetError, BrokenPipeError):  # closed with our bytes unread
+            return b"<reset>"
+        except OSError as exc:  # the reset came before our shutdown: a refusal too
+            if exc.errno != errno.ENOTCONN:
+                raise
             return b"<reset>"
         return answer
 
