@@ -205,10 +205,13 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
     """
     from libbroker.launcher.install import host_facts as install_facts
     from libbroker.paths import under
-    from libbroker.sandbox.kinds import LANDLOCK, choose_backend
+    from libbroker.sandbox.kinds import AUTO, choose_backend, denies_inside_grants
     from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES
 
-    if not cfg.deny or choose_backend(cfg.sandbox) != LANDLOCK:
+    if not cfg.deny:
+        return
+    backend = choose_backend(cfg.sandbox)
+    if denies_inside_grants(backend):
         return
     host = install_facts(cfg.workdir)
     grants = (*SYSTEM_READ, "/proc", *host.python_dirs, host.project_dir, *cfg.read,
@@ -218,11 +221,10 @@ def _check_landlock_deny(cfg: Config, where: Origins) -> None:
             continue
         for grant in grants:
             if under(deny, grant) and not any(under(grant, d) for d in cfg.deny):
-                named = cfg.sandbox == LANDLOCK
-                backend = f"--sandbox={LANDLOCK}" if named else "auto (no bwrap here)"
+                how = f"--sandbox={backend}" if cfg.sandbox != AUTO else "auto (no bwrap here)"
                 raise ConfigError(
                     f"{where('deny')}: {deny} is inside the granted {grant}, and Landlock "
-                    f"({backend}) cannot deny part of a grant; use --sandbox=bwrap"
+                    f"({how}) cannot deny part of a grant; use --sandbox=bwrap"
                 )
 
 

@@ -18,6 +18,9 @@ LANDLOCK = "nono"  # the name users type (--sandbox=nono), after the library it 
 AUTO_ORDER = (BWRAP, LANDLOCK)
 SANDBOX_KINDS = (AUTO, *AUTO_ORDER)
 _PROGRAM = {BWRAP: "bwrap"}  # a backend that needs a program on PATH; Landlock is the kernel's
+# Whether a backend can hide a path inside a tree it grants: bwrap mounts over
+# it; Landlock grants a tree whole (libbroker.sandbox.landlock refuses the deny).
+_DENIES_INSIDE_GRANTS = {BWRAP: True, LANDLOCK: False}
 
 
 def not_a_kind(kind: str) -> str | None:
@@ -36,3 +39,9 @@ def choose_backend(kind: str) -> str:
         if program is None or shutil.which(program):
             return backend
     return AUTO_ORDER[-1]
+
+
+def denies_inside_grants(backend: str) -> bool:
+    """Whether ``backend`` (not ``auto``: :func:`choose_backend` first) can deny a path
+    inside a tree it grants."""
+    return _DENIES_INSIDE_GRANTS[backend]
