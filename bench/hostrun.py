@@ -108,8 +108,10 @@ def session(cfg: Path, home: Path, rt: Path, backend: str, off: bool,
             code: str = "", gate: bool = True) -> tuple[float, float, float]:
     """(start ms, end ms, wall ms) of one ``agent-sandbox run -- true`` (``code``: a checkout
     to run instead of the installed one)."""
-    head = [sys.executable, "-c", OFF] if off else (
-        [sys.executable, "-c", RUN] if code else ["agent-sandbox"])
+    # Every way is launched alike (the interpreter with this checkout, or ``code``, first on
+    # PYTHONPATH): a console script against ``python -c`` made before and after differ.
+    head = [sys.executable, "-c", OFF if off else RUN]
+    code = code or str(Path(__file__).resolve().parents[1])
     argv = [*head, "run", f"--config={cfg}", f"--sandbox={backend}", "--", "true"]
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "AGENT_SANDBOX"))}
     env.update(HOME=str(home), XDG_RUNTIME_DIR=str(rt), AGENT_SANDBOX_TRACE="1")

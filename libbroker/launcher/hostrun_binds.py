@@ -303,8 +303,8 @@ def repair(session_dirs: Iterable[str]) -> list[str]:
             live |= {(p, mid) for p, mid, _ in made}
         else:
             dead.append((path, fd, made))
-    lines = []
-    mounts = _mounts()
+    lines: list[str] = []
+    mounts = _mounts() if dead else []
     for path, fd, made in dead:
         made = [m for m in made if (m[0], m[1]) not in live]
         there = [p for p, mid, _ in made if mid in _mount_ids(p, mounts)]
