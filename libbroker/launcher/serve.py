@@ -217,17 +217,10 @@ class Service:
                 finally:
                     for fd in fds:
                         os.close(fd)
-                add = {"op": "add", "tenant": frame["tenant"], "password": frame["password"],
-                       "policy": frame.get("policy") or {}}
-                if frame.get("env") is not None:
-                    add["env"] = frame["env"]
-                answer = await self._gateway(add)
-                if answer.get("ok") is not True:
-                    conn.send(_reply(False, error=str(answer.get("error", "refused"))))
+                added = await self._add_tenant(conn, frame)
+                if added is None:  # the gateway refused it: said to the session
                     return None
-                tenant = frame["tenant"]
-                self.sessions += 1
-                _say(f"session {tenant} started ({self.sessions} now)")
+                tenant = added
                 conn.send(_reply(True, tenant=tenant, http_port=self.http_port,
                                  socks_port=self.socks_port))
         except ValueError as exc:
@@ -246,6 +239,22 @@ class Service:
                 _say(f"session {tenant} ended ({self.sessions} now)")
             conn.close()
         return None
+
+    async def _add_tenant(self, conn: Conn, frame: dict[str, Any]) -> str | None:
+        """The session's tenant added to the gateway: its name, counted (the caller removes
+        it at the end); None when the gateway refused it (the session is told why)."""
+        add = {"op": "add", "tenant": frame["tenant"], "password": frame["password"],
+               "policy": frame.get("policy") or {}}
+        if frame.get("env") is not None:
+            add["env"] = frame["env"]
+        answer = await self._gateway(add)
+        if answer.get("ok") is not True:
+            conn.send(_reply(False, error=str(answer.get("error", "refused"))))
+            return None
+        tenant: str = frame["tenant"]
+        self.sessions += 1
+        _say(f"session {tenant} started ({self.sessions} now)")
+        return tenant
 
     @staticmethod
     def _refuse(conn: Conn, why: str) -> None:
