@@ -347,8 +347,9 @@ class Watcher(Watches):
 
     # --- the end ------------------------------------------------------------------
 
-    def stop(self) -> list[str]:
-        """End the thread and close everything; the lines of what was neutralized."""
+    def stop(self, *, close: bool = True) -> list[str]:
+        """End the thread and close everything (the inotify group: ``close``, else the
+        caller's :meth:`close_group`); the lines of what was neutralized."""
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
         self._stopped = True  # the session is gone: nothing more to catch up with
@@ -362,7 +363,8 @@ class Watcher(Watches):
         for fd in (self._stop_r, self._stop_w, self._root):
             with contextlib.suppress(OSError):
                 os.close(fd)
-        self.close_group()
+        if close:
+            self.close_group()
         lines = list(self.sweeper.lines)
         if self.sweeper.qfd >= 0:
             os.close(self.sweeper.qfd)
@@ -376,7 +378,6 @@ class Watcher(Watches):
                          "judged every entry again")
         lines += [f"agent-sandbox: the live guard failed once: {e}" for e in self.errors]
         return lines
-
 
     def quiet_dirs(self) -> frozenset[str] | None:
         """The directories no event named (:meth:`Watches.quiet`), for the end sweep's walk;
@@ -399,11 +400,12 @@ def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watche
 
 
 def end(watcher: Watcher, snap: Snapshot | None, under: dict[str, int] | None = None,
-        mark: Callable[[str], None] = lambda _: None) -> list[str]:
+        mark: Callable[[str], None] = lambda _: None, *, keep_group: bool = False) -> list[str]:
     """Stop watching, merge the configs a last time (not the copies no write reached,
     unless an event was lost) and put them back; every line to say.  ``under``: the live
-    gate's :attr:`.hostrun_binds.Binds.under`; ``mark``: the trace's."""
-    lines = watcher.stop()
+    gate's :attr:`.hostrun_binds.Binds.under`; ``mark``: the trace's; ``keep_group``: the
+    caller closes the inotify group (:meth:`Watcher.close_group`)."""
+    lines = watcher.stop(close=not keep_group)
     mark("live guard stopped")
     unwritten = frozenset() if watcher.overflows or watcher.errors else watcher.unwritten()
     lines += gitconfig.finish(watcher.configs, snap, under, unwritten)

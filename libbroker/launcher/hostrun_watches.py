@@ -188,6 +188,8 @@ class Watches:
     def close_group(self) -> None:
         """Close the inotify group in a thread of its own, while the configs go back and
         the sweep runs (dropping 5k watches took 7 to 18 ms); :meth:`closed` joins it."""
+        if self._closer is not None:
+            return
         self._closer = threading.Thread(target=self._ino.close, name="hostrun-live-close",
                                         daemon=True)
         self._closer.start()
