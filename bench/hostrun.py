@@ -120,8 +120,11 @@ def session(cfg: Path, home: Path, rt: Path, backend: str, off: bool,
     if not gate:
         env["AGENT_SANDBOX_LIVE_GATE"] = "off"
     t0 = time.perf_counter()
+    # Not from the checkout: ``python -c`` puts the working directory first on sys.path,
+    # ahead of PYTHONPATH, so run from a repository's root every ``@before`` way ran the
+    # current code.
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, cwd=home)
     wall = (time.perf_counter() - t0) * 1000
     if done.returncode != 0:
         raise SystemExit(f"session failed ({backend}, off={off}):\n{done.stderr[-2000:]}")
