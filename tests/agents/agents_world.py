@@ -60,6 +60,12 @@ class Home:
     workdir: Path
     apis: Apis
     mark: str
+    # Gemini CLI relaunches itself as a child node with a bigger heap unless
+    # GEMINI_CLI_NO_RELAUNCH is set (the child always runs with it set, so what
+    # the agent does is the same either way): one node start instead of two,
+    # seconds per run.  The tests that keep the real relaunch, on both backends,
+    # set this (test_gemini_login_e2e.py, test_login_inside_e2e.py).
+    gemini_relaunch: bool = False
 
     def config(self, **extra: object) -> Path:
         keys: dict[str, object] = {
@@ -70,6 +76,11 @@ class Home:
             # The exported keys reach the APIs through egress-proxy (exported_keys.py).
             "start_timeout": 60,
         }
+        passed = list(extra.pop("env", None) or [])  # the caller's, then ours
+        if not self.gemini_relaunch:
+            passed.append("GEMINI_CLI_NO_RELAUNCH")
+        if passed:
+            keys["env"] = passed
         keys.update(extra)  # a key given as None is left out
         path = self.root / "config.toml"
         path.write_text("".join(f"{k} = {json.dumps(v)}\n" for k, v in keys.items()
@@ -89,16 +100,18 @@ class Home:
         env["PATH"] = f"{AGENTS_BIN}:{env.get('PATH', os.defpath)}"
         env.update({v: f"test-key-{k}" for k, v in KEYS.items()})
         env["AS_TEST_MARK"] = self.mark
+        if not self.gemini_relaunch:
+            env["GEMINI_CLI_NO_RELAUNCH"] = "true"
         env.update(extra)
         return env
 
     def session(
-        self, backend: str, *cmd: str, timeout: float = 90
+        self, backend: str, *cmd: str, timeout: float = 90, **env: str
     ) -> subprocess.CompletedProcess[str]:
         argv = ["agent-sandbox", "run", f"--config={self.config()}", f"--sandbox={backend}"]
         return subprocess.run(
             [*argv, "--", *cmd],
-            env=self.env(),
+            env=self.env(**env),
             cwd=self.workdir,
             capture_output=True,
             text=True,

@@ -8,16 +8,24 @@ private copy), and writes a login.  Then the agent's next PLAIN host run
 planted, and the login and the transcripts must be back.  A control per
 agent plants the same things straight into the host config and sees them
 run, so the attack is real for that CLI version.
+
+The same session's agent has only an exported API key, a fresh one: it works,
+and the key is nowhere inside (files, environment, /proc: scan.py after
+plant.py); the launcher makes it a secret of egress-proxy's
+(libbroker.launcher.exported_keys), the stand-in API gets the real key, the
+session a placeholder.  One session checks both: an agent's turn costs seconds.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
-from agents_world import SSH_KEY, Home, need
+from agents_world import KEYS, SSH_KEY, Home, need
+from inside_scan import SCAN, report, split
 
 BACKENDS = ("bwrap", "nono")
 AGENTS = ("claude", "codex", "gemini")
@@ -70,7 +78,9 @@ else:
 print("PLANTED", AGENT)
 """
 
-PROMPT = "RUN<<python3 plant.py>>"
+PROMPT = "RUN<<python3 plant.py; python3 scan.py>>"
+KEY_HOSTS = {"claude": "api.anthropic.com", "codex": "api.openai.com",
+             "gemini": "generativelanguage.googleapis.com"}
 
 
 def agent_argv(agent: str, prompt: str) -> list[str]:
@@ -113,11 +123,25 @@ def test_a_session_plants_nothing_that_runs_on_the_host(
     need(agent)
     w = world
     canary = _plant_files(w, agent)
-    done = w.session(backend, *agent_argv(agent, PROMPT))
+    var, key = KEYS[agent], f"sk-exported-{uuid.uuid4().hex}"
+    (w.workdir / "scan.py").write_text(
+        SCAN.format(parts=split(key)) + f"print('INSIDE', os.environ.get({var!r}))\n")
+    w.apis.seen.clear()  # the stand-in serves the whole module
+    done = w.session(backend, *agent_argv(agent, PROMPT), timeout=120, **{var: key})
     out = done.stdout
+    report(f"api-key {agent} {backend} turn", out)
     assert done.returncode == 0, done.stderr[-3000:]
     # A turn was answered, with the tool's output inside.
     assert "RESULT<<" in out and f"PLANTED {agent}" in out, out + done.stderr[-2000:]
+    # The exported key worked and stayed outside: a placeholder inside, found nowhere,
+    # every model request carrying the real key, set by egress-proxy.
+    assert "SCANNED" in out and "FOUND" not in out, out
+    assert "INSIDE agent-sandbox-placeholder" in out, out
+    assert (f"agent-sandbox: {var} stays on this host: egress-proxy sends it to "
+            f"{KEY_HOSTS[agent]} (the session sees a placeholder)") in done.stderr
+    assert key not in done.stderr + out
+    sent = [s.auth for s in w.apis.seen if s.host.startswith(KEY_HOSTS[agent]) and s.body]
+    assert sent and all(key in a for a in sent), sent
     # Confined: no ssh key, none of the real config files writable.
     assert "ssh-refused" in out and "SSH-READ" not in out and SSH_KEY not in out
     for real in (
@@ -179,7 +203,7 @@ def test_control_planted_on_the_host_does_run(world: Home, agent: str) -> None:
 
 
 def test_a_second_key_variable_is_said_and_the_first_is_used(world: Home) -> None:
-    """An exported key is a secret by default (test_exported_keys_e2e.py); a second
+    """An exported key is a secret by default (the session above); a second
     variable for the same host is said, never carried in, and the first one is used."""
     post = ('echo "$ANTHROPIC_API_KEY"; curl -sS -o /dev/null -X POST -d "{}" '
             '-H "x-api-key: $ANTHROPIC_API_KEY" https://api.anthropic.com/v1/count')

@@ -84,6 +84,7 @@ def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
 ) -> None:
     need("gemini")
     w, o = world, oauth
+    w.gemini_relaunch = True  # the real relaunch, parent and child node (agents_world.py)
     creds = login(w, o, MARGIN_S + 20)  # Gemini CLI takes seconds to start
     first = [*o.secrets(), ID_SIGNATURE]
     flag = w.workdir / "refreshed"
@@ -125,6 +126,7 @@ def test_a_refresh_from_inside_gets_placeholders_and_the_agent_goes_on(
     the real access token went to tokeninfo and the APIs only, never to /token."""
     need("gemini")
     w, o = world, oauth
+    w.gemini_relaunch = True  # the real relaunch, parent and child node (agents_world.py)
     creds = login(w, o, 8 * 3600)
     before = creds.read_text()
     (w.workdir / "scan.py").write_text(

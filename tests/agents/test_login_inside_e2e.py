@@ -107,6 +107,7 @@ def test_a_login_made_inside_is_kept_on_the_host_and_the_session_gets_placeholde
 ) -> None:
     need(agent)
     w, o = world, oauth
+    w.gemini_relaunch = True  # Gemini CLI's real relaunch, a login inside (agents_world.py)
     path = _login(agent, w, o)
     old = [*o.secrets(), *([o.id_token] if agent == "codex" else [])]
     mode = path.stat().st_mode & 0o777

@@ -1,7 +1,7 @@
 """Exported API keys: a [[secret]] of their own by default, refused in ``env`` unless opted in.
 
 The sessions that use them (each real agent CLI with only the exported
-variable, the key nowhere inside) are tests/agents/test_exported_keys_e2e.py.
+variable, the key nowhere inside) are tests/agents/test_agents_e2e.py's.
 """
 
 from __future__ import annotations
