@@ -127,6 +127,20 @@ def _ended(cell: Cell, statuses: tuple[int, ...] = (0,)) -> None:
     assert failed == [], failed
 
 
+def _late_alive() -> bool:
+    """Whether a "late" plant's shell lives, any cell's (host's /proc sees every pid
+    namespace): once none does, nothing is left to plant later (git and the hook come
+    after its sleep, from it), so its check need not wait out the 4 s."""
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if b"TERM HUP INT; sleep 4; git init -q nr" in fh.read():
+                    return True
+        except OSError:  # not a process, or gone
+            continue
+    return False
+
+
 def _named(cell: Cell, name: str) -> None:
     if name in cell.planted():
         assert any(f"{name}/" in x for x in cell.lines()), (name, cell.lines())
@@ -152,7 +166,11 @@ def test_the_plants_run_when_nothing_guards(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     planted = {line.split()[1] for line in done.stdout.splitlines() if line.startswith("PLANTED")}
     assert planted == {a.name for a in attacks}, done.stdout
-    time.sleep(6)  # "late" plants 4 s after its command ended
+    # "late" plants 4 s after its command ended: its hook made executable is its last step
+    hook, deadline = cell.work / "late/nr/.git/hooks/pre-commit", time.monotonic() + 60
+    while not os.access(hook, os.X_OK):
+        assert time.monotonic() < deadline, "the late plant never planted"
+        time.sleep(0.05)
     ran = {a.name: cell.host_git(a) for a in attacks}
     assert {name for name, canaries in ran.items() if not canaries} == set(), ran
     os.chmod(cell.work / "chmod/.git", 0o755)
@@ -174,8 +192,9 @@ def test_no_plant_runs_on_the_host(main_cell: Cell, name: str,
         pytest.skip("pre-commit (https://pre-commit.com) is not installed")
     gap(request, main_cell, name)
     attack = next(a for a in MAIN if a.name == name)
-    if name == "late":  # what outlived the session has had its time to plant
-        time.sleep(max(0.0, main_cell.ended_at + 6 - time.monotonic()))
+    if name == "late":  # what outlived the session has had its time to plant, or is gone
+        while time.monotonic() < main_cell.ended_at + 6 and _late_alive():
+            time.sleep(0.05)
         assert not (main_cell.work / "late/nr").exists(), "a process outlived the session"
     assert main_cell.host_git(attack) == []
     if name != "late":
