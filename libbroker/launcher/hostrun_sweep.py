@@ -296,25 +296,7 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False,
     sweeper = Sweeper(snap, state, copy_only=copy_only)
     root = os.open(snap.workdir, O_DIR)
     try:
-        # 1. Every recorded entry, shallow first: a .git replaced before its hooks.  One
-        #    chain of directory fds serves them all until the first change (a directory
-        #    moved aside or made again: every entry after it opens its own way).
-        shared: Chain | None = Chain(root, fix=True)
-        fast = SameByPath(root, snap.dirs, quiet)  # what the kernel shows unchanged
-        try:
-            for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
-                rule, recorded = snap.entries[rel]
-                if shared is not None and fast.unchanged(rel, recorded):
-                    continue
-                said = len(sweeper.lines)
-                _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded,
-                       shared)
-                if shared is not None and (len(sweeper.lines) != said or sweeper.failed):
-                    shared.close()
-                    shared = None
-        finally:
-            if shared is not None:
-                shared.close()
+        _recorded(sweeper, root, quiet)
         from libbroker.launcher.hostrun_renamed import put_back_renamed_git
 
         try:
@@ -323,28 +305,56 @@ def sweep(snap: Snapshot, state: str, *, copy_only: bool = False,
             sweeper.failed = True
             sweeper.say(".", "git-dir", f"a repository moved in the session could not be moved "
                         f"back: {exc.strerror or exc}; where it is now, it is judged as a new one")
-        # 2. What appeared: walk again (unchanged directories by their ctime alone).
-        untouched = not sweeper.lines and not sweeper.failed
-        walk = Walk(snap.table, snap.dirs, fix=True, quiet=quiet if untouched else None)
-        walk.run(root)
-        for rel in walk.unreadable:
-            _guard(sweeper, root, rel, "unreadable", _unreadable, sweeper, root, rel)
-        for rel, entry in walk.found:
-            if entry.rule == "git-dir":
-                continue  # a new repository or gitlink: below
-            if rel not in snap.entries or snap.entries[rel][1] is None:
-                _guard(sweeper, root, rel, entry.rule, sweeper.check, root, rel, entry.rule,
-                       None)
-        for rel, ino in walk.git_dirs:
-            if snap.repos.get(rel) != ino:
-                _guard(sweeper, root, rel, "git-dir", check_new_repo, sweeper, root, rel)
-        judge_pointers(sweeper, root, walk)
+        _appeared(sweeper, root, quiet)
     finally:
         os.close(root)
         if sweeper.qfd >= 0:
             os.close(sweeper.qfd)
     _finish(sweeper)
     return sweeper.lines
+
+
+def _recorded(sweeper: Sweeper, root: int, quiet: frozenset[str] | None) -> None:
+    """1. Every recorded entry, shallow first: a .git replaced before its hooks.
+
+    One chain of directory fds serves them all until the first change (a
+    directory moved aside or made again: every entry after it opens its own way).
+    """
+    snap = sweeper.snap
+    shared: Chain | None = Chain(root, fix=True)
+    fast = SameByPath(root, snap.dirs, quiet)  # what the kernel shows unchanged
+    try:
+        for rel in sorted(snap.entries, key=lambda r: (r.count("/"), r)):
+            rule, recorded = snap.entries[rel]
+            if shared is not None and fast.unchanged(rel, recorded):
+                continue
+            said = len(sweeper.lines)
+            _guard(sweeper, root, rel, rule, sweeper.check, root, rel, rule, recorded, shared)
+            if shared is not None and (len(sweeper.lines) != said or sweeper.failed):
+                shared.close()
+                shared = None
+    finally:
+        if shared is not None:
+            shared.close()
+
+
+def _appeared(sweeper: Sweeper, root: int, quiet: frozenset[str] | None) -> None:
+    """2. What appeared: walk again (unchanged directories by their ctime alone)."""
+    snap = sweeper.snap
+    untouched = not sweeper.lines and not sweeper.failed
+    walk = Walk(snap.table, snap.dirs, fix=True, quiet=quiet if untouched else None)
+    walk.run(root)
+    for rel in walk.unreadable:
+        _guard(sweeper, root, rel, "unreadable", _unreadable, sweeper, root, rel)
+    for rel, entry in walk.found:
+        if entry.rule == "git-dir":
+            continue  # a new repository or gitlink: below
+        if rel not in snap.entries or snap.entries[rel][1] is None:
+            _guard(sweeper, root, rel, entry.rule, sweeper.check, root, rel, entry.rule, None)
+    for rel, ino in walk.git_dirs:
+        if snap.repos.get(rel) != ino:
+            _guard(sweeper, root, rel, "git-dir", check_new_repo, sweeper, root, rel)
+    judge_pointers(sweeper, root, walk)
 
 
 def _unreadable(sweeper: Sweeper, root: int, rel: str) -> None:
