@@ -21,6 +21,7 @@ import stat
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from launcher_world import World
@@ -253,9 +254,8 @@ def test_a_second_session_on_the_workdir_keeps_the_first_ones_gate(world: World)
     assert _mounts(work) == []
 
 
-def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
-    """The gate's thread fails (its group's fd gone under it): the kernel allows what waits
-    and drops the marks, host opens go through, the end says so and unbinds."""
+def _gated(world: World) -> tuple[Path, Any, Any, Path, Any]:
+    """A repository scanned, its watcher ready and a gate started on it (in-process)."""
     from libbroker.launcher import hostrun_live, hostrun_scan
     from libbroker.launcher.hostrun_gate import Gate
     from libpolicy.hostrun import Table
@@ -270,6 +270,15 @@ def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
     record.mkdir()
     gate = Gate(snap, watcher, str(record))
     gate.start()
+    return work, snap, watcher, record, gate
+
+
+def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
+    """The gate's thread fails (its group's fd gone under it): the kernel allows what waits
+    and drops the marks, host opens go through, the end says so and unbinds."""
+    from libbroker.launcher import hostrun_live
+
+    work, snap, watcher, record, gate = _gated(world)
     try:
         assert len(_mounts(work)) == 2
         assert (work / "a.txt").read_text() == "a\n"  # judged and allowed
@@ -294,20 +303,9 @@ def test_the_end_puts_configs_back_beneath_the_gate(world: World) -> None:
     """The end's put-back goes through the fds the gate took beneath its binds: the merged
     config is a regular file again (the host's copy itself, exchanged), and none of the
     launcher's opens waited on the gate's thread, which stayed up for everyone else."""
-    from libbroker.launcher import hostrun_live, hostrun_scan
-    from libbroker.launcher.hostrun_gate import Gate
-    from libpolicy.hostrun import Table
+    from libbroker.launcher import hostrun_live
 
-    work = _repo(world)
-    snap = hostrun_scan.scan(str(work), Table())
-    state = world.home / ".local/state/agent-sandbox"
-    watcher = hostrun_live.begin(snap, str(state), "", swap=True)
-    watcher.start()
-    watcher.wait_ready()
-    record = world.root / "gate-record"
-    record.mkdir()
-    gate = Gate(snap, watcher, str(record))
-    gate.start()
+    work, snap, watcher, _, gate = _gated(world)
     try:
         assert sorted(gate.binds.under) == ["", ".git"]  # the workdir and its .git beneath
         (repo,) = (r for r in watcher.configs.repos if r.git == ".git")
