@@ -354,11 +354,7 @@ class SecretKeeper:
         self.env = env  # the command's environment: also the login keeper's other runs
         self.name = secret.header.encode("ascii")
         self.lower_name = self.name.lower()
-        host = secret.host
-        self.keeper = keeper or TokenKeeper(
-            list(secret.argv), secret.every, lambda message: say(f"secret for {host}: {message}"),
-            bound=bound, first_wait=first_wait, env=env,
-            quiet_status=ABSENT_STATUS if secret.login else None)
+        self.keeper = keeper or _runner([secret], say, bound, first_wait, env)
         self._made: tuple[str, bytes] | None = None
 
     def field(self) -> tuple[bytes, bytes] | None:
@@ -387,18 +383,20 @@ def secret_keepers(secrets: tuple[Secret, ...] | list[Secret], say: Callable[[st
         runners.setdefault((tuple(secret.argv), secret.every, secret.login), []).append(secret)
     keepers: dict[str, SecretKeeper] = {}
     for group in runners.values():
-        first = group[0]
-        shared = TokenKeeper(list(first.argv), first.every,
-                             _saying(say, "secret for " + ", ".join(s.host for s in group)),
-                             bound=bound, env=env,
-                             quiet_status=ABSENT_STATUS if first.login else None)
+        shared = _runner(group, say, bound, FIRST_WAIT, env)
         for secret in group:
             keepers[secret.host] = SecretKeeper(secret, say, bound, env=env, keeper=shared)
     return keepers
 
 
-def _saying(say: Callable[[str], None], prefix: str) -> Callable[[str], None]:
-    return lambda message: say(f"{prefix}: {message}")
+def _runner(group: list[Secret], say: Callable[[str], None], bound: float, first_wait: float,
+            env: Mapping[str, str] | None) -> TokenKeeper:
+    """The one runner of secrets with the same command; its lines name their hosts."""
+    first = group[0]
+    prefix = "secret for " + ", ".join(s.host for s in group)
+    return TokenKeeper(list(first.argv), first.every, lambda message: say(f"{prefix}: {message}"),
+                       bound=bound, first_wait=first_wait, env=env,
+                       quiet_status=ABSENT_STATUS if first.login else None)
 
 
 def distinct(keepers: list[TokenKeeper]) -> list[TokenKeeper]:
