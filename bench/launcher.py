@@ -62,6 +62,13 @@ def _until_listening(argv: list[str], lines: int, env: dict[str, str]) -> float:
     return took
 
 
+def _executor(backend: str) -> str:
+    """The backend's broker executor module, warmed before the arguments as the zygote does."""
+    from libbroker.sandbox.backends import of
+
+    return of(backend).executor
+
+
 def _servers_together(tmp: str, i: int, backend: str, env: dict[str, str]) -> float:
     """Both servers' deferred boots, spawned together as the launcher does: to both listening."""
     from libbroker.launcher import boot, prestart
@@ -69,7 +76,7 @@ def _servers_together(tmp: str, i: int, backend: str, env: dict[str, str]) -> fl
     egress = os.path.join(tmp, f"floor-egress{i}")
     sock = os.path.join(tmp, f"floor{i}.sock")
     work = os.path.join(tmp, "work")
-    warm = prestart.BROKER_WARM + prestart.BACKEND_WARM.get(backend, ())
+    warm = (*prestart.BROKER_WARM, _executor(backend))
     jobs = [
         (
             boot.deferred_python_argv("egress-proxy", "bin.egress_proxy", prestart.PROXY_WARM),

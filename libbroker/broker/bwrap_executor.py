@@ -230,3 +230,7 @@ class BwrapChild(Child):
         if self._info_fd is not None:
             os.close(self._info_fd)
             self._info_fd = None
+
+
+EXECUTOR = BwrapExecutor
+"""What :mod:`libbroker.broker.executor_choice` builds for this backend."""

@@ -2,19 +2,24 @@
 
 Apart from :mod:`.executor` (the interface the backends implement) so that
 no backend imports the module that imports it: the interface knows no
-backend, and only this module knows them all.  Each backend is imported
-when chosen, so a broker loads one.
+backend, and this module asks :mod:`libbroker.sandbox.backends` for them.
+Each backend's executor (its module's ``EXECUTOR``, which the
+:class:`~libbroker.sandbox.backend.Backend` names) is imported when chosen,
+so a broker loads one.
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from libbroker.broker.executor import Executor
 from libbroker.broker.profile import Profile
 from libbroker.errors import ConfigError, SandboxUnavailable, UsageError
-from libbroker.sandbox.kinds import AUTO_ORDER, BWRAP, LANDLOCK, not_a_kind
+from libbroker.sandbox import backends
+from libbroker.sandbox.backend import Backend
+from libbroker.sandbox.kinds import AUTO, not_a_kind
 
 
 def make_executor(
@@ -29,12 +34,12 @@ def make_executor(
     problem = not_a_kind(kind)
     if problem is not None:
         raise UsageError(f"--sandbox {problem}")
-    if kind in _BUILDERS:
-        return _BUILDERS[kind](profile, workdir, server_env)
+    if kind != AUTO:
+        return _build(backends.of(kind), profile, workdir, server_env)
     reasons = []
-    for backend in AUTO_ORDER:
+    for backend in backends.each():
         try:
-            executor = _BUILDERS[backend](profile, workdir, server_env)
+            executor = _build(backend, profile, workdir, server_env)
         except (SandboxUnavailable, ConfigError) as exc:
             reasons.append(str(exc))
             continue
@@ -43,16 +48,10 @@ def make_executor(
     raise SandboxUnavailable("no sandbox backend works here: " + "; ".join(reasons))
 
 
-def _bwrap(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.broker.bwrap_executor import BwrapExecutor
-
-    return BwrapExecutor(profile, workdir, env)
-
-
-def _landlock(profile: Profile, workdir: str, env: Mapping[str, str]) -> Executor:
-    from libbroker.broker.landlock_executor import LandlockExecutor
-
-    return LandlockExecutor(profile, workdir, env)
-
-
-_BUILDERS = {BWRAP: _bwrap, LANDLOCK: _landlock}
+def _build(
+    backend: Backend, profile: Profile, workdir: str, env: Mapping[str, str]
+) -> Executor:
+    """``backend``'s executor for this profile (SandboxUnavailable, ConfigError if it cannot)."""
+    made: Callable[[Profile, str, Mapping[str, str]], Executor]
+    made = importlib.import_module(backend.executor).EXECUTOR
+    return made(profile, workdir, env)

@@ -239,3 +239,7 @@ def reclaim_stale_tmp(parent: str) -> None:
                     continue
                 if not os.path.exists(f"/proc/{pid}"):
                     shutil.rmtree(entry.path, ignore_errors=True)
+
+
+EXECUTOR = LandlockExecutor
+"""What :mod:`libbroker.broker.executor_choice` builds for this backend."""

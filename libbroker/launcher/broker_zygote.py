@@ -34,7 +34,8 @@ import signal
 import socket
 import sys
 
-from libbroker.launcher.prestart import BACKEND_WARM, BROKER_WARM
+from libbroker.launcher.prestart import BROKER_WARM
+from libbroker.sandbox import backends
 
 MAX_REQUEST = 1 << 20
 BROKER_FACE = "bin.broker_server"  # broker-server's console script's module
@@ -50,8 +51,7 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _warm() -> None:
-    for name in (*BROKER_WARM, *(m for mods in BACKEND_WARM.values() for m in mods),
-                 BROKER_FACE, "ctypes"):
+    for name in (*BROKER_WARM, *(b.executor for b in backends.each()), BROKER_FACE, "ctypes"):
         with contextlib.suppress(ImportError):
             __import__(name)
 

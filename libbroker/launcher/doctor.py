@@ -28,7 +28,8 @@ from libbroker.launcher.config import Config
 from libbroker.launcher.config_file import resolve_sign_key
 from libbroker.launcher.doctor_agents import check_agents
 from libbroker.launcher.doctor_check import FAIL, OK, TABLE, WARN, Check
-from libbroker.sandbox.kinds import AUTO_ORDER, BWRAP, LANDLOCK
+from libbroker.sandbox import backends
+from libbroker.sandbox.kinds import AUTO
 
 if TYPE_CHECKING:
     pass
@@ -44,83 +45,15 @@ def _run(argv: list[str], timeout: float = 10) -> tuple[int, str]:
     return done.returncode, (done.stderr or done.stdout).strip()
 
 
-def _read(path: str) -> str:
-    try:
-        with open(path) as fh:
-            return fh.read().strip()
-    except OSError:
-        return ""
-
-
-def check_bwrap() -> Check:
-    if not shutil.which("bwrap"):
-        return Check(
-            FAIL, "bwrap: not installed", "`apt-get install bubblewrap`, or use --sandbox=nono",
-            "sandbox", "bwrap",
-        )
-    code, err = _run(["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/", "true"])
-    if code == 0:
-        return Check(OK, "bwrap: user, network and pid namespaces work", group="sandbox",
-                     short="bwrap")
-    if _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns") == "1":
-        return Check(
-            FAIL,
-            f"bwrap: cannot create namespaces ({err}); "
-            "Ubuntu's AppArmor restricts unprivileged user namespaces",
-            "add an AppArmor profile for /usr/bin/bwrap allowing userns "
-            "(see /etc/apparmor.d/bwrap-userns-restrict), or use --sandbox=nono",
-        )
-    if _read("/proc/sys/user/max_user_namespaces") == "0":
-        return Check(
-            FAIL, "bwrap: user namespaces are disabled",
-            "`sysctl -w user.max_user_namespaces=15000` (as root), or use --sandbox=nono",
-        )
-    if _read("/proc/sys/kernel/unprivileged_userns_clone") == "0":
-        return Check(
-            FAIL,
-            "bwrap: unprivileged user namespaces are off",
-            "`sysctl -w kernel.unprivileged_userns_clone=1` (as root), or use --sandbox=nono",
-        )
-    return Check(
-        FAIL, f"bwrap: does not run ({err})",
-        "run `bwrap --unshare-all --die-with-parent --ro-bind / / true` to see why, "
-        "or use --sandbox=nono",
-    )
-
-
-def check_landlock() -> Check:
-    from libbroker.errors import SandboxUnavailable
-    from libbroker.sandbox import landlock
-
-    try:
-        version = landlock.require()
-    except SandboxUnavailable as exc:
-        return Check(FAIL, f"Landlock: {exc}",
-                     "a kernel >= 6.12 with landlock in its lsm= list, or use --sandbox=bwrap")
-    from libbroker.sandbox import pidns
-
-    what = f"Landlock: ABI {version} (network rules, signal and socket scoping)"
-    if pidns.supported():
-        return Check(OK, what + "; a PID namespace and /proc of its own", group="sandbox",
-                     short=f"Landlock ABI {version}")
-    return Check(
-        WARN,
-        what + "; no user namespaces for this user, so other processes' command lines "
-        "stay visible in /proc under Landlock",
-        "`sysctl -w kernel.unprivileged_userns_clone=1` (as root; where the kernel has it, "
-        "else the AppArmor userns rule), or use --sandbox=bwrap",
-    )
-
-
 def check_backend(kind: str) -> list[Check]:
-    """The chosen backend must work; under auto, one of them."""
-    checks = {BWRAP: check_bwrap, LANDLOCK: check_landlock}
-    if kind in checks:
-        return [checks[kind]()]
-    found = [checks[backend]() for backend in AUTO_ORDER]
+    """The chosen backend must work; under auto, one of them (each backend's diagnose)."""
+    if kind != AUTO:
+        return [Check(*backends.of(kind).diagnose())]
+    each = backends.each()
+    found = [Check(*backend.diagnose()) for backend in each]
     if found[0].level != OK:
-        # auto picks bwrap whenever it is installed; only its absence falls back.
-        if shutil.which("bwrap") or found[1].level != OK:
+        # auto picks the first whenever it is installed; only its absence falls back.
+        if each[0].unavailable() is None or found[1].level != OK:
             return found
         return [found[0]._replace(level=WARN), found[1]]
     return [found[0], found[1]._replace(level=OK if found[1].level == OK else WARN)]

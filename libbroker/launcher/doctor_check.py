@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-OK, WARN, FAIL = "ok", "warn", "FAIL"
+from libbroker.sandbox.backend import FAIL, OK, WARN  # the levels a backend's finding has too
+
+__all__ = ["FAIL", "OK", "TABLE", "WARN", "Check"]
 TABLE = "table"  # a Check.group: listed with --verbose only
 
 

@@ -27,7 +27,7 @@ from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, BWRAP, LANDLOCK, choose_backend
+from libbroker.sandbox.kinds import AUTO, choose_backend
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
 if TYPE_CHECKING:
@@ -49,10 +49,7 @@ BROKER_WARM = (
     "libbroker.broker.executor",
     "libbroker.broker.executor_choice",
 )
-BACKEND_WARM = {
-    BWRAP: ("libbroker.broker.bwrap_executor",),
-    LANDLOCK: ("libbroker.broker.landlock_executor",),
-}
+# (and the chosen backend's executor: libbroker.sandbox.backend.Backend.executor)
 # run's options that take a value (docopt also accepts it as the next word).
 _VALUED = ("--config", "--workdir", "--sandbox", "--agent", "--limit")
 _SINGLE = _VALUED[:-1]  # --limit may repeat

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import sys
 from typing import TYPE_CHECKING
 
@@ -36,6 +35,7 @@ from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
 from libbroker.launcher import agent_sandbox, agent_session, boot, hostrun_guard, plan
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.session_guards import say
+from libbroker.sandbox import backends
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 
 if TYPE_CHECKING:
@@ -63,6 +63,9 @@ class Box:
 
     def check(self) -> None:
         """SandboxUnavailable before anything starts, when this backend cannot run."""
+        reason = backends.of(self.kind).unavailable()
+        if reason is not None:
+            raise SandboxUnavailable(reason)
 
     def open(self) -> None:
         """Right after the servers' spawn, before the session's own work.
@@ -130,12 +133,6 @@ class BwrapBox(Box):
         super().__init__(session)
         self.listeners: list[_socket.socket] = []  # the proxy's ports inside, until go
         self.bridges: list[Bridge] = []
-
-    def check(self) -> None:
-        if not shutil.which("bwrap"):
-            raise SandboxUnavailable(
-                f"bwrap is not installed (apt-get install bubblewrap), or use --sandbox={LANDLOCK}"
-            )
 
     def fixed_ports(self) -> tuple[int, int]:
         return HTTP_PORT, SOCKS_PORT

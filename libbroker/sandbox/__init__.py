@@ -14,6 +14,9 @@ sandbox for it on either backend.
 - :mod:`.reaper`: nothing a command starts outlives it (Landlock has no PID namespace);
 - :mod:`.exec`: exec with the shell's 126/127;
 - :mod:`.kinds`: the backends there are, and what ``auto`` means;
+- :mod:`.backend`, :mod:`.backends`: the Backend protocol, one object per
+  mechanism (:mod:`.bwrap_backend`, :mod:`.landlock_backend`) that broker and
+  launcher ask instead of testing its name;
 - :mod:`.landlock_helper`: the Landlock session's helper: it forks the command,
   which runs :func:`.enter.enter` and execs, and stays as its reaper.
 """

@@ -1,0 +1,61 @@
+"""The Landlock backend: whether the kernel has it (as doctor tries it), and what it makes
+of a Shape."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import ClassVar
+
+from libbroker.sandbox.backend import FAIL, OK, WARN, Backend, Finding
+from libbroker.sandbox.kinds import BWRAP, LANDLOCK
+
+
+class LandlockBackend(Backend):
+    """Landlock: the process restricts itself (:func:`.enter.enter`), the kernel's, no program."""
+
+    name = LANDLOCK
+    executor = "libbroker.broker.landlock_executor"
+    realises: ClassVar[Mapping[str, str]] = {
+        "read": "read-only rules", "write": "read-write rules",
+        "deny": "no rule under it; refused inside a granted tree (ConfigError)",
+        "protect": "read-only binds in the helper's mount namespace; without one, refused",
+        "masked": "not realised: /etc is granted whole, so only their modes keep them (a root "
+                  "user reads them)",
+        "empty": "not realised: not granted, so unreadable rather than empty (the session gives "
+                 "HOME a directory of its own)",
+        "devices": "read-write rules", "tcp_connect": "the only ports connect() may reach",
+        "cwd": "chdir before it restricts itself", "env": "the environment it execs with",
+        "tmp": "a private directory among the write rules, named by TMPDIR",
+        "tmp_size": "ignored: the private tmp is a directory of the host's",
+        "new_session": "setsid()", "hostname": "ignored: no UTS namespace",
+        "overlays": "ignored: it mounts nothing over a path",
+        "binds": "binds in the helper's mount namespace; without one, refused",
+        "links": "made mount points in that namespace (sandbox.holdlink)",
+    }  # fmt: skip
+
+    def unavailable(self) -> str | None:
+        return None  # the kernel's: applying it tells (the helper exits 125)
+
+    def diagnose(self) -> Finding:
+        from libbroker.errors import SandboxUnavailable
+        from libbroker.sandbox import landlock
+
+        try:
+            version = landlock.require()
+        except SandboxUnavailable as exc:
+            return Finding(FAIL, f"Landlock: {exc}",
+                           f"a kernel >= 6.12 with landlock in its lsm= list, or use "
+                           f"--sandbox={BWRAP}")
+        from libbroker.sandbox import pidns
+
+        what = f"Landlock: ABI {version} (network rules, signal and socket scoping)"
+        if pidns.supported():
+            return Finding(OK, what + "; a PID namespace and /proc of its own", group="sandbox",
+                           short=f"Landlock ABI {version}")
+        return Finding(
+            WARN,
+            what + "; no user namespaces for this user, so other processes' command lines "
+            "stay visible in /proc under Landlock",
+            "`sysctl -w kernel.unprivileged_userns_clone=1` (as root; where the kernel has it, "
+            f"else the AppArmor userns rule), or use --sandbox={BWRAP}",
+        )
