@@ -2,31 +2,37 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import ipaddress
 import os
 import resource
-import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from libbroker.errors import EgressError, UsageError
 from libegress.addresses import parse_cidr
 from libegress.allowlist import parse_patterns
-from libegress.ca import LeafCache, make_authority
-from libegress.context import Services
+from libegress.ca import make_authority
 from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
 from libegress.hosts import BadHost, canonical_host, parse_port
 from libegress.limits import Limits
+from libegress.listen import Listen, announce_lines, bind, inherited
 from libegress.record import Recorder
 from libegress.route import EgressPolicy, Pin, parse_pin
-from libegress.scope import Scope, parse_repos
-from libegress.secrets import Secret, login_hosts, parse_secrets
-from libegress.server import HANDLERS, Listen, ProxyServer, announce_lines, bind, inherited
-from libegress.tokens import TokenKeeper, secret_keepers, token_argv
+from libegress.token_command import token_argv
+
+if TYPE_CHECKING:
+    import socket
+
+    from libegress.secrets import Secret
+
+# Up to its `listening` line egress-proxy loads only what checking its options,
+# making the CA and writing the egress dir need: asyncio, ssl, h11, the server
+# and its services load after it (libegress.serving), while the launcher starts
+# the command (docs/fast-start.md).  So secrets, repos and the loop are imported
+# where they are used.
 
 DEFAULT_INJECT = "github.com,api.github.com"
 
@@ -66,6 +72,8 @@ def read_secrets(path: str, inject: tuple[str, ...]) -> tuple[Secret, ...]:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise UsageError(f"--secrets {path}: not UTF-8") from None
+    from libegress.secrets import parse_secrets
+
     return parse_secrets(text, path, inject)
 
 
@@ -172,7 +180,11 @@ def options_from_args(args: dict[str, Any]) -> Options:
         raise UsageError(f"--upstream-ca: no such file {upstream_ca!r}")
     repos_text = args.get("--repos")
     try:
-        repos = parse_repos(repos_text) if repos_text is not None else None
+        repos = None
+        if repos_text is not None:
+            from libegress.scope import parse_repos
+
+            repos = parse_repos(repos_text)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     secrets_file = args.get("--secrets")
@@ -203,7 +215,12 @@ def options_from_args(args: dict[str, Any]) -> Options:
 
 def _inject_hosts(inject: tuple[str, ...], secrets: tuple[Secret, ...]) -> tuple[str, ...]:
     """--inject's hosts, each secret's, and each held login's token host, once each."""
-    return tuple(dict.fromkeys((*inject, *(s.host for s in secrets), *login_hosts(secrets))))
+    held: tuple[str, ...] = ()
+    if secrets:
+        from libegress.secrets import login_hosts
+
+        held = login_hosts(secrets)
+    return tuple(dict.fromkeys((*inject, *(s.host for s in secrets), *held)))
 
 
 def raise_fd_limit() -> None:
@@ -256,10 +273,10 @@ def serve(options: Options) -> int:
             # launcher that the egress dir is written (docs/fast-start.md).
             announce()
             announce = _said
+        from libegress import serving  # the loop and the server: after `listening` (above)
+
         try:
-            asyncio.run(_run(options, log, authority_cache=LeafCache(authority,
-                                                                     list(options.policy.inject)),
-                             listeners=listeners, announce=announce))
+            serving.run(options, log, authority, listeners, announce)
         finally:
             record.close()
     return 0
@@ -267,29 +284,3 @@ def serve(options: Options) -> int:
 
 def _said() -> None:
     """The ``listening`` lines were printed before the loop started."""
-
-
-async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
-               listeners: list[tuple[socket.socket, str]],
-               announce: Callable[[], None]) -> None:
-    tokens = TokenKeeper(options.token_argv, options.token_every, log.note,
-                         bound=options.token_timeout)
-    services = Services(
-        policy=options.policy,
-        limits=options.limits,
-        leaves=authority_cache,
-        tokens=tokens,
-        log=log,
-        upstream_ca=options.upstream_ca,
-        secrets=secret_keepers(options.secrets, log.note, bound=options.token_timeout),
-        scope=(Scope(options.repos, frozenset(options.github_inject))
-               if options.repos is not None else None),
-    )
-    if log.record is not None:
-        services.record = log.record
-    if options.upstream_ca:
-        # A named CA file is read now, so a bad one stops the start; the
-        # system's roots load on first use (Services.upstream_tls).
-        services.load_upstream_tls()
-    server = ProxyServer(services)
-    await server.run([(s, HANDLERS[scheme]) for s, scheme in listeners], announce)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import ssl
 import threading
 from typing import TYPE_CHECKING
 
@@ -24,6 +23,8 @@ from libbroker.errors import EgressError
 from libegress import der
 
 if TYPE_CHECKING:
+    import ssl
+
     from cryptography import x509
 
 CA_NAME = "agent-sandbox egress proxy CA"
@@ -147,6 +148,8 @@ def server_context(
 
     The PEM goes to OpenSSL through a memfd, which never touches a file system.
     """
+    import ssl  # with the first leaf: the CA is made before the proxy says `listening`, ssl after
+
     from cryptography.hazmat.primitives import serialization
 
     pem = (

@@ -12,10 +12,8 @@ readable by everyone who can reach the directory.
 
 from __future__ import annotations
 
+import contextlib
 import os
-import ssl
-import tempfile
-from pathlib import Path
 
 from libbroker.errors import EgressError
 
@@ -29,11 +27,20 @@ GH_CONFIG = b'version: "1"\ngit_protocol: https\nprompt: disabled\n'
 
 
 def system_roots() -> bytes:
-    """The system's trusted roots as PEM, or empty when none are found."""
-    paths = ssl.get_default_verify_paths()
-    for candidate in (paths.cafile, paths.openssl_cafile, "/etc/ssl/certs/ca-certificates.crt"):
+    """The system's trusted roots as PEM, or empty when none are found.
+
+    Where ``ssl.get_default_verify_paths()`` looks (``SSL_CERT_FILE``, else
+    OpenSSL's built-in file), asked of ``_ssl`` itself: the ``ssl`` module costs
+    egress-proxy milliseconds before its ``listening`` line, and loads after it.
+    """
+    import _ssl
+
+    env_name, openssl_cafile = _ssl.get_default_verify_paths()[:2]
+    for candidate in (os.environ.get(env_name, openssl_cafile), openssl_cafile,
+                      "/etc/ssl/certs/ca-certificates.crt"):
         if candidate and os.path.isfile(candidate):
-            return Path(candidate).read_bytes()
+            with open(candidate, "rb") as fh:
+                return fh.read()
     return b""
 
 
@@ -52,30 +59,34 @@ def gh_hosts_yaml(hosts: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+def _write(path: str, data: bytes) -> None:
+    head, name = os.path.split(path)
+    # A new name of our own (O_EXCL), as tempfile.mkstemp makes it, without tempfile's imports.
+    tmp = os.path.join(head, f".{name}.{os.urandom(6).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
         raise
 
 
 def write_egress_dir(directory: str, ca_pem: bytes, inject_hosts: list[str]) -> None:
     """Create or refresh the egress directory (see module doc)."""
-    root = Path(directory)
+    gh = os.path.join(directory, GH_DIR)
     try:
-        (root / GH_DIR).mkdir(parents=True, exist_ok=True)
+        os.makedirs(gh, exist_ok=True)
         roots = system_roots()
         if roots and not roots.endswith(b"\n"):
             roots += b"\n"
-        _write(root / CA_FILE, ca_pem)
-        _write(root / BUNDLE_FILE, roots + ca_pem)
-        _write(root / GH_DIR / "hosts.yml", gh_hosts_yaml(inject_hosts).encode())
-        _write(root / GH_DIR / "config.yml", GH_CONFIG)
+        _write(os.path.join(directory, CA_FILE), ca_pem)
+        _write(os.path.join(directory, BUNDLE_FILE), roots + ca_pem)
+        _write(os.path.join(gh, "hosts.yml"), gh_hosts_yaml(inject_hosts).encode())
+        _write(os.path.join(gh, "config.yml"), GH_CONFIG)
     except OSError as exc:
         why = exc.strerror or str(exc)
         raise EgressError(f"cannot write the egress directory {directory}: {why}") from None

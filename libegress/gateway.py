@@ -32,11 +32,12 @@ from libegress.egress_dir import write_egress_dir
 from libegress.eventlog import EventLog
 from libegress.heads import HttpError
 from libegress.limits import Limits
+from libegress.listen import announce_lines, bind
 from libegress.proxyauth import BadCredentials, Credentials, TenantFull
 from libegress.record import Recorder
 from libegress.route import EgressPolicy
 from libegress.scope import Scope
-from libegress.server import HANDLERS, ProxyServer, announce_lines, bind
+from libegress.server import HANDLERS, ProxyServer
 from libegress.tokens import TokenKeeper, keep_all, secret_keepers, start_all
 
 MAX_TENANTS = 4096

@@ -19,12 +19,15 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from libbroker.server_lines import event_line
 from libegress.allowlist import allowed
-from libegress.http1 import Exchanged
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import EgressPolicy
+
+if TYPE_CHECKING:  # http1 loads asyncio and h11: after the proxy's `listening` line
+    from libegress.http1 import Exchanged
 
 _PATH_MAX = 256
 LEARN_MARK = "not on the allow list"

@@ -33,14 +33,14 @@ import asyncio
 import contextlib
 import os
 import re
-import shlex
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
 
-from libbroker.errors import TokenError, UsageError
+from libbroker.errors import TokenError
 from libegress.oauth_login import ABSENT_STATUS
 from libegress.secrets import Secret, header_value
+from libegress.token_command import token_argv as token_argv  # re-exported: its old home
 
 # Printable ASCII without spaces: whatever goes into a header must not be able
 # to end it (no CR/LF) or be mistaken for another field.
@@ -85,17 +85,6 @@ class CommandFailed(TokenError):
     def __init__(self, status: int) -> None:
         super().__init__(f"the token command exited with status {status}")
         self.status = status
-
-
-def token_argv(command: str) -> list[str]:
-    """The argv of ``--token-command``; refused when empty or unbalanced."""
-    try:
-        argv = shlex.split(command)
-    except ValueError as exc:
-        raise UsageError(f"--token-command cannot be split: {exc}") from None
-    if not argv:
-        raise UsageError("--token-command is empty")
-    return argv
 
 
 def parse_token(output: bytes) -> str:
