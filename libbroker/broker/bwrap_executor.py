@@ -13,21 +13,17 @@ executable" come back as 127 and 126 (bwrap itself reports both as 1).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 import subprocess
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from libbroker.broker.executor import Child, Executor, killpg_quietly
 from libbroker.broker.profile import Profile, command_environment, command_shape
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import bwrap, cgroups, seccomp
+from libbroker.sandbox.bwrap_backend import BwrapStart
 from libbroker.sandbox.kinds import BWRAP
-
-if TYPE_CHECKING:
-    from libbroker.sandbox.bridge import Bridge
 
 # sh exports PWD to what it execs: unset it, so the environment is exactly the policy's.
 _EXEC_WRAPPER = ("/bin/sh", "-c", 'unset PWD; exec "$@"', "sh")
@@ -118,19 +114,20 @@ class BwrapExecutor(Executor):
     def _spawn(
         self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int], group: cgroups.Group
     ) -> Child:
-        info_r, info_w = os.pipe2(os.O_CLOEXEC)
-        block_r, block_w = os.pipe2(os.O_CLOEXEC) if self.profile.proxy_port else (None, None)
-        sec = bwrap.seccomp_pipe(self.seccomp)
-        passed = (info_w, sec) if block_r is None else (info_w, sec, block_r)
+        try:
+            start = BwrapStart(self.seccomp, held=self.profile.proxy_port is not None)
+        except OSError as exc:
+            raise SpawnError(f"cannot start bwrap: {exc.strerror}") from None
+        block = start.go_fd if start.go_fd >= 0 else None
         try:
             # Popen, not posix_spawn: it restores SIGPIPE to default in the child.
             proc = subprocess.Popen(
-                [self.bwrap, *self._args(cwd, info_w, block_r, sec), "--",
+                [self.bwrap, *self._args(cwd, start.info_w, block, start.seccomp_fd), "--",
                  *_EXEC_WRAPPER, *argv],
                 stdin=stdio[0],
                 stdout=stdio[1],
                 stderr=stdio[2],
-                pass_fds=passed,
+                pass_fds=start.pass_fds,
                 start_new_session=True,
                 env=self.env,
                 # bwrap itself joins the command's group (or takes its rlimits)
@@ -138,81 +135,51 @@ class BwrapExecutor(Executor):
                 preexec_fn=functools.partial(cgroups.join_self, group.entry()),
             )  # fmt: skip
         except (OSError, subprocess.SubprocessError) as exc:
-            for fd in (info_r, block_w):
-                if fd is not None:
-                    os.close(fd)
+            start.release()
             why = exc.strerror if isinstance(exc, OSError) else "cannot join its limits"
             raise SpawnError(f"cannot start bwrap: {why}") from None
         finally:
-            for fd in passed:
-                os.close(fd)
+            start.spawned()
         proc.returncode = 0  # the server reaps it through a pidfd; silence Popen.__del__
-        child = BwrapChild(proc.pid, info_r, group)
-        if block_w is not None:
-            self._connect_proxy(child, block_w)
+        child = BwrapChild(proc.pid, start, group)
+        if block is not None:
+            self._connect_proxy(child)
         return child
 
-    def _connect_proxy(self, child: BwrapChild, block_w: int) -> None:
+    def _connect_proxy(self, child: BwrapChild) -> None:
         """Open the proxy port inside the new namespace, then let bwrap exec the command."""
-        from libbroker.sandbox.bridge import Bridge, listen_in_netns
-
         port = self.profile.proxy_port
         assert port is not None
         try:
-            inner = child.wait_inner()
-            [listener] = listen_in_netns(inner, (port,))
-            child.relay = Bridge(listener, port)
-            os.write(block_w, b"go")
+            inner = child.start.wait_inner()
+            if inner is None:
+                raise SpawnError("bwrap failed before starting the command")
+            child.start.listen(inner, (port,))
+            child.start.go((port,), b"go")
         except BaseException:
-            # Killed before the block fd closes: bwrap must not run the command.
+            # Killed before the go pipe closes: bwrap must not run the command.
             child.kill()
             os.waitpid(child.pid, 0)
             child.release()
             raise
-        finally:
-            os.close(block_w)
 
 
 class BwrapChild(Child):
     """A bwrap process; the command's group is led by bwrap's pid-namespace init."""
 
-    def __init__(self, pid: int, info_fd: int, group: cgroups.Group | None = None) -> None:
+    def __init__(self, pid: int, start: BwrapStart, group: cgroups.Group | None = None) -> None:
         self.pid = pid
         self.group = group
-        self._info_fd: int | None = info_fd
-        self._inner: int | None = None
-        self.relay: Bridge | None = None
-
-    def wait_inner(self) -> int:
-        """The sandbox init's host pid, waiting for bwrap to report it; SpawnError if it died."""
-        assert self._info_fd is not None
-        self._inner = bwrap.read_info(self._info_fd)
-        if self._inner is None:
-            raise SpawnError("bwrap failed before starting the command")
-        return self._inner
-
-    def _inner_pgid(self) -> int | None:
-        """The host pid of the sandbox's init, from bwrap's --info-fd (read once, lazily)."""
-        if self._inner is None and self._info_fd is not None:
-            os.set_blocking(self._info_fd, False)
-            try:
-                data = os.read(self._info_fd, 4096)
-            except BlockingIOError:
-                return None
-            try:
-                self._inner = int(json.loads(data)["child-pid"])
-            except (ValueError, KeyError, TypeError):
-                self._inner = None
-        return self._inner
+        self.start = start  # its info pipe, its go pipe and the proxy's bridge
 
     def send_signal(self, signum: int) -> None:
         # The sandbox's init ignores signals it has no handler for; the command
         # shares its process group (bwrap --new-session), so it gets them.
-        inner = self._inner_pgid()
+        inner = self.start.inner_now()
         killpg_quietly(inner if inner is not None else self.pid, signum)
 
     def kill(self) -> None:
-        inner = self._inner_pgid()
+        inner = self.start.inner_now()
         if inner is not None:
             killpg_quietly(inner, 9)
         killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
@@ -224,12 +191,7 @@ class BwrapChild(Child):
         if self.group is not None:  # bwrap is gone; its pid namespace is going
             cgroups.remove(self.group, timeout=0)
             self.group = None
-        if self.relay is not None:
-            self.relay.close()
-            self.relay = None
-        if self._info_fd is not None:
-            os.close(self._info_fd)
-            self._info_fd = None
+        self.start.release()
 
 
 EXECUTOR = BwrapExecutor

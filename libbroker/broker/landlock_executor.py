@@ -39,6 +39,7 @@ from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import cgroups, enter, landlock, pidns, reaper, seccomp
 from libbroker.sandbox.exec import exec_or_exit, report_and_exit
 from libbroker.sandbox.kinds import LANDLOCK
+from libbroker.sandbox.landlock_backend import ReaperLine
 
 SETUP_FAILED = 125
 TMP_PREFIX = "agent-broker-tmp-"
@@ -124,7 +125,7 @@ class LandlockExecutor(Executor):
         self._joining = {}
         os.close(control)
         os.set_blocking(tell, False)  # a flood of signal frames must never stall the server
-        return LandlockChild(pid, tell, tmp, group)
+        return LandlockChild(pid, ReaperLine(tell), tmp, group)
 
     def _reaper(
         self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int],
@@ -190,18 +191,15 @@ class LandlockChild(Child):
     """
 
     def __init__(
-        self, pid: int, control: int, tmp: str, group: cgroups.Group | None = None
+        self, pid: int, line: ReaperLine, tmp: str, group: cgroups.Group | None = None
     ) -> None:
         self.pid = pid
-        self.control: int | None = control
+        self.line = line
         self.tmp: str | None = tmp
         self.group = group
 
     def send_signal(self, signum: int) -> None:
-        if self.control is not None and 0 < signum < 256:
-            # Gone (EPIPE) or a full pipe (a flood): nothing to deliver it to, or one of many.
-            with contextlib.suppress(OSError):
-                os.write(self.control, bytes([signum]))
+        self.line.signal(signum)
 
     def kill(self) -> None:
         self.send_signal(9)
@@ -213,9 +211,7 @@ class LandlockChild(Child):
         if self.group is not None:  # the reaper is gone: nothing of the command is left
             cgroups.remove(self.group, timeout=0)
             self.group = None
-        if self.control is not None:
-            os.close(self.control)
-            self.control = None
+        self.line.close()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None

@@ -37,14 +37,14 @@ from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.session_guards import say
 from libbroker.sandbox import backends
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
+from libbroker.sandbox.landlock_backend import ReaperLine
 
 if TYPE_CHECKING:
-    import _socket
     import signal
 
     from libbroker.launcher.door import Door
     from libbroker.launcher.session import Session
-    from libbroker.sandbox.bridge import Bridge
+    from libbroker.sandbox.bwrap_backend import BwrapStart
     from libbroker.sandbox.cgroups import Group
 else:
     import _signal as signal  # the C module: see supervise.py
@@ -57,7 +57,6 @@ class Box:
 
     def __init__(self, session: Session) -> None:
         self.s = session
-        self.control = -1  # write end: signal numbers for CMD (bwrap: the go byte first)
         self.limits: Group | None = None  # the sandbox's resource limits (the session makes them)
         self.subreaper = False  # orphans below the launcher are killed at teardown
 
@@ -95,11 +94,9 @@ class Box:
         raise NotImplementedError
 
     def signal(self, sig: int) -> None:
-        """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock)."""
-        if self.control >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self.control, bytes([sig]))
-        elif self.s.crew.sandbox is not None:
+        """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock) while
+        their pipe is open; else (the base) to the sandbox's process itself."""
+        if self.s.crew.sandbox is not None:
             self.s.crew.sandbox.send(sig)
 
     def cut(self) -> None:
@@ -110,9 +107,6 @@ class Box:
 
     def release(self) -> None:
         """The servers are gone: close the control pipe, the bridges and the door."""
-        if self.control >= 0:
-            os.close(self.control)
-            self.control = -1
 
     def reap(self) -> None:
         """After the children: whatever they left outside their groups (see :meth:`open`)."""
@@ -131,8 +125,7 @@ class BwrapBox(Box):
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        self.listeners: list[_socket.socket] = []  # the proxy's ports inside, until go
-        self.bridges: list[Bridge] = []
+        self.start: BwrapStart | None = None  # its pipes, the proxy's ports inside, the bridges
 
     def fixed_ports(self) -> tuple[int, int]:
         return HTTP_PORT, SOCKS_PORT
@@ -143,43 +136,36 @@ class BwrapBox(Box):
         assert s.rt is not None
         rt = s.rt
         from libbroker.sandbox import bwrap, seccomp
+        from libbroker.sandbox.bwrap_backend import BwrapStart
 
         prog = seccomp.program()
         if prog is None:
             raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
-        r, w = os.pipe()
-        self.control = w
-        os.set_inheritable(r, True)
+        self.start = start = BwrapStart(prog, held=True)  # held: the forwarder's go byte
         pin, hold, binds = self._holds()
         overlays = s.agent.overlays(rt) if s.agent is not None else ()
-        sec_fd = bwrap.seccomp_pipe(prog)
         env = s.env(host, HTTP_PORT, SOCKS_PORT)
         shape = agent_sandbox.bwrap_shape(
             s.cfg, rt, host, env, tty=s.signals.tty, pin=pin, hold=hold, overlays=overlays,
             binds=binds,
         )  # fmt: skip
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
-        info_r, info_w = os.pipe()
         argv = agent_sandbox.bwrap_argv(
-            shape, rt, host, s.cmd, facts=facts, control_fd=r, seccomp_fd=sec_fd, info_fd=info_w
-        )
+            shape, rt, host, s.cmd, facts=facts, control_fd=start.go_fd,
+            seccomp_fd=start.seccomp_fd, info_fd=start.info_w,
+        )  # fmt: skip
         try:
             s.crew.sandbox = s.crew.spawn(
                 "sandbox",
                 argv,  # bwrap's --die-with-parent: it ends with the launcher
                 env=env,
-                pass_fds=[r, sec_fd, info_w],
+                pass_fds=start.pass_fds,
                 pipes=False,
                 ignore=(signal.SIGINT, signal.SIGQUIT) if s.signals.tty else (),
             )
-        except BaseException:
-            os.close(info_r)
-            raise
         finally:
-            os.close(sec_fd)
-            os.close(r)
-            os.close(info_w)
-        self._open_ports(info_r)
+            start.spawned()
+        self._open_ports(start)
 
     def _holds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
         """What bwrap's mounts pin and hold read-only, and the private git configs it binds.
@@ -208,20 +194,14 @@ class BwrapBox(Box):
             pin, hold = pin + more_pin, hold + more_hold
         return pin, hold, binds
 
-    def _open_ports(self, info_r: int) -> None:
+    def _open_ports(self, start: BwrapStart) -> None:
         """The proxy's two ports in the sandbox's netns (bridged at go), while the servers start.
 
         bwrap tells the sandbox's pid on its info fd once the namespaces
         exist; a bwrap that fails first closes it unsaid, and its status is
         reported as the session's wait for the servers reports a dead child.
         """
-        from libbroker.sandbox.bridge import listen_in_netns
-        from libbroker.sandbox.bwrap import read_info
-
-        try:
-            inner = read_info(info_r)
-        finally:
-            os.close(info_r)
+        inner = start.wait_inner()
         if inner is None:
             sandbox = self.s.crew.sandbox
             assert sandbox is not None
@@ -230,26 +210,21 @@ class BwrapBox(Box):
                 "(agent-sandbox doctor tells why)" + sandbox.error_tail()
             )
         try:
-            self.listeners = listen_in_netns(inner, (HTTP_PORT, SOCKS_PORT))
+            start.listen(inner, (HTTP_PORT, SOCKS_PORT))
         except SpawnError as exc:
             raise LaunchError(f"cannot open the proxy bridge: {exc}") from None
 
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
-        from libbroker.sandbox.bridge import Bridge
-
-        assert self.listeners  # opened in build, or the start failed there
-        ports = (found.http_port, found.socks_port)
-        pairs = zip(self.listeners, ports, strict=True)
-        self.bridges = [Bridge(sock, port) for sock, port in pairs]
-        self.listeners = []
+        start = self.start
+        assert start is not None and start.listeners  # opened in build, or the start failed
         if self.limits is not None and s.crew.sandbox is not None:
             from libbroker.sandbox import cgroups
 
             # bwrap's tree waits for the go byte: nothing of CMD runs yet.
             cgroups.move_tree(self.limits, s.crew.sandbox.pid)
         self._hold_config_links()
-        os.write(self.control, b"g")
+        start.go((found.http_port, found.socks_port), b"g", keep=True)  # then signal numbers
 
     def _hold_config_links(self) -> None:
         """Each config link a mount point inside, so the command cannot put a file
@@ -268,17 +243,18 @@ class BwrapBox(Box):
             say([f"agent-sandbox: the git config links are only watched in this "
                  f"session, not held: {exc.strerror or exc}"])  # fmt: skip
 
+    def signal(self, sig: int) -> None:
+        if self.start is None or not self.start.signal(sig):  # the forwarder passes it on
+            super().signal(sig)
+
     def stop(self) -> None:
-        for bridge in self.bridges:  # the sandbox is gone: its connections end too
-            bridge.close()
+        if self.start is not None:  # the sandbox is gone: its connections end too
+            self.start.stop()
 
     def release(self) -> None:
         super().release()
-        self.stop()
-        self.bridges = []
-        for sock in self.listeners:  # a start that ended before go
-            sock.close()
-        self.listeners = []
+        if self.start is not None:  # the go pipe, the bridges, a start that ended before go
+            self.start.release()
 
 
 class LandlockBox(Box):
@@ -293,6 +269,7 @@ class LandlockBox(Box):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.spec = -1  # write end of the helper's spec
+        self.line = ReaperLine(-1)  # then signal numbers for CMD, to the helper (its reaper)
         self.door: Door | None = None
         self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
@@ -324,7 +301,7 @@ class LandlockBox(Box):
         r, w = os.pipe()  # the spec, written once the servers listen
         life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
         self.spec = w
-        self.control = life_w
+        self.line = ReaperLine(life_w)
         os.set_inheritable(r, True)
         os.set_inheritable(life_r, True)
         self.door = Door(s.rt.broker_socket)
@@ -418,8 +395,13 @@ class LandlockBox(Box):
             os.close(self.spec)
             self.spec = -1
 
+    def signal(self, sig: int) -> None:
+        if not self.line.signal(sig):
+            super().signal(sig)
+
     def release(self) -> None:
         super().release()
+        self.line.close()
         if self.door is not None:
             self.door.close()
             self.door = None

@@ -11,7 +11,14 @@ testing the name: nothing outside ``sandbox/`` knows which mechanism it has.
   imported only when chosen (named, not imported: ``sandbox/`` imports
   nothing above it);
 - :attr:`Backend.realises`: how it realises each :class:`~.shape.Shape`
-  field, or refuses it (a test holds that both say something of each).
+  field, or refuses it (a test holds that both say something of each);
+- the sandbox's life, the same for both of its callers (broker-server's
+  executor and the session's box), each backend's own start object:
+  :class:`.bwrap_backend.BwrapStart` (its pipes, the proxy's ports inside,
+  go, signals, release) and :class:`.landlock_backend.ReaperLine` (signals
+  to the command's reaper, end of file its end).  They start the command
+  differently (the broker forks itself under Landlock, the session starts a
+  helper) and keep those steps their own.
 """
 
 from __future__ import annotations
