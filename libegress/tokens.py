@@ -253,9 +253,12 @@ class TokenKeeper:
         first_wait: float = FIRST_WAIT,
         env: Mapping[str, str] | None = None,
         quiet_status: int | None = None,
+        login_file: str = "",
     ) -> None:
         self._argv = argv
         self._quiet = quiet_status  # an exit status that means "nothing yet", not a failure
+        self._login_file = login_file  # a login keeper's file: no first run while it is absent
+        self._skipped = False
         self._env = env
         self._every = every
         self._say = say
@@ -291,6 +294,12 @@ class TokenKeeper:
         """
         if self._argv is None:
             return
+        if self._login_file and _absent(self._login_file):
+            # No login yet: the keeper's run (a Python start, ~40 ms of CPU at
+            # every session's start) would only exit with its quiet status.
+            # keep() runs it after the first back-off, as after that run.
+            self._skipped = True
+            return
         first = self._first = asyncio.create_task(self.refresh())
         try:
             done, _ = await asyncio.wait({first}, timeout=self._first_wait)
@@ -307,7 +316,7 @@ class TokenKeeper:
         """Renew every ``every`` seconds, backing off after failures."""
         if self._argv is None:
             return
-        failures = 0
+        failures = 1 if self._skipped else 0
         first, self._first = self._first, None
         try:
             if first is not None and not await first:
@@ -385,7 +394,29 @@ def _runner(group: list[Secret], say: Callable[[str], None], bound: float, first
     prefix = "secret for " + ", ".join(s.host for s in group)
     return TokenKeeper(list(first.argv), first.every, lambda message: say(f"{prefix}: {message}"),
                        bound=bound, first_wait=first_wait, env=env,
-                       quiet_status=ABSENT_STATUS if first.login else None)
+                       quiet_status=ABSENT_STATUS if first.login else None,
+                       login_file=login_file(list(first.argv)) if first.login else "")
+
+
+def _absent(path: str) -> bool:
+    """``path`` does not exist (any other error: the keeper runs and says what it is)."""
+    try:
+        os.lstat(path)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def login_file(argv: list[str]) -> str:
+    """The login file of a :mod:`libegress.login_keeper` command (``... -m
+    libegress.login_keeper KIND FILE ...``, as libbroker.launcher.logins makes it), else ""."""
+    try:
+        at = argv.index("libegress.login_keeper")
+    except ValueError:
+        return ""
+    return argv[at + 2] if at > 0 and argv[at - 1] == "-m" and len(argv) > at + 2 else ""
 
 
 def distinct(keepers: list[TokenKeeper]) -> list[TokenKeeper]:

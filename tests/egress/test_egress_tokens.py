@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -149,3 +150,46 @@ def test_secrets_with_one_command_share_one_run(tmp_path: Path) -> None:
         "c.example": (b"Authorization", f"Bearer {SECRET}".encode()),
         "d.example": (b"X-Key", b"other-token"),
     }
+
+
+def test_a_login_keeper_is_not_run_first_while_its_file_is_absent(tmp_path: Path) -> None:
+    """No login file yet: no run at start (it would only exit quietly); the first
+    renewal, after the back-off, runs it and takes the login made meanwhile."""
+    from libegress.oauth_login import ABSENT_STATUS
+    from libegress.tokens import login_file
+
+    auth, runs = tmp_path / "auth.json", tmp_path / "runs"
+    # A stand-in keeper with the real one's argv shape: counts its runs, prints the
+    # file's token, or exits with the quiet status when there is no file.
+    keeper_py = tmp_path / "libegress.login_keeper"
+    keeper_py.write_text(
+        "import os, sys\n"
+        f"open({str(runs)!r}, 'a').write('run\\n')\n"
+        f"if not os.path.exists(sys.argv[2]): sys.exit({ABSENT_STATUS})\n"
+        "print(open(sys.argv[2]).read().strip())\n")
+    argv = [sys.executable, "-m", "libegress.login_keeper", "codex", str(auth)]
+    assert login_file(argv) == str(auth)
+    assert login_file(["gh", "auth", "token"]) == ""
+    run = [sys.executable, str(keeper_py), "codex", str(auth)]
+    said: list[str] = []
+    keeper = TokenKeeper(run, every=60, say=said.append, backoff=(0.05,),
+                         quiet_status=ABSENT_STATUS, login_file=login_file(argv))
+
+    async def scenario() -> tuple[bool, str | None]:
+        await keeper.start()
+        ran_first = runs.exists()
+        auth.write_text(SECRET + "\n")
+        task = asyncio.create_task(keeper.keep())
+        while keeper.current() is None:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return ran_first, keeper.current()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (False, SECRET)
+    assert said == []
+    present = TokenKeeper(run, every=60, say=said.append, quiet_status=ABSENT_STATUS,
+                          login_file=str(auth))
+    asyncio.run(present.start())  # the file exists: the first run is as before
+    assert present.current() == SECRET and runs.read_text() == "run\nrun\n"
