@@ -63,8 +63,8 @@ class Home:
     # Gemini CLI relaunches itself as a child node with a bigger heap unless
     # GEMINI_CLI_NO_RELAUNCH is set (the child always runs with it set, so what
     # the agent does is the same either way): one node start instead of two,
-    # seconds per run.  The tests that keep the real relaunch, on both backends,
-    # set this (test_gemini_login_e2e.py, test_login_inside_e2e.py).
+    # seconds per run.  The test that keeps the real relaunch, on both backends,
+    # sets this (test_login_inside_e2e.py: a login made inside, a turn after it).
     gemini_relaunch: bool = False
 
     def config(self, **extra: object) -> Path:

@@ -15,6 +15,9 @@ Then a host that holds Claude's login for one account, and a login made inside
 for another: refused with its line (403 to the session, one log line), the
 host's file unchanged byte for byte, neither login's tokens inside; with
 ``unsafe_login_switch = true`` the other account's login is kept.
+
+(A credential of the session's own beside a held login: in the Google login's
+session, test_gemini_login_e2e.py.)
 """
 
 from __future__ import annotations
@@ -30,14 +33,7 @@ import test_codex_login_e2e as codex_login
 import test_gemini_login_e2e as gemini_login
 from agents_world import Home, need
 from inside_scan import SCAN, report, split
-from standin_oauth import (
-    GCLOUD_ACCESS,
-    GCLOUD_CLIENT_ID,
-    GCLOUD_REFRESH,
-    Oauth,
-    run_logged_in,
-    serving,
-)
+from standin_oauth import Oauth, run_logged_in, serving
 from test_login_inside_e2e import CODEX_LOGIN, EXCHANGE, LEARN, TURN
 
 BACKENDS = ("bwrap", "nono")
@@ -200,45 +196,3 @@ def test_a_login_inside_for_another_account_is_refused_unless_opted_in(
         assert done.stderr.count(reason) == 1, done.stderr[-3000:]
     assert new_access not in out and new_refresh not in out
     assert not [p for p in path.parent.iterdir() if ".keeper-" in p.name]
-
-
-OWN = """
-code() {{ curl -sS -o /dev/null -w '%{{http_code}}' "$@"; }}
-echo "OWN-BEARER $(code -X POST -H 'Authorization: Bearer ya29.its-own' -d '{{}}' \
-  https://cloudcode-pa.googleapis.com/v1internal:loadCodeAssist)"
-echo "OWN-KEY $(code -X POST -H 'x-goog-api-key: its-own-key' -d '{{}}' \
-  https://cloudcode-pa.googleapis.com/v1internal:loadCodeAssist)"
-echo "GCLOUD $(curl -sS -d client_id={gcloud} -d client_secret=d-FL95Q19q7MQmFpd7hHD0Ty \
-  -d grant_type=refresh_token -d refresh_token={refresh} https://oauth2.googleapis.com/token)"
-gemini --skip-trust -p hello || exit 1
-python3 scan.py
-"""
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_a_credential_of_the_sessions_own_passes_beside_a_held_login(
-    world: Home, oauth: Oauth, backend: str
-) -> None:
-    """A held Google login: a request with its own bearer or API key reaches the API as it
-    came (never the real token), gcloud's own refresh on the token host is answered by the
-    endpoint, and the agent's turn still goes with the real token."""
-    need("gemini")
-    w, o = world, oauth
-    gemini_login.login(w, o, 8 * 3600)
-    (w.workdir / "scan.py").write_text(SCAN.format(parts=split(*o.secrets())))
-    script = OWN.format(gcloud=GCLOUD_CLIENT_ID, refresh=GCLOUD_REFRESH)
-    done = run_logged_in(w, o, backend, "gemini", KEY_VAR["gemini"], script, timeout=180)
-    out = done.stdout
-    report(f"oauth gemini {backend} own-credentials", out)
-    assert done.returncode == 0, out + done.stderr[-3000:]
-    assert "pong" in out and "SCANNED" in out and "FOUND" not in out, out
-    assert "OWN-BEARER 401" in out and "OWN-KEY 401" in out, out  # the stand-in's own verdict
-    assert GCLOUD_ACCESS in out.split("GCLOUD ", 1)[1].splitlines()[0], out
-    own = [r for r in o.seen if "its-own" in r.headers]
-    assert len(own) == 2 and not any(o.access in r.headers for r in own), own
-    assert "authorization: bearer ya29.its-own" in own[0].headers.lower()
-    assert "authorization" not in own[1].headers.lower()
-    (gcloud,) = [r for r in o.seen if GCLOUD_CLIENT_ID in r.body]
-    assert o.access not in gcloud.headers + gcloud.body and MARK not in gcloud.body
-    turn = [r for r in o.seen if r.path.startswith("/v1internal:streamGenerateContent")][-1]
-    assert f"Bearer {o.access}" in turn.headers
