@@ -118,14 +118,16 @@ class Session:
         _trace("session starts (interpreter, imports, config before this)")
         rt = self._make_runtime(ends)
         ends.callback(self.guards.end)  # after the limits' end: the sweep is the last
-        self._make_limits(ends, rt)
         # The host-run files' scan runs in a thread while the servers start
         # (it leaves its snapshot in rt for the janitor); joined before go.
         self.guards.begin(cfg, rt.root)
         sockets = self._own_servers(rt)
+        # egress-proxy's arguments before the limits and the sandbox's first
+        # steps: the launcher waits for its `listening` line, not for those.
+        git = self._proxy_arguments(ends, rt, sockets)
+        self._make_limits(ends, rt)
         ends.callback(self.box.reap)  # what the command left, once the children are gone
         self.box.open()
-        git = self._proxy_arguments(ends, rt, sockets)
         host, record_dir = self._broker_arguments(rt, sockets, git)
         self._write_gpg_program(host)
         found = self._build(rt, host)
