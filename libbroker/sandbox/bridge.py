@@ -61,10 +61,10 @@ def listen_in_netns(pid: int, ports: tuple[int, ...]) -> list[_socket.socket]:
     One forked child makes them all; SpawnError if it cannot.
     """
     import fcntl  # only when a sandbox is bridged; imported here, the child imports nothing
-    import socket
+    from array import array  # SCM_RIGHTS as socket.send_fds and recv_fds pack it (C module)
 
     lib = libc()  # loaded here: the child imports nothing (another thread may hold the lock)
-    ours, theirs = socket.socketpair()
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_STREAM)
     try:
         child = os.fork()
     except OSError as exc:
@@ -72,10 +72,14 @@ def listen_in_netns(pid: int, ports: tuple[int, ...]) -> list[_socket.socket]:
         theirs.close()
         raise SpawnError(f"cannot fork: {exc.strerror}") from None
     if child == 0:
-        _listener_child(pid, ports, theirs, socket, lib, fcntl)  # never returns
+        _listener_child(pid, ports, theirs, array, lib, fcntl)  # never returns
     theirs.close()
+    fds = array("i")
     try:
-        message, fds, _, _ = socket.recv_fds(ours, 512, len(ports))
+        message, ancdata, _, _ = ours.recvmsg(512, _socket.CMSG_LEN(len(ports) * fds.itemsize))
+        for level, kind, data in ancdata:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds.frombytes(data[: len(data) - (len(data) % fds.itemsize)])
     finally:
         ours.close()
         os.waitpid(child, 0)
@@ -88,7 +92,7 @@ def listen_in_netns(pid: int, ports: tuple[int, ...]) -> list[_socket.socket]:
 
 
 def _listener_child(
-    pid: int, ports: tuple[int, ...], channel: Any, socket: Any, lib: Any, fcntl: Any
+    pid: int, ports: tuple[int, ...], channel: Any, array: Any, lib: Any, fcntl: Any
 ) -> None:
     status = 0
     try:
@@ -106,7 +110,7 @@ def _listener_child(
         deadline = time.monotonic() + _BIND_WAIT
         socks = []
         for port in ports:
-            sock = socket.socket()
+            sock = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
             while True:
                 try:
                     sock.bind(("127.0.0.1", port))
@@ -117,7 +121,8 @@ def _listener_child(
                     time.sleep(0.002)
             sock.listen(128)
             socks.append(sock)
-        socket.send_fds(channel, [b"ok"], [s.fileno() for s in socks])
+        rights = array("i", [s.fileno() for s in socks])
+        channel.sendmsg([b"ok"], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, rights)])
     except BaseException as exc:  # the child must never return into the server's code
         with contextlib.suppress(OSError):
             channel.send(str(exc).encode()[:500])

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import shutil
-import subprocess
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, ClassVar
 
@@ -67,6 +66,8 @@ class BwrapBackend(Backend):
         if not shutil.which("bwrap"):
             return Finding(FAIL, "bwrap: not installed",
                            f"`apt-get install bubblewrap`, {_ALTERNATIVE}", "sandbox", "bwrap")
+        import subprocess  # doctor's probe only: not on a session's start (~5 ms of imports)
+
         try:
             done = subprocess.run(_TRY, capture_output=True, text=True, timeout=10, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
