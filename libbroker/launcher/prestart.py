@@ -34,11 +34,12 @@ if TYPE_CHECKING:
     from libbroker.launcher.lazy_broker import LazyBroker
 
 # What egress-proxy imports before its arguments arrive: everything it needs
-# up to its ``listening`` line.
-# Its command line's parser and the CA's OpenSSL backend too: both load at
-# first use otherwise, after the arguments, on the way to the CA the launcher
-# waits for (about 8 ms of CPU there).
-PROXY_WARM = ("libegress.app", "docopt", "cryptography.hazmat.backends.openssl.backend")
+# up to its ``listening`` line (asyncio and the server load after it:
+# libegress.serving).  The CA's OpenSSL backend too: it loads at first use
+# otherwise, after the arguments, on the way to the CA the launcher waits for
+# (about 8 ms of CPU there).  Not docopt: the session's command line is read
+# without it (bin.egress_proxy.quick_args).
+PROXY_WARM = ("libegress.app", "cryptography.hazmat.backends.openssl.backend")
 # What broker-server imports before its arguments (the resident service's
 # zygote, libbroker.launcher.broker_zygote; our own broker starts late, with
 # its arguments at once: lazy_broker).

@@ -236,3 +236,36 @@ def test_wrong_token_early_401_ends_the_exchange(world: World, tmp_path: Path) -
         assert out.stdout == "401", out.stderr
     finally:
         assert p.stop() == 0
+
+
+@pytest.mark.parametrize("argv", [
+    ["--listen-fd=4", "--socks-fd=5", "--allow=github.com,*.npmjs.org", "--inject=github.com",
+     "--egress-dir=/run/x/egress", "--token-every=300"],
+    ["--listen=127.0.0.1:0", "--socks=127.0.0.1:0", "--allow=a.com",
+     "--token-command=gh auth token",
+     "--resolve=a.com:10.0.0.1", "--resolve=b.com:10.0.0.2:8443", "--allow-cidr=10.0.0.0/8",
+     "--upstream-ca=/etc/ca.pem", "--secrets=/run/x/secrets.json", "--repos=o/r,o/s",
+     "--record=/run/x/record", "--learn", "--log=/tmp/l", "--log-allowed", "--token-timeout=5",
+     "--idle-timeout=9", "--connect-timeout=3", "--max-conns=7"],
+    ["--listen-fd=4"],
+    ["--listen=127.0.0.1:0", "--control=/run/x/control.sock"],
+])
+def test_the_quick_parse_is_docopts(argv: list[str]) -> None:
+    """A session's usual command line skips docopt (its import and parse): the same dict."""
+    import bin.egress_proxy as egress_proxy
+    from libbroker.cli import parse
+
+    assert egress_proxy.quick_args(argv) == parse(egress_proxy.__doc__ or "", argv)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["--allow=a.com"], ["--listen-fd=4", "--listen=127.0.0.1:0"],
+    ["--listen-fd=4", "--socks-fd=5", "--socks=127.0.0.1:0"], ["--listen-fd", "4"],
+    ["--listen-fd=4", "--allow="], ["--listen-fd=4", "--allow=a", "--allow=b"],
+    ["--listen-fd=4", "--learn", "--learn"], ["--listen-fd=4", "--lea"], ["--listen-fd=4", "-h"],
+    ["--listen-fd=4", "--version"], ["--listen-fd=4", "--learn=yes"], ["--listen-fd=4", "x"],
+])
+def test_anything_else_is_left_to_docopt(argv: list[str]) -> None:
+    import bin.egress_proxy as egress_proxy
+
+    assert egress_proxy.quick_args(argv) is None
