@@ -395,7 +395,9 @@ def start(tmp: Path, port: int = 0) -> tuple[Apis, ThreadingHTTPServer]:
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     apis.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     return apis, server
 
 

@@ -324,7 +324,9 @@ def start(tmp: Path) -> tuple[Oauth, ThreadingHTTPServer]:
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     o.port = server.server_address[1]
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     return o, server
 
 

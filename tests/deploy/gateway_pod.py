@@ -123,7 +123,9 @@ def upstream() -> Iterator[int]:
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hello)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     try:
         yield server.server_address[1]

@@ -120,7 +120,9 @@ def api(tmp_path: Path) -> Iterator[tuple[FakeApi, dict[str, str]]]:
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     cert.configure_cert(tls)
     server.socket = tls.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     sa = tmp_path / "serviceaccount"
     sa.mkdir()

@@ -255,7 +255,9 @@ def _serve(kind: str, handler: type[BaseHTTPRequestHandler], seen: list[dict[str
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert_pem, key_pem)
         server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     return Upstream(kind, server.server_address[1], server, seen)
 

@@ -114,7 +114,9 @@ def start_api(cert: str, key: str) -> tuple[ThreadingHTTPServer, list[dict[str, 
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     return server, seen
 
 

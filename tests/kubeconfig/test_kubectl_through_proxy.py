@@ -90,7 +90,9 @@ def api(tmp_path: Path) -> Iterator[tuple[StandInAPI, str]]:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(context)
     server = StandInAPI(context)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     try:
         yield server, ca.cert_pem.bytes().decode()

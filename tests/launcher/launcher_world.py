@@ -188,5 +188,7 @@ def start_standin(tmp: Path) -> tuple[StandIn, ThreadingHTTPServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), _echo_handler(seen))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     return StandIn(port=server.server_address[1], ca_file=ca_file, seen=seen), server

@@ -127,7 +127,9 @@ def anthropic(tmp_path: Path) -> Iterator[tuple[int, Path, list[dict[str, Any]]]
     server = ThreadingHTTPServer(("127.0.0.1", 0), type("H", (_Anthropic,), {"seen": seen}))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                     daemon=True).start()
     yield server.server_address[1], ca_file, seen
     server.shutdown()
     server.server_close()
