@@ -11,6 +11,7 @@ Usage:
   agent-sandbox report --propose [SESSION]
   agent-sandbox watch [SESSION]
   agent-sandbox serve [--socket=PATH]
+  agent-sandbox gate-service [--socket=PATH] [--patience=SECONDS]
   agent-sandbox -h | --help
   agent-sandbox --version
 
@@ -31,6 +32,11 @@ $XDG_RUNTIME_DIR/agent-sandbox/serve.sock, or AGENT_SANDBOX_SERVE; "off" for
 none) instead of starting an egress-proxy of its own, and starts its own when
 no service answers.  Under systemd, contrib/systemd/ has the socket and service
 units (socket activation).
+
+gate-service (as root) gives ordinary users' sessions the live gate
+(docs/hostrun-gate.md): run connects to it on its socket (default
+/run/agent-sandbox/gate.sock, or AGENT_SANDBOX_GATE_SOCKET; "off" for none)
+when it cannot gate by itself.  contrib/systemd/ has its system units.
 
 Every session is recorded (events only, never a secret) in
 $XDG_STATE_HOME/agent-sandbox/sessions/ (default ~/.local/state/...).  A
@@ -54,7 +60,10 @@ Options:
   --learn          Allow every public host (address and token rules still hold)
                    and record each one the allow list would have refused; then
                    `agent-sandbox report --propose` prints the domains line.
-  --socket=PATH    serve: the socket to listen on (default: as run looks for it).
+  --socket=PATH    serve, gate-service: the socket to listen on (default: as run
+                   looks for it).
+  --patience=SECONDS  gate-service: how long an open waits for the launcher's
+                   answer before it is refused [default: 10].
   -v --verbose     doctor: every check on its own line, and the host-run list.
   --json           report: print JSON for scripts.
   --last           report: the most recent session (the default).
@@ -72,6 +81,7 @@ Exit status: run: CMD's own (128+N when signal N ended it); 1 the session could
 not start or a server crashed; 2 usage or config error.  doctor: 0 when a
 session can run, 1 otherwise.  report --verify: 1 when the record does not verify.
 serve: 0 when stopped by SIGTERM or SIGINT, 1 when its gateway died.
+gate-service: 0 when stopped by SIGTERM or SIGINT, 1 without CAP_SYS_ADMIN.
 watch: 0 after the session's end, 1 when there is no live session or its
 launcher went without ending it.
 """
@@ -117,6 +127,11 @@ def _main(args: Args, servers: Servers | None) -> int:
         from libbroker.launcher import serve, serve_link
 
         return serve.main(args["--socket"] or serve_link.default_socket())
+    if args["gate-service"]:
+        from libbroker.launcher import gate_service
+
+        return gate_service.main(args["--socket"] or gate_service.listen_path(),
+                                 _seconds(args["--patience"]))
     if args["doctor"]:
         from libbroker.launcher import doctor
 
@@ -124,6 +139,18 @@ def _main(args: Args, servers: Servers | None) -> int:
     from libbroker.launcher import settings
 
     return settings.main(_config(args))
+
+
+def _seconds(text: str) -> float:
+    from libbroker.errors import UsageError
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value <= 3600:
+        raise UsageError(f"--patience={text}: a number of seconds, more than 0, at most 3600")
+    return value
 
 
 def _parse(servers: Servers | None) -> Args:

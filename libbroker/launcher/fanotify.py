@@ -17,7 +17,7 @@ import struct
 
 from libbroker.sandbox.libc import fail, libc
 
-_CLOEXEC, _CLASS_CONTENT, _UNLIMITED_QUEUE = 0x1, 0x4, 0x10
+_CLOEXEC, _CLASS_CONTENT, _UNLIMITED_QUEUE, _REPORT_TID = 0x1, 0x4, 0x10, 0x100
 _MARK_ADD, _MARK_MOUNT = 0x1, 0x10
 OPEN_PERM, OPEN_EXEC_PERM = 0x10000, 0x40000
 Q_OVERFLOW = 0x4000
@@ -49,12 +49,15 @@ def available() -> bool:
 class Fanotify:
     """One permission group (blocking reads: the gate polls it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, report_tid: bool = False) -> None:
+        """``report_tid``: events name the opening thread, not its process (the gate
+        service reads the thread's own credentials)."""
         c = libc()
         c.fanotify_mark.argtypes = [ctypes.c_int, ctypes.c_uint, ctypes.c_uint64, ctypes.c_int,
                                     ctypes.c_char_p]
         # An unlimited queue: a permission event the kernel could not queue is *allowed*.
-        fd = c.fanotify_init(_CLOEXEC | _CLASS_CONTENT | _UNLIMITED_QUEUE,
+        flags = _CLOEXEC | _CLASS_CONTENT | _UNLIMITED_QUEUE | (_REPORT_TID if report_tid else 0)
+        fd = c.fanotify_init(flags,
                              os.O_RDONLY | os.O_CLOEXEC | getattr(os, "O_LARGEFILE", 0))
         if fd < 0:
             fail("fanotify_init")

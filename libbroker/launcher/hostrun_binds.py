@@ -36,14 +36,16 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import struct
 from collections.abc import Iterable
 
 from libbroker.launcher import hostrun_bindrecord as record
 from libbroker.sandbox.libc import fail, libc
 from libbroker.shellquote import quote, shown
 
-_OPEN_TREE, _MOVE_MOUNT = 428, 429
-_OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_FDCWD = 1, 0x8000, -100
+_OPEN_TREE, _MOVE_MOUNT, _OPENAT2 = 428, 429, 437
+_OPEN_TREE_CLONE, _AT_RECURSIVE, _AT_EMPTY_PATH = 1, 0x8000, 0x1000
+_RESOLVE_NO_XDEV, _RESOLVE_NO_MAGICLINKS, _RESOLVE_NO_SYMLINKS, _RESOLVE_BENEATH = 1, 2, 4, 8
 _F_EMPTY, _T_EMPTY = 0x4, 0x40
 _MNT_DETACH = 2
 O_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -51,21 +53,33 @@ _O_UNDER = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 RECORD = record.RECORD
 
 
-def _bind(src: str, target_fd: int | None, target: str, *, recursive: bool) -> None:
+def _bind(source: int, target: int, what: str, *, recursive: bool) -> int:
+    """Bind the directory ``source`` (an fd: no path is looked up again) onto ``target``
+    (an fd on the place, on the mount beneath); an fd on the new bind, for its mark."""
     c = libc()
-    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | (_AT_RECURSIVE if recursive else 0)
-    tree = c.syscall(_OPEN_TREE, _AT_FDCWD, os.fsencode(src), flags)
+    flags = _OPEN_TREE_CLONE | os.O_CLOEXEC | _AT_EMPTY_PATH | (
+        _AT_RECURSIVE if recursive else 0)
+    tree = c.syscall(_OPEN_TREE, source, b"", flags)
     if tree < 0:
-        fail(f"open_tree {src}")
+        fail(f"open_tree {what}")
     try:
-        if target_fd is None:
-            done = c.syscall(_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(target), _F_EMPTY)
-        else:
-            done = c.syscall(_MOVE_MOUNT, tree, b"", target_fd, b"", _F_EMPTY | _T_EMPTY)
-        if done != 0:
-            fail(f"move_mount {target}")
+        if c.syscall(_MOVE_MOUNT, tree, b"", target, b"", _F_EMPTY | _T_EMPTY) != 0:
+            fail(f"move_mount {what}")
+        return os.open(".", O_DIR, dir_fd=tree)  # the new bind's root
     finally:
         os.close(tree)
+
+
+def open_beneath(dfd: int, rel: str, flags: int, *, same_mount: bool = False) -> int:
+    """``rel`` opened beneath ``dfd`` with no link followed anywhere on the way
+    (openat2 ``RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS``; ``same_mount``: nor a mount
+    crossed): a name the session could change is never followed elsewhere."""
+    how = struct.pack("QQQ", flags, 0, _RESOLVE_BENEATH | _RESOLVE_NO_SYMLINKS
+                      | _RESOLVE_NO_MAGICLINKS | (_RESOLVE_NO_XDEV if same_mount else 0))
+    fd = libc().syscall(_OPENAT2, dfd, os.fsencode(rel), how, len(how))
+    if fd < 0:
+        fail(f"openat2 {rel}")
+    return int(fd)
 
 
 def _mounts() -> list[tuple[int, int, str]]:
@@ -96,12 +110,22 @@ def _mount_id_of(fd: int) -> int:
 
 
 class Binds:
-    """The session's binds (paths absolute); :meth:`make` then :meth:`remove` on every path."""
+    """The session's binds (paths absolute); :meth:`make` then :meth:`remove` on every path.
 
-    def __init__(self, workdir: str, git_dirs: list[str], record_dir: str) -> None:
+    ``opened``: the gate service's directories, verified by their fds
+    (:mod:`.gate_service_dirs`): ``""`` the workdir, each ``.git`` by its relative
+    path; the binds are made through them, never by a path looked up again.
+    ``hold``: the fds on the binds stay open until :meth:`remove`, which detaches
+    each through its fd (wherever the session moved it; no path is looked up).
+    """
+
+    def __init__(self, workdir: str, git_dirs: list[str], record_dir: str, *,
+                 opened: dict[str, int] | None = None, hold: bool = False) -> None:
         self.workdir = workdir
         self.git_dirs = git_dirs  # relative to the workdir, each named .git
         self.record_dir = record_dir
+        self.opened = opened or {}
+        self.hold = hold
         self._record: record.Record | None = None
         # (mount point, our mount's id or -1 while being made, the ids there before), in order
         self.made: list[tuple[str, int, list[int]]] = []
@@ -119,23 +143,25 @@ class Binds:
                 raise OSError(errno.EBUSY, f"{shown(path)} is a mount point already (another "
                               "session's live gate?)")
         self._record = record.Record(self.record_dir)  # locked while we live
-        old = os.open(self.workdir, O_DIR)  # the workdir's mount as it is now
+        # The workdir's mount as it is now (the service's: its verified fd)
+        given = self.opened.get("")
+        old = os.dup(given) if given is not None else os.open(self.workdir, O_DIR)
         try:
             self.under[""] = os.open(".", _O_UNDER, dir_fd=old)
             self._intend(self.workdir)
-            _bind(self.workdir, None, self.workdir, recursive=True)
-            self._made(self.workdir, os.open(self.workdir, O_DIR))
+            self._made(_bind(old, old, shown(self.workdir), recursive=True))
             for rel in self.git_dirs:
                 path = os.path.join(self.workdir, rel)
                 self._intend(path)
-                target = os.open(rel, _O_UNDER, dir_fd=old)
+                given = self.opened.get(rel)
+                target = os.dup(given) if given is not None else open_beneath(old, rel, _O_UNDER)
                 try:
-                    _bind(path, target, path, recursive=False)
+                    bound = _bind(target, target, shown(path), recursive=False)
                 except BaseException:
                     os.close(target)
                     raise
                 self.under[rel] = target
-                self._made(path, os.open(rel, O_DIR, dir_fd=old))  # crosses onto the bind
+                self._made(bound)
         except BaseException:
             self.remove()
             raise
@@ -148,10 +174,10 @@ class Binds:
         self.made.append((path, -1, []))
         self._write(self.made[-1])
 
-    def _made(self, path: str, fd: int) -> None:
+    def _made(self, fd: int) -> None:
         """``fd``: a directory fd on the new bind (kept for its mark); its mount id."""
         self.mark_fds.append(fd)
-        self.made[-1] = (path, _mount_id_of(fd), [])
+        self.made[-1] = (self.made[-1][0], _mount_id_of(fd), [])
         self._write(self.made[-1])
 
     def _write(self, made: record.Made) -> None:
@@ -159,7 +185,13 @@ class Binds:
         self._record.write(made)
 
     def marked(self) -> None:
-        """The marks are made: their fds are not needed any more (a mark holds its mount)."""
+        """The marks are made: their fds are not needed any more (a mark holds its mount),
+        unless held for the end's detach."""
+        if self.hold:
+            return
+        self._close_marks()
+
+    def _close_marks(self) -> None:
         for fd in self.mark_fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -167,17 +199,36 @@ class Binds:
 
     def remove(self) -> list[str]:
         """Unbind everything made (the workdir's first); the lines of what could not be."""
-        self.marked()
+        held = self.mark_fds if self.hold else []
+        lines = _detach_fds(held, self.made) if held else []
+        self._close_marks()
         for fd in self.under.values():
             with contextlib.suppress(OSError):
                 os.close(fd)
         self.under = {}
-        lines = _unbind(self.made)
+        if not held:  # (held: each detached through its own fd, or said)
+            lines = _unbind(self.made)
         self.made = []
         if self._record is not None:  # kept, unlocked, if something stayed mounted
             self._record.close(remove=not lines)
             self._record = None
         return lines
+
+
+def _detach_fds(fds: list[int], made: list[tuple[str, int, list[int]]]) -> list[str]:
+    """Each bind detached through the fd held on it, in order (the workdir's first): the
+    very mount, wherever it is now.  EINVAL: not mounted any more (gone with the workdir's,
+    on a shared mount)."""
+    lines = []
+    for fd, (path, _, _) in zip(fds, made, strict=False):
+        if libc().umount2(f"/proc/self/fd/{fd}".encode(), _MNT_DETACH) != 0:
+            import ctypes
+
+            err = ctypes.get_errno()
+            if err != errno.EINVAL:
+                lines.append(f"agent-sandbox: could not unbind the live guard's mount on "
+                             f"{shown(path)}: {os.strerror(err)}; run: umount -l {quote(path)}")
+    return lines
 
 
 def _unbind(made: list[tuple[str, int, list[int]]]) -> list[str]:

@@ -24,6 +24,7 @@ from libbroker.launcher.trace import trace
 if TYPE_CHECKING:
     from libbroker.launcher.config import Config
     from libbroker.launcher.hostrun_gate import Gate
+    from libbroker.launcher.hostrun_gate_client import ServiceGate
     from libbroker.launcher.hostrun_live import Watcher
 
 
@@ -41,7 +42,7 @@ class Guards:
         self.hostrun: hostrun_guard.Guard | None = None  # scan at start, sweep at the end
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside it
         self.live: Watcher | None = None  # the host-run guard while CMD runs
-        self.gate: Gate | None = None  # the live guard's fanotify gate, where allowed
+        self.gate: Gate | ServiceGate | None = None  # the live gate, where there is one
 
     def begin(self, cfg: Config, root: str) -> None:
         """The scans start in threads while the servers start (each leaves its snapshot
@@ -92,20 +93,30 @@ class Guards:
         return self.live
 
     def begin_gate(self, snap: hostrun_guard.Snapshot, root: str) -> None:
-        """The live gate (fanotify: root), before the sandbox's mount namespace copies the
-        host's; else the watcher guards alone (said when the gate could not start)."""
-        from libbroker.launcher import fanotify
+        """The live gate before the sandbox's mount namespace copies the host's: fanotify
+        in the launcher (root), else through the gate service when its socket is there
+        (hostrun_gate_client); else the watcher guards alone (said when a gate could
+        not start)."""
+        from libbroker.launcher import fanotify, hostrun_gate_client
         from libbroker.launcher.hostrun_gate import Gate
 
-        if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off" or not fanotify.available():
+        if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off":
             return
         assert self.live is not None
-        gate = Gate(snap, self.live, root)  # its record lives as long as the janitor may need it
+        gate: Gate | hostrun_gate_client.ServiceGate
+        if fanotify.available():
+            gate = Gate(snap, self.live, root)  # its record lives as long as the janitor may
+        else:
+            path = hostrun_gate_client.socket_path()
+            if not path or not hostrun_gate_client.service_exists(path):
+                return
+            gate = hostrun_gate_client.ServiceGate(snap, self.live, path)
         try:
             gate.start()
-        except OSError as exc:
-            say([f"agent-sandbox: the live gate is off in this session "
-                 f"({exc.strerror or exc}); the watcher guards alone"])
+        except (OSError, hostrun_gate_client.GateRefused) as exc:
+            why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+            say([f"agent-sandbox: the live gate is off in this session ({why}); the "
+                 "watcher guards alone"])
             return
         self.gate = gate
 
@@ -122,7 +133,7 @@ class Guards:
             from libbroker.launcher import hostrun_live
 
             # Through the gate's own way beneath its binds: its opens do not wait on it.
-            under = self.gate.binds.under if self.gate is not None else None
+            under = self.gate.under if self.gate is not None else None
             say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
                                  under, trace, keep_group=keep))
             quiet = live.quiet_dirs()

@@ -1,0 +1,320 @@
+"""One launcher's connection to the gate service: its binds, its marks, its opens' answers.
+
+Runs in a thread of ``agent-sandbox gate-service`` (root), from the accept to
+the end, and never raises.  In order:
+
+1. the peer: ``SO_PEERCRED`` and a pidfd of the process that connected
+   (:func:`.serve_peer.peer_pidfd`); root is refused (it runs its own gate);
+2. one ``gate`` frame with its descriptors, within :data:`HELLO_TIMEOUT`;
+3. the directories proven by their fds (:mod:`.gate_service_dirs`); only then
+   anything that needs root: the binds (:class:`.hostrun_binds.Binds`, recorded
+   in a directory of the service's), a fanotify group and its mount marks;
+4. the loop: each open through the marks is routed by
+   :func:`libpolicy.hostrun_gate_service.route` (the opening *thread's* fsuid:
+   another uid's open is allowed at once, the launcher's own too); the rest is
+   asked of the launcher as names and numbers, never a descriptor; no answer
+   within ``patience`` seconds (a stopped launcher) is a refusal;
+5. the end (``stop``, the connection or the launcher's process gone, the
+   service stopping): what waits is refused, the group closed, the binds
+   detached through the fds held on them.
+
+Every refusal of a request is one line in the service's log and one
+``refused`` frame to the client, when it still listens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import socket
+import time
+from collections.abc import Callable
+
+from libbroker.launcher import fanotify, serve_peer
+from libbroker.launcher.gate_service_dirs import Refused, Verified, verify
+from libbroker.launcher.hostrun_binds import Binds
+from libbroker.launcher.serve_link import peer_ids
+from libpolicy import hostrun_gate_service as proto
+
+HELLO_TIMEOUT = 5.0
+MAX_OUTBOX = 1 << 20  # asks the launcher has not read: beyond, new ones are refused at once
+
+
+class Ended(Exception):
+    """The conversation is over (the reason is the message)."""
+
+
+class Conn:
+    def __init__(self, sock: socket.socket, number: int, records: str, patience: float,
+                 stop_fd: int, gated: Callable[[], list[str]], log: Callable[[str], None]) -> None:
+        self.sock = sock
+        self.number = number
+        self.record_dir = os.path.join(records, str(number))
+        self.patience = patience
+        self.stop_fd = stop_fd
+        self.gated = gated
+        self.log = log
+        self.uid = -1
+        self.pid = -1
+        self.pidfd = -1
+        self.workdir = ""
+        self.fan: fanotify.Fanotify | None = None
+        self.binds: Binds | None = None
+        self.pending: dict[int, tuple[fanotify.Event, float]] = {}
+        self.counts = {"allowed at once": 0, "asked": 0, "refused unanswered": 0,
+                       "refused unidentified": 0}
+        self._ids = 0
+        self._inbox = b""
+        self._outbox = b""
+
+    def who(self) -> str:
+        return f"session {self.number} (uid {self.uid}, pid {self.pid})"
+
+    def run(self) -> None:
+        how = "ended"
+        try:
+            self._peer()
+            found = self._hello()
+            try:
+                self._bind(found)
+            finally:
+                found.close()
+            self._send({"op": "ready", "workdir": self.workdir,
+                        "gits": len(self.binds.git_dirs) if self.binds else 0})
+            self.log(f"{self.who()}: gating {self.workdir!r} and {len(found.gits)} .git")
+            how = self._loop()
+        except (Refused, proto.FrameError) as exc:
+            self.log(f"{self.who()}: refused: {exc}")
+            with contextlib.suppress(OSError, proto.FrameError):
+                self._send({"op": "refused", "why": str(exc)})
+            how = "refused"
+        except Ended as exc:
+            how = str(exc)
+        except Exception as exc:  # never the service's end: this session's only
+            self.log(f"{self.who()}: failed: {type(exc).__name__}: {exc}")
+            how = "failed"
+        finally:
+            lines = self._end()
+            if how == "stop":
+                with contextlib.suppress(OSError, proto.FrameError):
+                    self.sock.setblocking(True)
+                    self.sock.settimeout(5)
+                    self.sock.sendall(proto.encode({"op": "stopped", "lines": lines}))
+            for line in lines:
+                self.log(f"{self.who()}: {line}")
+            if self.workdir:
+                said = ", ".join(f"{k} {n}" for k, n in self.counts.items())
+                self.log(f"{self.who()}: ended ({how}): {said}")
+            self.sock.close()
+            if self.pidfd >= 0:
+                os.close(self.pidfd)
+
+    # --- before anything of root's ------------------------------------------------------
+
+    def _peer(self) -> None:
+        try:
+            self.pid, self.uid = peer_ids(self.sock)
+            self.pidfd, _ = serve_peer.peer_pidfd(self.sock, self.pid)
+        except OSError as exc:
+            raise Refused(f"the peer cannot be identified ({exc.strerror})") from None
+        if self.uid == 0:
+            raise Refused("root runs its own gate (in the launcher)")
+
+    def _hello(self) -> Verified:
+        self.sock.settimeout(HELLO_TIMEOUT)
+        fds: list[int] = []
+        try:
+            try:
+                head, fds, flags, _ = socket.recv_fds(self.sock, proto.HEADER, proto.MAX_DIRS,
+                                                      socket.MSG_CMSG_CLOEXEC)
+            except (TimeoutError, OSError) as exc:
+                raise Refused(f"no request ({exc})") from None
+            if flags & socket.MSG_CTRUNC:
+                raise Refused(f"more than {proto.MAX_DIRS} descriptors")
+            if not head:
+                raise Ended("gone before its request")
+            head += self._exactly(proto.HEADER - len(head))
+            frame = proto.decode(self._exactly(proto.length(head)))
+            proto.request(frame, ("gate",))
+            if frame["dirs"] != len(fds):
+                raise Refused(f"'gate' says {frame['dirs']} directories and came with "
+                              f"{len(fds)} descriptors")
+            return verify(fds, self.uid, self.gated())
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def _exactly(self, n: int) -> bytes:
+        data = b""
+        while len(data) < n:
+            try:
+                chunk = self.sock.recv(n - len(data))
+            except (TimeoutError, OSError) as exc:
+                raise Refused(f"a frame cut short ({exc})") from None
+            if not chunk:
+                raise Refused("a frame cut short (end of file)")
+            data += chunk
+        return data
+
+    # --- root's part, after validation ---------------------------------------------------
+
+    def _bind(self, found: Verified) -> None:
+        os.makedirs(self.record_dir, mode=0o700)
+        self.workdir = found.workdir
+        self.binds = Binds(found.workdir, found.gits, self.record_dir, opened=found.opened,
+                           hold=True)
+        self.fan = fanotify.Fanotify(report_tid=True)
+        try:
+            self.binds.make()
+            for fd in self.binds.mark_fds:
+                self.fan.mark_mount(fd)
+        except OSError as exc:
+            raise Refused(f"the binds or marks failed: {exc.strerror or exc}") from None
+
+    def _loop(self) -> str:
+        assert self.fan is not None
+        self.sock.setblocking(False)
+        while True:
+            poller = select.poll()
+            poller.register(self.fan.fd, select.POLLIN)
+            poller.register(self.sock, select.POLLIN | (select.POLLOUT if self._outbox else 0))
+            poller.register(self.pidfd, select.POLLIN)
+            poller.register(self.stop_fd, select.POLLIN)
+            wait = None
+            if self.pending:
+                due = min(deadline for _, deadline in self.pending.values())
+                wait = max(0, int((due - time.monotonic()) * 1000) + 1)
+            ready = dict(poller.poll(wait))
+            if self.stop_fd in ready:
+                return "the service stops"
+            if self.pidfd in ready:
+                return "the launcher exited"
+            if self.fan.fd in ready:
+                for ev in self.fan.read():
+                    self._take(ev)
+            if self.sock.fileno() in ready:
+                if ready[self.sock.fileno()] & select.POLLOUT:
+                    self._flush()
+                readable = select.POLLIN | select.POLLHUP | select.POLLERR
+                if ready[self.sock.fileno()] & readable and self._read():
+                    return "stop"
+            self._expire()
+
+    def _take(self, ev: fanotify.Event) -> None:
+        if ev.fd < 0:
+            return
+        fsuid, tgid = _creds(ev.pid)
+        way = proto.route(fsuid=fsuid, tgid=tgid, session_uid=self.uid, launcher=self.pid)
+        if way == proto.ALLOW:
+            self.counts["allowed at once"] += 1
+            self._answer(ev, True)
+            return
+        if way == proto.REFUSE or len(self._outbox) > MAX_OUTBOX:
+            self.counts["refused unidentified" if way == proto.REFUSE else
+                        "refused unanswered"] += 1
+            self._answer(ev, False)
+            return
+        self._ids += 1
+        st = os.fstat(ev.fd)
+        ask = {"op": "ask", "id": self._ids, "pid": tgid, "comm": _comm(ev.pid),
+               "exec": bool(ev.mask & fanotify.OPEN_EXEC_PERM),
+               "path": os.readlink(f"/proc/self/fd/{ev.fd}"),
+               "stat": [st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns,
+                        st.st_ctime_ns]}
+        self.pending[self._ids] = (ev, time.monotonic() + self.patience)
+        self.counts["asked"] += 1
+        self._outbox += proto.encode(ask)
+        self._flush()
+
+    def _flush(self) -> None:
+        try:
+            sent = self.sock.send(self._outbox)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            raise Ended("the connection was lost") from exc
+        self._outbox = self._outbox[sent:]
+
+    def _read(self) -> bool:
+        """The launcher's frames now readable; True on ``stop``."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            raise Ended("the connection was lost") from exc
+        if not chunk:
+            raise Ended("the connection was lost")
+        self._inbox += chunk
+        while len(self._inbox) >= proto.HEADER:
+            n = proto.length(self._inbox[:proto.HEADER])
+            if len(self._inbox) < proto.HEADER + n:
+                break
+            frame = proto.request(proto.decode(self._inbox[proto.HEADER:proto.HEADER + n]),
+                                  ("answer", "stop"))
+            self._inbox = self._inbox[proto.HEADER + n:]
+            if frame["op"] == "stop":
+                return True
+            held = self.pending.pop(frame["id"], None)
+            if held is not None:  # else answered already (too late): nothing to do
+                self._answer(held[0], frame["allow"])
+        return False
+
+    def _expire(self) -> None:
+        now = time.monotonic()
+        for key, (ev, deadline) in list(self.pending.items()):
+            if now >= deadline:
+                del self.pending[key]
+                self.counts["refused unanswered"] += 1
+                self._answer(ev, False)
+
+    def _answer(self, ev: fanotify.Event, allow: bool) -> None:
+        assert self.fan is not None
+        with contextlib.suppress(OSError):  # the opener was killed meanwhile
+            self.fan.answer(ev, allow)
+
+    def _send(self, obj: dict[str, object]) -> None:
+        self.sock.settimeout(HELLO_TIMEOUT)
+        self.sock.sendall(proto.encode(obj))
+
+    # --- the end --------------------------------------------------------------------------
+
+    def _end(self) -> list[str]:
+        lines: list[str] = []
+        if self.fan is not None:
+            for ev, _ in self.pending.values():
+                self._answer(ev, False)
+            self.pending = {}
+            self.fan.close()  # the kernel allows whatever still waits, and drops the marks
+        if self.binds is not None:
+            lines = self.binds.remove()
+        if not lines:
+            shutil.rmtree(self.record_dir, ignore_errors=True)
+        return lines
+
+
+def _creds(tid: int) -> tuple[int | None, int | None]:
+    """(fsuid, tgid) of the thread that opened (it waits on us: its id is not reused)."""
+    fsuid = tgid = None
+    try:
+        with open(f"/proc/{tid}/status", "rb") as fh:
+            for line in fh:
+                if line.startswith(b"Tgid:"):
+                    tgid = int(line.split()[1])
+                elif line.startswith(b"Uid:"):
+                    fsuid = int(line.split()[4])
+                    break
+    except (OSError, ValueError, IndexError):
+        return None, None
+    return fsuid, tgid
+
+
+def _comm(tid: int) -> str:
+    try:
+        with open(f"/proc/{tid}/comm", "rb") as fh:
+            return fh.read().strip().decode(errors="replace")
+    except OSError:
+        return ""
+

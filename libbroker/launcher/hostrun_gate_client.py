@@ -1,0 +1,234 @@
+"""An ordinary user's live gate, held by the gate service (``agent-sandbox gate-service``).
+
+A launcher without CAP_SYS_ADMIN cannot make a fanotify permission group, so
+it asks the root service (docs/hostrun-gate.md, "The service") when its
+socket exists: it passes ``O_PATH`` fds of its workdir and each ``.git``; the
+service proves them, binds and marks them in the host's mount namespace, and
+for each open through the marks by this user's processes (not the launcher's
+own, not another uid's) sends a request: the kernel's name of the file, exec
+or open, the opener's pid and name, the file's stat, never a descriptor.
+This thread judges it as the launcher's own gate would
+(:class:`.hostrun_judge.Judge`), its reads going beneath the binds through
+the fds taken before them (:attr:`ServiceGate.under`), and answers.  The
+service refuses an open whose answer does not come within its patience (a
+stopped launcher): no host open waits without bound.  When the connection
+goes (the launcher's death), the service closes its group (what waits is
+allowed, as after the death of a root launcher) and unbinds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import socket
+import threading
+from typing import TYPE_CHECKING, NamedTuple
+
+from libbroker.launcher.hostrun_binds import open_beneath
+from libbroker.launcher.hostrun_gate import _below_git
+from libbroker.launcher.hostrun_judge import PATIENCE, Judge
+from libpolicy import hostrun_gate_service as proto
+
+if TYPE_CHECKING:
+    from libbroker.launcher.hostrun_fingerprint import Snapshot
+    from libbroker.launcher.hostrun_live import Watcher
+
+DEFAULT_SOCKET = "/run/agent-sandbox/gate.sock"
+SOCKET_ENV = "AGENT_SANDBOX_GATE_SOCKET"  # the launcher's and the tests' override; "off"
+READY_TIMEOUT = 30.0  # the service binds and marks: milliseconds per repository
+_O_UNDER = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
+_O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
+def socket_path(environ: dict[str, str] | None = None) -> str:
+    """Where a launcher looks for the service ("" when told not to)."""
+    named = (os.environ if environ is None else environ).get(SOCKET_ENV)
+    if named is None:
+        return DEFAULT_SOCKET
+    return "" if named in ("", "off") else named
+
+
+class GateRefused(Exception):
+    """The service would not gate this session: its one line."""
+
+
+class Ask(NamedTuple):
+    id: int
+    pid: int
+    comm: str
+    exec: bool
+    path: str
+    stat: os.stat_result
+
+
+def _ask(frame: dict[str, object]) -> Ask:
+    """The service's request, checked (FrameError otherwise)."""
+    st = frame.get("stat")
+    fields = (frame.get("id"), frame.get("pid"), frame.get("comm"), frame.get("exec"),
+              frame.get("path"))
+    if not (isinstance(fields[0], int) and isinstance(fields[1], int)
+            and isinstance(fields[2], str) and isinstance(fields[3], bool)
+            and isinstance(fields[4], str) and isinstance(st, list) and len(st) == 6
+            and all(isinstance(n, int) for n in st)):
+        raise proto.FrameError("an 'ask' of the wrong shape")
+    dev, ino, mode, size, mtime, ctime = st
+    stat = os.stat_result((mode, ino, dev, 0, 0, 0, size, 0, 0, 0),
+                          {"st_mtime_ns": mtime, "st_ctime_ns": ctime})
+    return Ask(fields[0], fields[1], fields[2], fields[3], fields[4], stat)
+
+
+class ServiceGate(Judge[Ask]):
+    """The session's gate through the service: :meth:`start` before the sandbox, :meth:`stop`
+    last."""
+
+    def __init__(self, snap: Snapshot, watcher: Watcher, path: str) -> None:
+        super().__init__(snap, watcher)
+        self.path = path
+        self.git_dirs = [g for g in snap.repos
+                         if g.rsplit("/", 1)[-1] == ".git" and not _below_git(g)]
+        self.under: dict[str, int] = {}  # fds taken before the binds: beneath them
+        self.sock: socket.socket | None = None
+        self.service_lines: list[str] = []
+        self._inbox = b""
+        self._send_lock = threading.Lock()
+        self._over = False  # the service said "stopped": nothing more to send
+
+    def start(self) -> None:
+        """Connect, hand over the directories, wait for the binds; OSError or
+        :class:`GateRefused` (nothing left) if the service does not gate."""
+        try:
+            self._open_dirs()
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            self.sock.settimeout(READY_TIMEOUT)
+            self.sock.connect(self.path)
+            fds = [self.under[""], *(self.under[g] for g in self.git_dirs)]
+            socket.send_fds(self.sock, [proto.encode({"op": "gate", "dirs": len(fds)})], fds)
+            reply = self._frame()
+            if reply.get("op") == "refused":
+                raise GateRefused(str(reply.get("why", "")))
+            if reply.get("op") != "ready" or reply.get("workdir") != self.workdir:
+                raise GateRefused(f"an unexpected reply ({str(reply.get('op'))[:40]})")
+        except BaseException:
+            self._close()
+            raise
+        self.sock.settimeout(5.0)  # a send to a service that reads no more: its end
+        self.start_thread("hostrun-gate-service")
+        self.watcher.on_batch = self.wake
+
+    def _open_dirs(self) -> None:
+        self.under[""] = os.open(self.workdir, _O_UNDER)
+        for rel in self.git_dirs:
+            self.under[rel] = open_beneath(self.under[""], rel, _O_UNDER)
+
+    def _frame(self) -> dict[str, object]:
+        """One frame, blocking (the start's reply)."""
+        assert self.sock is not None
+        head = self._exactly(proto.HEADER)
+        return proto.decode(self._exactly(proto.length(head)))
+
+    def _exactly(self, n: int) -> bytes:
+        assert self.sock is not None
+        data = b""
+        while len(data) < n:
+            chunk = self.sock.recv(n - len(data))
+            if not chunk:
+                raise GateRefused("the service closed the connection")
+            data += chunk
+        return data
+
+    # --- the opens, from the service ----------------------------------------------------
+
+    def _source(self) -> int:
+        assert self.sock is not None
+        return self.sock.fileno()
+
+    def _incoming(self) -> list[Ask] | None:
+        assert self.sock is not None
+        chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        if not chunk:
+            self.died = self.died or "the gate service closed the connection"
+            return None
+        self._inbox += chunk
+        out = []
+        while len(self._inbox) >= proto.HEADER:
+            n = proto.length(self._inbox[:proto.HEADER])
+            if len(self._inbox) < proto.HEADER + n:
+                break
+            frame = proto.decode(self._inbox[proto.HEADER:proto.HEADER + n])
+            self._inbox = self._inbox[proto.HEADER + n:]
+            if frame["op"] == "stopped":
+                said = frame.get("lines")
+                self.service_lines = [str(x) for x in said] if isinstance(said, list) else []
+                self._over = True
+                return None
+            out.append(_ask(frame))
+        return out
+
+    def _facts(self, ask: Ask) -> tuple[str, bool, int]:
+        return ask.path, ask.exec, ask.pid
+
+    def _comm(self, ask: Ask) -> str:
+        return ask.comm
+
+    def _stat(self, ask: Ask, rel: str) -> os.stat_result:
+        return ask.stat
+
+    def _digest(self, ask: Ask, rel: str) -> str:
+        """Our own read of the file, beneath the binds, only if it is the inode opened."""
+        fd = open_beneath(self.under[""], rel, _O_READ)
+        try:
+            st = os.fstat(fd)
+            if (st.st_dev, st.st_ino) != (ask.stat.st_dev, ask.stat.st_ino):
+                return ""
+            digest = hashlib.sha256()
+            at = 0
+            while chunk := os.pread(fd, 1 << 16, at):
+                digest.update(chunk)
+                at += len(chunk)
+            return digest.hexdigest()
+        finally:
+            os.close(fd)
+
+    def _answer(self, ask: Ask, allow: bool) -> None:
+        self._send({"op": "answer", "id": ask.id, "allow": allow})
+
+    def _send(self, frame: dict[str, object]) -> None:
+        with self._send_lock:
+            if self.sock is None or self._over:
+                return
+            try:
+                self.sock.sendall(proto.encode(frame))
+            except OSError as exc:
+                self.errors.append(f"send: {exc.strerror or exc}")
+
+    # --- the end ------------------------------------------------------------------------
+
+    def stop(self) -> list[str]:
+        """Ask the service to unbind and wait for it (the thread answers meanwhile); lines."""
+        self._send({"op": "stop"})
+        if self._thread is not None:
+            self._thread.join(PATIENCE + 20)
+        self.stop_thread()
+        self._close()
+        return self.service_lines + self.lines()
+
+    def _close(self) -> None:
+        if self.sock is not None:
+            with self._send_lock:
+                self.sock.close()
+                self.sock = None
+        for fd in self.under.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.under = {}
+
+
+def service_exists(path: str) -> bool:
+    """Whether a socket is at ``path`` (the launcher asks only then)."""
+    import stat
+
+    try:
+        return stat.S_ISSOCK(os.stat(path).st_mode)
+    except OSError:
+        return False

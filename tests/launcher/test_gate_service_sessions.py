@@ -1,0 +1,167 @@
+"""An ordinary user's sessions gated by the real gate service: the live window is closed.
+
+The service runs as root (:mod:`gate_service_world`); the sessions run as a
+throwaway ordinary user (``as_user``), which has no CAP_SYS_ADMIN, so without
+the service it would get the watcher alone.  On each backend a shell of that
+user, started *before* the session and standing in the workdir (a person's
+terminal), loops ``git status`` there and in a new gitlink's directory while
+the session plants in a loop (the plants of test_hostrun_gate.py): the
+canary stays empty.  Then, on bwrap, the launcher is stopped (SIGSTOP): a host
+open by the user is refused within the service's patience, not held without
+bound; the session then ends as usual and the service unbinds.  On Landlock
+the launcher is killed (``kill -9``) instead: the service unbinds at once, the
+janitor sweeps, the host's git runs nothing after, and the next session starts
+clean.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gate_service_world import PATIENCE, Service, mounts, running, user_sh
+from test_hostrun_gate import HOST, PLANTS
+from test_hostrun_live import _wait
+from test_hostrun_sweep import git
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
+
+from as_user import OrdinaryUser, ordinary_user
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the service runs as root")
+
+
+@pytest.fixture(scope="module")
+def user() -> OrdinaryUser:
+    found = ordinary_user()
+    if found.unavailable:
+        pytest.skip(found.unavailable)
+    if found.prefix and not found.works(["bwrap", "--ro-bind", "/", "/", "true"]):
+        pytest.skip("bwrap cannot make a user namespace as an ordinary user here")
+    return found
+
+
+@pytest.fixture(scope="module")
+def service() -> Iterator[Service]:
+    with running() as found:
+        yield found
+
+
+@pytest.fixture()
+def place(user: OrdinaryUser) -> Iterator[Path]:
+    top = Path(tempfile.mkdtemp(prefix="gate-user-", dir="/tmp"))  # pytest's is 0700
+    top.chmod(0o755)
+    for d in ("home", "work", "run", "canary"):
+        (top / d).mkdir()
+    (top / "run").chmod(0o700)
+    work = top / "work"
+    git(work, "init", "-q", "-b", "trunk")
+    (work / "a.txt").write_text("a\n")
+    git(work, "add", "a.txt")
+    git(work, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "init")
+    (top / "config.toml").write_text(f'workdir = "{work}"\ntoken_command = ""\n'
+                                     "start_timeout = 60\n")
+    user.own(top / "home", work, top / "run", top / "canary", top / "config.toml")
+    yield top
+    shutil.rmtree(top, ignore_errors=True)
+
+
+def _env(user: OrdinaryUser, place: Path, service: Service) -> dict[str, str]:
+    env = user.env(place / "home", XDG_RUNTIME_DIR=str(place / "run"), GIT_CONFIG_NOSYSTEM="1",
+                   AGENT_SANDBOX_GATE_SOCKET=service.socket)
+    env["PATH"] = os.path.dirname(sys.executable) + ":" + env.get("PATH", "/usr/bin:/bin")
+    return env
+
+
+def _session(user: OrdinaryUser, place: Path, env: dict[str, str], backend: str,
+             script: str) -> subprocess.Popen[str]:
+    argv = ["agent-sandbox", "run", f"--sandbox={backend}", f"--config={place / 'config.toml'}",
+            "--", "sh", "-c", script]
+    return subprocess.Popen(user.argv(argv), env=env, cwd=place / "work", text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+
+
+def _stopped(pid: int) -> bool:
+    return all(Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
+               == "T" for t in os.listdir(f"/proc/{pid}/task"))
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_an_ordinary_users_session_is_gated_by_the_service(
+        user: OrdinaryUser, service: Service, place: Path, backend: str) -> None:
+    work, canary = place / "work", place / "canary"
+    env = _env(user, place, service)
+    count = canary / "iterations"
+    host = user_sh(user, HOST.format(out=count), work, env)
+    proc = _session(user, place, env, backend, PLANTS.format(canary=canary))
+    try:
+        _wait(work / "planted", 60)
+        assert len(mounts(work)) == 2, "the service's binds: the workdir and its .git"
+        time.sleep(4)  # the host loop against the plants
+        if backend == "bwrap":
+            _a_stopped_launcher_holds_no_open_without_bound(user, proc.pid, work, env)
+            (work / "go").touch()
+            _, err = proc.communicate(timeout=90)
+            assert proc.returncode == 0, err
+            assert "the live guard refused" in err, err
+        else:
+            (work / "go").touch()
+            host.wait(timeout=60)
+            os.kill(proc.pid, signal.SIGKILL)  # the launcher; its janitor stays
+            t0 = time.monotonic()
+            _, err = proc.communicate(timeout=90)  # the janitor holds the pipes until done
+            print(f"kill -9: the janitor ended {time.monotonic() - t0:.2f} s after")
+            t0 = time.monotonic()
+            deadline = time.monotonic() + 10
+            while mounts(work) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            said = service.log().split(f"gating '{work}'", 1)[1]
+            assert "ended (the launcher exited)" in said or "ended (the connection was lost)" \
+                in said, said
+            print(f"kill -9: the service unbound in {time.monotonic() - t0:.2f} s")
+        host.wait(timeout=60)
+    finally:
+        proc.kill()
+        host.kill()
+    print(f"{backend}: {count.read_text().strip()} host git status iterations; {err}")
+    assert int(count.read_text()) > 0  # the host loop ran
+    assert not (canary / "runs").exists(), (canary / "runs").read_text()
+    assert mounts(work) == []
+    assert "the live gate is off" not in err, err
+    after = "git status --short && git -c user.name=u -c user.email=u@u commit -q -m a"
+    done = user_sh(user, after + " --allow-empty", work, env, capture=True)
+    _, said = done.communicate(timeout=60)
+    assert done.returncode == 0, said
+    assert not (canary / "runs").exists()
+    if backend == "nono":  # the next start: nothing left to repair, the gate again
+        again = _session(user, place, env, backend, "true")
+        _, err = again.communicate(timeout=90)
+        assert again.returncode == 0 and "left its live guard" not in err, err
+        assert mounts(work) == []
+
+
+def _a_stopped_launcher_holds_no_open_without_bound(user: OrdinaryUser, pid: int, work: Path,
+                                                    env: dict[str, str]) -> None:
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        deadline = time.monotonic() + 10
+        while not _stopped(pid) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        reader = user_sh(user, "cat a.txt", work, env, capture=True)
+        try:
+            _, err = reader.communicate(timeout=PATIENCE + 20)  # not held without bound
+        except subprocess.TimeoutExpired:
+            reader.kill()
+            raise AssertionError("a host open waited on a stopped launcher") from None
+        assert reader.returncode != 0 and "Operation not permitted" in err, err
+    finally:
+        os.kill(pid, signal.SIGCONT)
