@@ -23,6 +23,7 @@ The service never hands the launcher a descriptor: only names and numbers.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 MAX_FRAME = 64 * 1024  # any frame; a request's path is at most PATH_MAX
@@ -30,6 +31,17 @@ MAX_DIRS = 200  # the workdir and 199 .git (SCM_RIGHTS carries at most 253 fds a
 HEADER = 4
 
 ALLOW, ASK, REFUSE = "allow", "ask", "refuse"
+
+DEFAULT_SOCKET = "/run/agent-sandbox/gate.sock"
+SOCKET_ENV = "AGENT_SANDBOX_GATE_SOCKET"  # the launcher's and the tests' override; "off"
+
+
+def socket_path(environ: Mapping[str, str]) -> str:
+    """Where a launcher looks for the service ("" when told not to)."""
+    named = environ.get(SOCKET_ENV)
+    if named is None:
+        return DEFAULT_SOCKET
+    return "" if named in ("", "off") else named
 
 
 class FrameError(ValueError):

@@ -38,16 +38,16 @@ import threading
 from libbroker.errors import LaunchError, SocketInUse, UsageError
 from libbroker.launcher import fanotify, hostrun_binds
 from libbroker.launcher.gate_service_conn import Conn
-from libbroker.launcher.hostrun_gate_client import DEFAULT_SOCKET, SOCKET_ENV, socket_path
 from libbroker.launcher.hostrun_judge import PATIENCE
 from libbroker.unix_listen import LiveSocket, listen_unix
+from libpolicy.hostrun_gate_service import DEFAULT_SOCKET, SOCKET_ENV, socket_path
 
 MAX_SESSIONS = 64
 
 
 def listen_path() -> str:
     """Where the service listens without --socket: where launchers look."""
-    return socket_path() or DEFAULT_SOCKET
+    return socket_path(os.environ) or DEFAULT_SOCKET
 
 
 def _say(line: str) -> None:

@@ -23,13 +23,12 @@ up through the end sweep and is the last to go (:meth:`Gate.stop`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 from typing import TYPE_CHECKING
 
 from libbroker.launcher import fanotify
 from libbroker.launcher.hostrun_binds import Binds
-from libbroker.launcher.hostrun_judge import PATIENCE, RECENT, SHOWN, Judge
+from libbroker.launcher.hostrun_judge import PATIENCE, RECENT, SHOWN, Judge, git_dirs_to_bind
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_fingerprint import Snapshot
@@ -43,8 +42,7 @@ class Gate(Judge[fanotify.Event]):
 
     def __init__(self, snap: Snapshot, watcher: Watcher, record_dir: str) -> None:
         super().__init__(snap, watcher)
-        git_dirs = [g for g in snap.repos if g.rsplit("/", 1)[-1] == ".git" and not _below_git(g)]
-        self.binds = Binds(self.workdir, git_dirs, record_dir)
+        self.binds = Binds(self.workdir, git_dirs_to_bind(snap.repos), record_dir)
         self.fan: fanotify.Fanotify | None = None
         self.pid = os.getpid()
         self.own = 0  # the launcher's own opens that reached the gate (a round trip each)
@@ -95,6 +93,8 @@ class Gate(Judge[fanotify.Event]):
         return os.fstat(ev.fd)
 
     def _digest(self, ev: fanotify.Event, rel: str) -> str:
+        import hashlib  # rarely: a host-run file restored as a new inode
+
         digest = hashlib.sha256()
         at = 0
         while chunk := os.pread(ev.fd, 1 << 16, at):
@@ -150,8 +150,3 @@ def _comm(pid: int) -> str:
             return fh.read().strip()
     except OSError:
         return ""
-
-
-def _below_git(rel: str) -> bool:
-    """A git dir inside another one (a module's): reached by absolute paths, never a cwd."""
-    return ".git/" in rel

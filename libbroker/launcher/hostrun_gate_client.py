@@ -18,35 +18,23 @@ allowed, as after the death of a root launcher) and unbinds.
 
 from __future__ import annotations
 
+import _socket  # not socket.py: this module loads on every session's start (its cost)
 import contextlib
-import hashlib
 import os
-import socket
 import threading
 from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.launcher.hostrun_binds import open_beneath
-from libbroker.launcher.hostrun_gate import _below_git
-from libbroker.launcher.hostrun_judge import PATIENCE, Judge
+from libbroker.launcher.hostrun_judge import PATIENCE, Judge, git_dirs_to_bind
 from libpolicy import hostrun_gate_service as proto
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_fingerprint import Snapshot
     from libbroker.launcher.hostrun_live import Watcher
 
-DEFAULT_SOCKET = "/run/agent-sandbox/gate.sock"
-SOCKET_ENV = "AGENT_SANDBOX_GATE_SOCKET"  # the launcher's and the tests' override; "off"
 READY_TIMEOUT = 30.0  # the service binds and marks: milliseconds per repository
 _O_UNDER = os.O_PATH | os.O_NOFOLLOW | os.O_DIRECTORY | os.O_CLOEXEC
 _O_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
-
-
-def socket_path(environ: dict[str, str] | None = None) -> str:
-    """Where a launcher looks for the service ("" when told not to)."""
-    named = (os.environ if environ is None else environ).get(SOCKET_ENV)
-    if named is None:
-        return DEFAULT_SOCKET
-    return "" if named in ("", "off") else named
 
 
 class GateRefused(Exception):
@@ -85,10 +73,9 @@ class ServiceGate(Judge[Ask]):
     def __init__(self, snap: Snapshot, watcher: Watcher, path: str) -> None:
         super().__init__(snap, watcher)
         self.path = path
-        self.git_dirs = [g for g in snap.repos
-                         if g.rsplit("/", 1)[-1] == ".git" and not _below_git(g)]
+        self.git_dirs = git_dirs_to_bind(snap.repos)
         self.under: dict[str, int] = {}  # fds taken before the binds: beneath them
-        self.sock: socket.socket | None = None
+        self.sock: _socket.socket | None = None
         self.service_lines: list[str] = []
         self._inbox = b""
         self._send_lock = threading.Lock()
@@ -99,11 +86,14 @@ class ServiceGate(Judge[Ask]):
         :class:`GateRefused` (nothing left) if the service does not gate."""
         try:
             self._open_dirs()
-            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            from array import array
+
+            self.sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             self.sock.settimeout(READY_TIMEOUT)
             self.sock.connect(self.path)
-            fds = [self.under[""], *(self.under[g] for g in self.git_dirs)]
-            socket.send_fds(self.sock, [proto.encode({"op": "gate", "dirs": len(fds)})], fds)
+            fds = array("i", [self.under[""], *(self.under[g] for g in self.git_dirs)])
+            self.sock.sendmsg([proto.encode({"op": "gate", "dirs": len(fds)})],
+                              [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
             reply = self._frame()
             if reply.get("op") == "refused":
                 raise GateRefused(str(reply.get("why", "")))
@@ -145,7 +135,7 @@ class ServiceGate(Judge[Ask]):
 
     def _incoming(self) -> list[Ask] | None:
         assert self.sock is not None
-        chunk = self.sock.recv(1 << 16, socket.MSG_DONTWAIT)
+        chunk = self.sock.recv(1 << 16, _socket.MSG_DONTWAIT)
         if not chunk:
             self.died = self.died or "the gate service closed the connection"
             return None
@@ -176,6 +166,8 @@ class ServiceGate(Judge[Ask]):
 
     def _digest(self, ask: Ask, rel: str) -> str:
         """Our own read of the file, beneath the binds, only if it is the inode opened."""
+        import hashlib  # rarely: a host-run file restored as a new inode
+
         fd = open_beneath(self.under[""], rel, _O_READ)
         try:
             st = os.fstat(fd)
@@ -223,12 +215,3 @@ class ServiceGate(Judge[Ask]):
                 os.close(fd)
         self.under = {}
 
-
-def service_exists(path: str) -> bool:
-    """Whether a socket is at ``path`` (the launcher asks only then)."""
-    import stat
-
-    try:
-        return stat.S_ISSOCK(os.stat(path).st_mode)
-    except OSError:
-        return False

@@ -249,6 +249,12 @@ class Judge(Generic[T]):
         return lines
 
 
+def git_dirs_to_bind(repos: frozenset[str] | set[str] | dict[str, int]) -> list[str]:
+    """The repositories' ``.git`` directories a gate binds: not one inside another git dir
+    (a module's: reached by absolute paths, never a working directory)."""
+    return [g for g in repos if g.rsplit("/", 1)[-1] == ".git" and ".git/" not in g]
+
+
 def _is_git_dir(path: str) -> bool:
     """git's own test, by lstat only (no open: nothing reaches the gate): HEAD, objects/,
     refs/."""

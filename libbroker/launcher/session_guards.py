@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
@@ -97,23 +98,32 @@ class Guards:
         in the launcher (root), else through the gate service when its socket is there
         (hostrun_gate_client); else the watcher guards alone (said when a gate could
         not start)."""
-        from libbroker.launcher import fanotify, hostrun_gate_client
-        from libbroker.launcher.hostrun_gate import Gate
+        from libbroker.launcher import fanotify
+        from libpolicy.hostrun_gate_service import socket_path
 
         if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off":
             return
         assert self.live is not None
-        gate: Gate | hostrun_gate_client.ServiceGate
+        gate: Gate | ServiceGate
         if fanotify.available():
+            from libbroker.launcher.hostrun_gate import Gate
+
             gate = Gate(snap, self.live, root)  # its record lives as long as the janitor may
         else:
-            path = hostrun_gate_client.socket_path()
-            if not path or not hostrun_gate_client.service_exists(path):
-                return
-            gate = hostrun_gate_client.ServiceGate(snap, self.live, path)
+            path = socket_path(os.environ)
+            try:
+                if not path or not stat.S_ISSOCK(os.stat(path).st_mode):
+                    return
+            except OSError:
+                return  # no service here: the watcher alone, as doctor says
+            from libbroker.launcher.hostrun_gate_client import ServiceGate
+
+            gate = ServiceGate(snap, self.live, path)
+        from libbroker.launcher.hostrun_gate_client import GateRefused
+
         try:
             gate.start()
-        except (OSError, hostrun_gate_client.GateRefused) as exc:
+        except (OSError, GateRefused) as exc:
             why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
             say([f"agent-sandbox: the live gate is off in this session ({why}); the "
                  "watcher guards alone"])
