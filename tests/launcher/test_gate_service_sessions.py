@@ -90,6 +90,11 @@ def _session(user: OrdinaryUser, place: Path, env: dict[str, str], backend: str,
                             stdin=subprocess.DEVNULL)
 
 
+def _after(service: Service, work: Path) -> str:
+    """The service's log since it began gating ``work``."""
+    return service.log().split(f"gating '{work}'", 1)[-1]
+
+
 def _stopped(pid: int) -> bool:
     return all(Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0]
                == "T" for t in os.listdir(f"/proc/{pid}/task"))
@@ -124,10 +129,14 @@ def test_an_ordinary_users_session_is_gated_by_the_service(
             deadline = time.monotonic() + 10
             while mounts(work) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            said = service.log().split(f"gating '{work}'", 1)[1]
+            unbound = time.monotonic() - t0
+            deadline = time.monotonic() + 10  # the line comes after the detaches
+            while "ended (the" not in _after(service, work) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            said = _after(service, work)
             assert "ended (the launcher exited)" in said or "ended (the connection was lost)" \
                 in said, said
-            print(f"kill -9: the service unbound in {time.monotonic() - t0:.2f} s")
+            print(f"kill -9: the service unbound in {unbound:.2f} s")
         host.wait(timeout=60)
     finally:
         proc.kill()
