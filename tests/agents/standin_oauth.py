@@ -154,6 +154,12 @@ def _handler(o: Oauth) -> type[BaseHTTPRequestHandler]:
             if self.path.split("?")[0] == "/oauth2/v2/userinfo" and self._authorized():
                 self._reply(200, b'{"id": "1", "email": "p@example.com"}')
                 return
+            if self.path.split("?")[0] == "/backend-api/codex/responses":
+                # Codex asks for the Responses WebSocket first: the stand-in has none.
+                # 426 makes it use HTTPS at once (a 404 costs its five reconnects with
+                # their back-off, about 6.5 s of every turn).
+                self._reply(426, b'{"error":{"message":"no WebSocket here"}}')
+                return
             if self.path.split("?")[0] == "/backend-api/wham/accounts/check":
                 # Codex asks where the account's backend is before each turn.
                 entry = {"id": ACCOUNT, "workspace_backend_origin": "https://chatgpt.com",
