@@ -19,7 +19,9 @@ stay light: every ms spent importing before the spawn delays the session.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 
 from libbroker.errors import LaunchError
 from libbroker.launcher import boot, serve_link
@@ -27,7 +29,7 @@ from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, choose_backend
+from libbroker.sandbox.kinds import AUTO, LANDLOCK, choose_backend
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
 if TYPE_CHECKING:
@@ -81,9 +83,72 @@ class Servers:
         self.sockets = sockets
         self.service = service
         self.taken = False  # a session owns them from then on
+        # The Landlock helper, started with them when the command line's backend
+        # is Landlock (:func:`start_helper`); the session's box takes it.
+        self.helper: Helper | None = None
         # The session's, once it owns them:
         self.tenant = False  # its egress is a tenant of the service's gateway
         self.lazy: LazyBroker | None = None  # broker-server until its first connection
+
+
+class Helper:
+    """The Landlock session's helper, started and waiting for its spec (:func:`start_helper`).
+
+    ``spec``: the write end of its spec pipe; ``life``: of its signal pipe, whose
+    end of file ends the command.  End of file on either before the spec
+    ends the helper itself: a launcher that dies leaves nothing running.
+    """
+
+    def __init__(self, child: Child, spec: int, life: int) -> None:
+        self.child = child
+        self.spec = spec
+        self.life = life
+
+    def drop(self) -> None:
+        """Not used (another backend, or no session): it ends, and is reaped."""
+        os.close(self.spec)
+        os.close(self.life)
+        _end(self.child)
+
+
+def start_helper(own_group: bool) -> Helper:
+    """The Landlock session's helper (:mod:`libbroker.sandbox.landlock_helper`), started now.
+
+    It imports what it needs (~50 ms of CPU), then waits for its spec: it needs
+    nothing of the session to start, so the launcher starts it with the
+    servers, before its own imports and config, when the command line names
+    Landlock (or ``auto`` picks it here).  ``own_group``: the helper calls
+    setsid() (no terminal on stdin).  LaunchError if it cannot start.
+    """
+    r, w = os.pipe()  # the spec, written once the servers listen
+    life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
+    os.set_inheritable(r, True)
+    os.set_inheritable(life_r, True)
+    helper = "libbroker.sandbox.landlock_helper"
+    slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
+    # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
+    # must outlive even a launcher killed by SIGKILL long enough to kill
+    # everything below it.  End of file on either pipe tells it.
+    argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
+    try:
+        child = spawn("sandbox", argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+                      pass_fds=[r, life_r], pipes=False)
+    except LaunchError:
+        os.close(w)
+        os.close(life_w)
+        raise
+    finally:
+        os.close(r)
+        os.close(life_r)
+    child.own_group = own_group
+    return Helper(child, w, life_w)
+
+
+def drop_helper(servers: Servers | None) -> None:
+    """A prestarted helper no box took (the session's backend is another): it ends."""
+    if servers is not None and servers.helper is not None:
+        helper, servers.helper = servers.helper, None
+        helper.drop()
 
 
 def _words(argv: list[str]) -> list[tuple[str, str]]:
@@ -208,10 +273,15 @@ def try_start(argv: list[str]) -> Servers | None:
     """
     if not wants_servers(argv):
         return None
+    backend = backend_hint(argv)
     try:
-        servers = start(backend_hint(argv))
+        servers = start(backend)
     except LaunchError:
         return None
+    if backend == LANDLOCK:
+        # If it cannot start, the session's box starts it and says what goes wrong.
+        with contextlib.suppress(LaunchError):
+            servers.helper = start_helper(own_group=not os.isatty(0))
     trace("servers spawned")
     # Where the repository is: git answers while the launcher parses and reads
     # its config (libbroker.launcher.gitfacts; config_file.load takes it).
@@ -240,6 +310,7 @@ def discard(servers: Servers | None) -> None:
     gitfacts.discard_early()
     if servers is not None and not servers.taken:
         servers.taken = True
+        drop_helper(servers)
         servers.sockets.close()
         for child in (servers.broker, servers.proxy):
             if child is not None:

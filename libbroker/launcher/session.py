@@ -112,6 +112,7 @@ class Session:
         ends.callback(self.pipes.close_log)
         if self.servers is not None:  # ours from now on, whatever happens
             self._take(self.servers)
+            ends.callback(prestart.drop_helper, self.servers)  # one no box took
         if not os.path.isdir(cfg.workdir):
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
         self.box.check()
@@ -128,6 +129,7 @@ class Session:
         self._make_limits(ends, rt)
         ends.callback(self.box.reap)  # what the command left, once the children are gone
         self.box.open()
+        prestart.drop_helper(self.servers)  # prestarted for Landlock, the config chose another
         host, record_dir = self._broker_arguments(rt, sockets, git)
         self._write_gpg_program(host)
         found = self._build(rt, host)

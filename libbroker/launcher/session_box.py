@@ -28,11 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
-from libbroker.launcher import agent_sandbox, agent_session, boot, hostrun_guard, plan
+from libbroker.launcher import agent_sandbox, agent_session, hostrun_guard, plan, prestart
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.session_guards import say
 from libbroker.sandbox import backends
@@ -289,41 +288,21 @@ class LandlockBox(Box):
         self._start_helper()
 
     def _start_helper(self) -> None:
-        """The helper starts now, then waits for its spec.
-
-        It needs nothing of the session to start, so it starts right after
-        the servers: its import overlaps theirs.
-        """
+        """The helper, started with the servers (:func:`.prestart.start_helper`: its
+        import overlaps the launcher's own), or now; it waits for its spec."""
         s = self.s
-        assert s.rt is not None
+        assert s.rt is not None and s.servers is not None
         from libbroker.launcher.door import Door
 
-        r, w = os.pipe()  # the spec, written once the servers listen
-        life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
-        self.spec = w
-        self.line = ReaperLine(life_w)
-        os.set_inheritable(r, True)
-        os.set_inheritable(life_r, True)
+        helper = s.servers.helper  # started with the servers (prestart), else now
+        s.servers.helper = None
+        if helper is None:
+            helper = prestart.start_helper(own_group=not s.signals.tty)
+        self.spec = helper.spec
+        self.line = ReaperLine(helper.life)
         self.door = Door(s.rt.broker_socket)
-        helper = "libbroker.sandbox.landlock_helper"
-        slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
-        # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
-        # must outlive even a launcher killed by SIGKILL long enough to kill
-        # everything below it.  End of file on either pipe tells it.
-        helper_argv = boot.python_argv("agent-sandbox", helper, slow)
-        argv = [*helper_argv, str(r), str(life_r)]
-        try:
-            s.crew.sandbox = s.crew.spawn(
-                "sandbox",
-                argv,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                pass_fds=[r, life_r],
-                pipes=False,
-                own_group=not s.signals.tty,  # the helper calls setsid() then
-            )
-        finally:
-            os.close(r)
-            os.close(life_r)
+        s.crew.adopt(helper.child)
+        s.crew.sandbox = helper.child
 
     def ready(self, snap: hostrun_guard.Snapshot) -> None:
         """The live guard: each config linked where the helper can mount (pidns.probe)."""
