@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import json
+import os
 import ssl
 import subprocess
 import threading
@@ -345,6 +347,37 @@ def serving(tmp: Path) -> Iterator[Oauth]:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def comes_due(flag: Path, creds: Path, expire: Callable[[dict[str, object]], None],
+              timeout: float = 150) -> threading.Thread:
+    """Once the session touches ``flag``, the person's login comes due: ``expire`` moves
+    its expiry inside the keeper's margin, written as the keeper writes (the directory
+    locked, a temporary file renamed over it, the mode kept).  The keeper reads the file
+    at each run and compares that expiry with the clock: this is the token coming due
+    mid-session at the moment the test chooses (no fixed wait, no race with the turn
+    before it).  The thread ends by itself; join it after the session."""
+    def wait_then_expire() -> None:
+        deadline = time.monotonic() + timeout
+        while not flag.exists():
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        dirfd = os.open(creds.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(dirfd, fcntl.LOCK_EX)
+            data = json.loads(creds.read_text())
+            expire(data)
+            tmp = creds.parent / f".{creds.name}.due"
+            tmp.write_text(json.dumps(data))
+            tmp.chmod(creds.stat().st_mode & 0o777)
+            os.replace(tmp, creds)
+        finally:
+            os.close(dirfd)
+
+    thread = threading.Thread(target=wait_then_expire, daemon=True)
+    thread.start()
+    return thread
 
 
 def run_logged_in(w: Home, o: Oauth, backend: str, agent: str, key_var: str, script: str,

@@ -5,9 +5,10 @@ stand-in token endpoint and API (standin_oauth.py, TLS on loopback, reached
 through the config's ``resolve`` pins).  No ``[[secret]]``, no API key: the
 launcher sees the login by itself (libbroker.launcher.logins).
 
-- A turn completes; the access token expires mid-session (the stand-in
-  revokes the old pair when it rotates), it is refreshed on the host, and the
-  next turn works with the new one;
+- A turn completes; the access token comes due mid-session (the person's file
+  says so: standin_oauth.comes_due; the stand-in revokes the old pair when it
+  rotates), it is refreshed on the host, and the next turn works with the new
+  one;
 - the rotated pair is in the person's file after the session, with its mode;
 - the real tokens are nowhere inside (a scan of /proc, HOME, the config copy,
   the workdir and /tmp, which learns the rotated pair at run time), and no
@@ -31,7 +32,7 @@ import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, report, split
-from standin_oauth import CLAUDE_ACCOUNT, Oauth, run_logged_in, serving
+from standin_oauth import CLAUDE_ACCOUNT, Oauth, comes_due, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
 MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
@@ -63,9 +64,10 @@ def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedPro
 
 # One session per backend proves both refreshes (a session costs the servers' start
 # and Claude Code's): first the refresh from inside (inside_token.py: its turn is the
-# one with the first token), then the host's refresh comes due, and the next turn,
-# with the new token, runs the scan.
+# one with the first token), then the host's login comes due (``due``: comes_due), and
+# the next turn, with the refreshed token, runs the scan.
 AFTER = """
+touch due
 i=0; while [ ! -e refreshed ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 [ -e refreshed ] || { echo NO-REFRESH; exit 1; }
 claude -p --allowedTools=Bash 'RUN<<python3 scan.py>>'
@@ -73,6 +75,13 @@ claude -p --allowedTools=Bash 'RUN<<python3 scan.py>>'
 # (the scan of the part before the host's refresh learns nothing yet)
 LEARN = ("import json, os\nEXTRA_PARTS = [tuple(p) for p in json.load(open('refreshed'))] "
          "if os.path.exists('refreshed') else []\n")
+
+
+def _due_now(data: dict[str, object]) -> None:
+    """The login expires within the keeper's margin (a minute inside it)."""
+    login = data["claudeAiOauth"]
+    assert isinstance(login, dict)
+    login["expiresAt"] = int((time.time() + MARGIN_S - 60) * 1000)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -87,11 +96,13 @@ def test_a_subscription_login_works_refreshes_on_the_host_and_stays_outside(
     need("claude")
     w, o = world, oauth
     first = o.secrets()
-    creds = login(w, o, MARGIN_S + 6)  # due for refresh a few seconds in
+    creds = login(w, o, 8 * 3600)
     flag = w.workdir / "refreshed"  # the session waits for it, and learns the new pair
     o.on_refresh = lambda: flag.write_text(json.dumps(split(*o.secrets())))
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
+    due = comes_due(w.workdir / "due", creds, _due_now)
     done = run(w, o, backend, inside_token.script("claude") + AFTER)
+    due.join(timeout=10)
     out = done.stdout
     report(f"oauth claude {backend} refresh-inside+host-refresh+turn", out)
     assert done.returncode == 0, out + done.stderr[-3000:]

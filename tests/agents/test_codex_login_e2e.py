@@ -6,31 +6,33 @@ tokens, a refresh token, the account) issued by a stand-in token endpoint
 TLS on loopback through the config's ``resolve`` pins.  No config for it:
 the launcher sees the login (libbroker.launcher.logins).
 
-A turn completes (the refresh from inside's, below); the access token expires
-mid-session, is refreshed on the host (the stand-in revokes the old pair), and
-the next turn works; the rotated tokens are in the person's file after the
-session, with its mode;
-no real token is found inside (the scan runs in the session while the second
-turn's codex runs: this Codex sends the stand-in's RUN prompt in a shape its
-script does not read as a tool call); only the host's refresh carries the
-refresh token; in the same session, first, a process inside posting the
-placeholder refresh token gets placeholders from egress-proxy, anything else
-there is refused, and Codex forced to refresh inside goes on working
-(inside_token.py).
+A turn completes (the refresh from inside's, below); the access token comes
+due mid-session (the person's file says so: standin_oauth.comes_due), is
+refreshed on the host (the stand-in revokes the old pair), and the next turn
+works; the rotated tokens are in the person's file after the session, with its
+mode; no real token is found inside (the scan runs in the session while the
+second turn's codex runs: this Codex sends the stand-in's RUN prompt in a
+shape its script does not read as a tool call); only the host's refresh
+carries the refresh token; in the same session, first, a process inside
+posting the placeholder refresh token gets placeholders from egress-proxy,
+anything else there is refused, and Codex forced to refresh inside goes on
+working (inside_token.py).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import subprocess
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import inside_token
 import pytest
 from agents_world import Home, need
 from inside_scan import SCAN, report, split
-from standin_oauth import ACCOUNT, Oauth, run_logged_in, serving
+from standin_oauth import ACCOUNT, Oauth, comes_due, run_logged_in, serving
 
 BACKENDS = ("bwrap", "nono")
 MARGIN_S = 300  # libegress.oauth_login.MARGIN_MS
@@ -61,9 +63,10 @@ def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedPro
 
 # One session per backend proves both refreshes (a session costs the servers' start
 # and Codex's): first the refresh from inside (inside_token.py: its turn is the one
-# with the first token), then the host's refresh comes due, and the next turn, with
-# the new token, runs while the scan does.
+# with the first token), then the host's login comes due (``due``: comes_due), and the
+# next turn, with the refreshed token, runs while the scan does.
 AFTER = """
+touch due
 i=0; while [ ! -e refreshed ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
 [ -e refreshed ] || { echo NO-REFRESH; exit 1; }
 codex exec --skip-git-repo-check hello > turn2.out 2>&1 &
@@ -72,6 +75,14 @@ sleep 2; python3 scan.py; wait $! || exit 1; cat turn2.out
 # (the scan of the part before the host's refresh learns nothing yet)
 LEARN = ("import json, os\nEXTRA_PARTS = [tuple(p) for p in json.load(open('refreshed'))] "
          "if os.path.exists('refreshed') else []\n")
+
+
+def _holding(access: str) -> Callable[[dict[str, object]], None]:
+    def hold(data: dict[str, object]) -> None:
+        tokens = data["tokens"]
+        assert isinstance(tokens, dict)
+        tokens["access_token"] = access
+    return hold
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -84,12 +95,21 @@ def test_a_chatgpt_login_works_refreshes_on_the_host_and_stays_outside(
     token; nothing real inside; the person's file holds the host's refresh only."""
     need("codex")
     w, o = world, oauth
-    auth = login(w, o, MARGIN_S + 8)
-    first = [o.id_token, *o.secrets()]
+    auth = login(w, o, 8 * 3600)
+    # Codex's expiry is its access token's exp claim: the token the person's file holds
+    # once it comes due is that token with exp a minute inside the keeper's margin (the
+    # keeper refreshes it at once: it is never sent, and never inside either).
+    header, claims, signature = o.access.split(".")
+    claims = base64.urlsafe_b64encode(json.dumps({**json.loads(base64.urlsafe_b64decode(
+        claims + "==")), "exp": int(time.time() + MARGIN_S - 60)}).encode()).decode()
+    due_token = ".".join([header, claims.rstrip("="), signature])
+    first = [o.id_token, *o.secrets(), due_token]
     flag = w.workdir / "refreshed"
     o.on_refresh = lambda: flag.write_text(json.dumps(split(o.id_token, *o.secrets())))
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
+    due = comes_due(w.workdir / "due", auth, _holding(due_token))
     done = run(w, o, backend, inside_token.script("codex") + AFTER)
+    due.join(timeout=10)
     out = done.stdout
     report(f"oauth codex {backend} refresh-inside+host-refresh+turn", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
@@ -116,6 +136,7 @@ def test_a_chatgpt_login_works_refreshes_on_the_host_and_stays_outside(
             assert r.host.startswith("chatgpt.com"), r
             assert all(f"Bearer {t}" in r.headers and t not in r.body for t in carried)
         assert "rt_" + PLACEHOLDER not in r.headers + r.body
+        assert due_token not in r.headers + r.body
     inside_token.check("codex", o, out, host_refreshes=1)
     turn = [r for r in o.seen if r.path.endswith("/codex/responses")]
     assert f"Bearer {first[1]}" in turn[0].headers and f"Bearer {o.access}" in turn[-1].headers

@@ -7,17 +7,18 @@ loopback, the config's ``resolve`` pins).  No config for it: the launcher
 sees the login (libbroker.launcher.logins).
 
 A turn completes (the refresh from inside's, below); the access token comes
-due mid-session and is refreshed on the host (Google's refresh token does not
-rotate), and the next turn works with the new access token; the new access
-token and expiry are in the person's file after the session, with its mode;
-no real token is found inside; only the host's refresh carries the refresh
-token.  Beside the held login, the session's own bearer and API key reach the API as they came
-(never the real token) and gcloud's own refresh on the token host is answered
-by the endpoint.  In the same session, first, a process inside posting the
-placeholder refresh token gets placeholders from egress-proxy and anything
-else there is refused, and the CLI forced to refresh inside goes on working
+due mid-session (the person's file says so: standin_oauth.comes_due) and is
+refreshed on the host (Google's refresh token does not rotate), and the next
+turn works with the new access token; the new access token and expiry are in
+the person's file after the session, with its mode; no real token is found
+inside; only the host's refresh carries the refresh token. Beside the held
+login, the session's own bearer and API key reach the API as they came (never
+the real token) and gcloud's own refresh on the token host is answered by the
+endpoint. In the same session, first, a process inside posting the placeholder
+refresh token gets placeholders from egress-proxy and anything else there is
+refused, and the CLI forced to refresh inside goes on working
 (inside_token.py); the real access tokens go to the token host's /tokeninfo
-and the APIs only.  (Gemini CLI's real relaunch, parent and child node, is
+and the APIs only. (Gemini CLI's real relaunch, parent and child node, is
 test_login_inside_e2e's, both backends.)
 """
 
@@ -40,6 +41,7 @@ from standin_oauth import (
     GCLOUD_REFRESH,
     GEMINI_CLIENT_ID,
     Oauth,
+    comes_due,
     run_logged_in,
     serving,
 )
@@ -83,9 +85,11 @@ def run(w: Home, o: Oauth, backend: str, script: str) -> subprocess.CompletedPro
 
 # One session per backend (a session costs the servers' start and the CLI's): first
 # the refresh from inside (inside_token.py: its turn is the one with the first
-# token), the session's own credentials while the host's refresh comes due, then the
-# next turn, with the new token, runs the scan.
+# token), then the host's login comes due (``due``: comes_due) and meanwhile the
+# session's own credentials go out, then the next turn, with the refreshed token, runs
+# the scan.
 AFTER = """
+touch due
 code() {{ curl -sS -o /dev/null -w '%{{http_code}}' "$@"; }}
 echo "OWN-BEARER $(code -X POST -H 'Authorization: Bearer ya29.its-own' -d '{{}}' \
   https://cloudcode-pa.googleapis.com/v1internal:loadCodeAssist)"
@@ -108,15 +112,16 @@ def test_a_google_login_works_refreshes_on_the_host_and_stays_outside(
 ) -> None:
     need("gemini")
     w, o = world, oauth
-    # Due for refresh 14 s in: the first turn is seconds (one node start, no relaunch
-    # here: agents_world.py), the wait for the refresh the test's own cost.
-    creds = login(w, o, MARGIN_S + 14)
+    creds = login(w, o, 8 * 3600)  # (one node start per turn, no relaunch: agents_world.py)
     first = [*o.secrets(), ID_SIGNATURE]
     flag = w.workdir / "refreshed"
     o.on_refresh = lambda: flag.write_text(json.dumps(split(*o.secrets())))
     (w.workdir / "scan.py").write_text(LEARN + SCAN.format(parts=split(*first)))
     after = AFTER.format(gcloud=GCLOUD_CLIENT_ID, refresh=GCLOUD_REFRESH)
+    due = comes_due(w.workdir / "due", creds, lambda d: d.update(
+        expiry_date=int((time.time() + MARGIN_S - 60) * 1000)))
     done = run(w, o, backend, inside_token.script("gemini") + after)
+    due.join(timeout=10)
     out = done.stdout
     report(f"oauth gemini {backend} refresh-inside+own+host-refresh+turn", out)
     assert done.returncode == 0, out + done.stderr[-3000:]
