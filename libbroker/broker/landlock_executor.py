@@ -211,7 +211,7 @@ class LandlockChild(Child):
         if self.group is not None:  # the reaper is gone: nothing of the command is left
             cgroups.remove(self.group, timeout=0)
             self.group = None
-        self.line.close()
+        self.line.release()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
             self.tmp = None

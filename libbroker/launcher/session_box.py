@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 
     from libbroker.launcher.door import Door
     from libbroker.launcher.session import Session
+    from libbroker.sandbox.backend import Started
     from libbroker.sandbox.bwrap_backend import BwrapStart
     from libbroker.sandbox.cgroups import Group
 else:
@@ -56,6 +57,7 @@ class Box:
 
     def __init__(self, session: Session) -> None:
         self.s = session
+        self.started: Started | None = None  # its backend's start: CMD's signals, its release
         self.limits: Group | None = None  # the sandbox's resource limits (the session makes them)
         self.subreaper = False  # orphans below the launcher are killed at teardown
 
@@ -94,7 +96,9 @@ class Box:
 
     def signal(self, sig: int) -> None:
         """Pass ``sig`` to CMD: through the forwarder (bwrap) or the reaper (Landlock) while
-        their pipe is open; else (the base) to the sandbox's process itself."""
+        their pipe is open (:attr:`started`); else to the sandbox's process itself."""
+        if self.started is not None and self.started.signal(sig):
+            return
         if self.s.crew.sandbox is not None:
             self.s.crew.sandbox.send(sig)
 
@@ -106,6 +110,8 @@ class Box:
 
     def release(self) -> None:
         """The servers are gone: close the control pipe, the bridges and the door."""
+        if self.started is not None:
+            self.started.release()
 
     def reap(self) -> None:
         """After the children: whatever they left outside their groups (see :meth:`open`)."""
@@ -140,7 +146,7 @@ class BwrapBox(Box):
         prog = seccomp.program()
         if prog is None:
             raise SandboxUnavailable(f"no seccomp filter for {os.uname().machine}: cannot sandbox")
-        self.start = start = BwrapStart(prog, held=True)  # held: the forwarder's go byte
+        self.start = self.started = start = BwrapStart(prog, held=True)  # the forwarder's go
         pin, hold, binds = self._holds()
         overlays = s.agent.overlays(rt) if s.agent is not None else ()
         env = s.env(host, HTTP_PORT, SOCKS_PORT)
@@ -242,18 +248,10 @@ class BwrapBox(Box):
             say([f"agent-sandbox: the git config links are only watched in this "
                  f"session, not held: {exc.strerror or exc}"])  # fmt: skip
 
-    def signal(self, sig: int) -> None:
-        if self.start is None or not self.start.signal(sig):  # the forwarder passes it on
-            super().signal(sig)
-
     def stop(self) -> None:
         if self.start is not None:  # the sandbox is gone: its connections end too
             self.start.stop()
 
-    def release(self) -> None:
-        super().release()
-        if self.start is not None:  # the go pipe, the bridges, a start that ended before go
-            self.start.release()
 
 
 class LandlockBox(Box):
@@ -268,7 +266,6 @@ class LandlockBox(Box):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.spec = -1  # write end of the helper's spec
-        self.line = ReaperLine(-1)  # then signal numbers for CMD, to the helper (its reaper)
         self.door: Door | None = None
         self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
@@ -299,7 +296,7 @@ class LandlockBox(Box):
         if helper is None:
             helper = prestart.start_helper(own_group=not s.signals.tty)
         self.spec = helper.spec
-        self.line = ReaperLine(helper.life)
+        self.started = ReaperLine(helper.life)  # then signal numbers for CMD, to its reaper
         self.door = Door(s.rt.broker_socket)
         s.crew.adopt(helper.child)
         s.crew.sandbox = helper.child
@@ -374,13 +371,8 @@ class LandlockBox(Box):
             os.close(self.spec)
             self.spec = -1
 
-    def signal(self, sig: int) -> None:
-        if not self.line.signal(sig):
-            super().signal(sig)
-
     def release(self) -> None:
         super().release()
-        self.line.close()
         if self.door is not None:
             self.door.close()
             self.door = None

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple, Protocol
 
 from libbroker.sandbox import kinds
 
@@ -62,3 +62,14 @@ class Backend(ABC):
     @abstractmethod
     def diagnose(self) -> Finding:
         """Whether it works here, trying it; the fix when not."""
+
+
+class Started(Protocol):
+    """A started sandbox as its caller holds it, whatever the backend: the command's
+    signals, and the release of what its start holds (each idempotent)."""
+
+    def signal(self, sig: int) -> bool:
+        """``sig`` for the command; False when the line to it is closed (nothing sent)."""
+
+    def release(self) -> None:
+        """Everything the start holds, closed."""

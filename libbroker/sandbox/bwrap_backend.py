@@ -111,6 +111,7 @@ class BwrapStart:
     :meth:`go` writes on it.  Meanwhile the proxy's ports are opened inside the
     sandbox's network namespace (:meth:`listen`) and bridged to the host's at
     :meth:`go`.  :meth:`release` closes everything it holds, on every path.
+    A :class:`~.backend.Started`.
     """
 
     def __init__(self, prog: bytes, *, held: bool) -> None:

@@ -75,7 +75,8 @@ class ReaperLine:
     """The write end of a Landlock command's pipe to its reaper
     (:func:`libbroker.sandbox.reaper.supervise`): a byte a signal number, which
     the reaper sends to the command's group while that group is still the
-    command's; its end of file (:meth:`close`) kills whatever is still running."""
+    command's; its end of file (:meth:`release`) kills whatever is still running.
+    A :class:`~.backend.Started`."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
@@ -90,7 +91,7 @@ class ReaperLine:
                 os.write(self.fd, bytes([sig]))
         return True
 
-    def close(self) -> None:
+    def release(self) -> None:
         """End of file for the reaper; idempotent."""
         if self.fd >= 0:
             fd, self.fd = self.fd, -1
