@@ -29,7 +29,7 @@ from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, LANDLOCK, choose_backend
+from libbroker.sandbox.kinds import AUTO, choose_backend, starts_before_shape
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
 if TYPE_CHECKING:
@@ -278,7 +278,7 @@ def try_start(argv: list[str]) -> Servers | None:
         servers = start(backend)
     except LaunchError:
         return None
-    if backend == LANDLOCK:
+    if starts_before_shape(backend):
         # If it cannot start, the session's box starts it and says what goes wrong.
         with contextlib.suppress(LaunchError):
             servers.helper = start_helper(own_group=not os.isatty(0))
