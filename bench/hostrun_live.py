@@ -24,6 +24,11 @@ with the watcher alone (``AGENT_SANDBOX_LIVE_GATE=off``) and with the gate
 (fanotify; root only).  Printed per row: host iterations (both loops), plant
 rounds, plant runs (the canary's lines), and runs per 1000 iterations.
 
+As root, the same for an ordinary user's sessions (as_user's throwaway uid,
+the host loops run as that user too): the watcher alone (no gate service) and
+the gate through ``agent-sandbox gate-service``, one service started for these
+rows.  BENCH_LIVE_ONLY=user runs the no-guard row and these rows alone.
+
 Then the cost, with no plants: a session runs ``git status`` in a loop
 inside while the host loops run; per backend, gate off and on, the inside
 and host iterations and the ratio on/off.  BENCH_LIVE_SECONDS (10) sets
@@ -40,6 +45,7 @@ import sys
 import tempfile
 import threading
 import time
+from typing import Any
 
 SECONDS = float(os.environ.get("BENCH_LIVE_SECONDS", "10"))
 GIT_ENV = {"GIT_CONFIG_NOSYSTEM": "1", "GIT_AUTHOR_NAME": "b", "GIT_AUTHOR_EMAIL": "b@b",
@@ -66,7 +72,8 @@ echo $n > .plant-rounds
 
 
 def _git(cwd: str, *args: str, env: dict[str, str]) -> None:
-    subprocess.run(["git", *args], cwd=cwd, env=env, stdout=subprocess.DEVNULL,
+    argv = list(args) if "git" in args else ["git", *args]
+    subprocess.run(argv, cwd=cwd, env=env, stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL, timeout=30, check=False)
 
 
@@ -98,23 +105,29 @@ echo $n > .inside-rounds
 """
 
 
-def host_loop(work: str, stop: threading.Event, env: dict[str, str]) -> int:
-    """What the person runs meanwhile: ``git status`` (and in ``sub2``); iterations."""
+def host_loop(work: str, stop: threading.Event, env: dict[str, str],
+              prefix: tuple[str, ...] = ()) -> int:
+    """What the person runs meanwhile: ``git status`` (and in ``sub2``); iterations.
+    ``prefix``: run as another user (setpriv)."""
     n = 0
     a = os.path.join(work, "a.txt")
     while not stop.is_set():
-        os.utime(a)  # a stat change: status refreshes and writes the index (post-index-change)
-        _git(work, "status", "--porcelain", env=env)
+        with contextlib.suppress(OSError):  # a stat change: status writes the index
+            os.utime(a)
+        _git(work, *prefix, "git", "status", "--porcelain", env=env)
         if os.path.lexists(os.path.join(work, "sub2", ".git")):
-            _git(os.path.join(work, "sub2"), "status", "--porcelain", env=env)
+            _git(os.path.join(work, "sub2"), *prefix, "git", "status", "--porcelain", env=env)
         n += 1
     return n
 
 
 def measure(backend: str, seconds: float, tmp: str, *, gate: bool = True,
-            inside: str = PLANT) -> tuple[int, int, int, str]:
+            inside: str = PLANT, user: Any = None,
+            service: str = "") -> tuple[int, int, int, str]:
     """(host iterations, rounds inside, plant runs, the session's stderr) for one row;
-    ``backend`` "none": the script runs on the host with no sandbox."""
+    ``backend`` "none": the script runs on the host with no sandbox.  ``user``: the
+    session and the host loops as this ordinary user (as_user), with the gate service
+    at ``service`` ("": none, the watcher alone)."""
     home = os.path.join(tmp, "home")
     os.makedirs(home)
     env = {**{k: v for k, v in os.environ.items() if not k.startswith(("AGENT_SANDBOX", "GIT_"))},
@@ -136,14 +149,24 @@ def measure(backend: str, seconds: float, tmp: str, *, gate: bool = True,
     host_env = {**env, "HOME": os.path.join(tmp, "person")}
     os.makedirs(host_env["HOME"])
     flag = os.path.join(tmp, "stop-shell")
-    shell = subprocess.Popen(["sh", "-c", HOST_SHELL.format(stop=flag)], cwd=work, env=host_env)
+    prefix: tuple[str, ...] = ()
+    if user is not None:
+        prefix = (f"--reuid={user.uid}", f"--regid={user.gid}", "--clear-groups", "--")
+        prefix = ("setpriv", *prefix)
+        env = _as_user(user, tmp, env, argv, service)
+        argv = user.argv(argv)
+        host_env["HOME"] = home
+        flag = os.path.join(canary, "stop-shell")  # the user's shell writes beside it
+    shell = subprocess.Popen([*prefix, "sh", "-c", HOST_SHELL.format(stop=flag)], cwd=work,
+                             env=host_env)
     if not gate:
         env = {**env, "AGENT_SANDBOX_LIVE_GATE": "off"}
     proc = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     while not os.path.exists(os.path.join(work, ".git")):
         time.sleep(0.01)
-    thread = threading.Thread(target=lambda: count.append(host_loop(work, stop, host_env)))
+    thread = threading.Thread(target=lambda: count.append(host_loop(work, stop, host_env,
+                                                                    prefix)))
     thread.start()
     try:
         _, err = proc.communicate(timeout=seconds + 120)
@@ -152,6 +175,7 @@ def measure(backend: str, seconds: float, tmp: str, *, gate: bool = True,
         thread.join()
         with open(flag, "w"):
             pass
+        os.chmod(flag, 0o666)
         shell.wait()
         if proc.poll() is None:
             proc.kill()
@@ -172,26 +196,89 @@ def measure(backend: str, seconds: float, tmp: str, *, gate: bool = True,
     return sum(count), rounds, runs, err
 
 
+def _as_user(user: Any, tmp: str, env: dict[str, str], argv: list[str],
+             service: str) -> dict[str, str]:
+    """The row's files given to ``user``; the session's environment for it."""
+    os.chmod(tmp, 0o755)
+    run = os.path.join(tmp, "run")
+    os.makedirs(run, mode=0o700)
+    os.makedirs(os.path.join(tmp, "state"), exist_ok=True)
+    user.own(*(os.path.join(tmp, d) for d in ("state", "home", "work", "canary", "person",
+                                             "config.toml")), run)
+    os.chmod(os.path.join(tmp, "canary"), 0o777)
+    bin_dir = os.path.dirname(shutil.which("agent-sandbox") or sys.executable)
+    return {**env, "XDG_RUNTIME_DIR": run, "PATH": f"{bin_dir}:{env.get('PATH', '/usr/bin')}",
+            "AGENT_SANDBOX_GATE_SOCKET": service or "off", "USER": user.name}
+
+
+def _user_rows(backends: list[str]) -> list[tuple[str, int, int, int]]:
+    """The ordinary user's rows: per backend, the watcher alone, then the gate service."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                    "sandbox"))
+    from as_user import ordinary_user
+
+    user = ordinary_user()
+    if user.unavailable:
+        print(f"(no ordinary user here: {user.unavailable})")
+        return []
+    top = tempfile.mkdtemp(prefix="bench-gate-service-")
+    os.chmod(top, 0o755)
+    sock = os.path.join(top, "run", "gate.sock")
+    log = open(os.path.join(top, "log"), "wb")  # noqa: SIM115 (the service's stderr)
+    service = subprocess.Popen(["agent-sandbox", "gate-service", f"--socket={sock}"],
+                               stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+    rows = []
+    try:
+        while not os.path.exists(sock) and service.poll() is None:
+            time.sleep(0.02)
+        for backend in backends:
+            for kind, path in (("watcher", ""), ("service", sock)):
+                tmp = tempfile.mkdtemp(prefix=f"bench-live-user-{backend}-")
+                try:
+                    its, rounds, runs, err = measure(backend, SECONDS, tmp, user=user,
+                                                     service=path)
+                finally:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                if path and "the live gate is off" in err:
+                    print(err, file=sys.stderr)
+                rows.append((f"user {backend} {kind}", its, rounds, runs))
+    finally:
+        service.terminate()
+        service.wait(timeout=60)
+        log.close()
+        shutil.rmtree(top, ignore_errors=True)
+    return rows
+
+
 def main() -> int:
     backends = [*(["bwrap"] if shutil.which("bwrap") else []), "nono"]
     gate = os.geteuid() == 0  # fanotify permission events need CAP_SYS_ADMIN
     rows = [("no guard", "none", False)] + [
         (f"{b} {kind}", b, on) for b in backends
         for kind, on in (("watcher", False), *((("gate", True),) if gate else ()))]
+    if os.environ.get("BENCH_LIVE_ONLY") == "user":
+        rows = rows[:1]
     print(f"live window: {SECONDS:g} s of planting per row while two host loops run "
           "git status (a shell older than the session, and new processes)")
-    print(f"{'row':<14} {'iterations':>10} {'rounds':>8} {'runs':>6} {'runs/1000 it':>13}")
+    print(f"{'row':<21} {'iterations':>10} {'rounds':>8} {'runs':>6} {'runs/1000 it':>13}")
     worst = 0
     for name, backend, on in rows:
         its, rounds, runs, err = _row(backend, on, PLANT)
         rate = 1000 * runs / its if its else 0.0
-        print(f"{name:<14} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
+        print(f"{name:<21} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
         if backend != "none":
             worst = max(worst, runs) if on or not gate else worst
             if os.environ.get("BENCH_LIVE_SHOW"):
                 print(err, file=sys.stderr)
+    if gate:  # as root: the ordinary user's rows, with and without the gate service
+        for name, its, rounds, runs in _user_rows(backends):
+            rate = 1000 * runs / its if its else 0.0
+            print(f"{name:<21} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
+            worst = max(worst, runs) if name.endswith("service") else worst
     print(f"goal: 0 plant runs {'with the gate' if gate else 'under a guard'}; "
           f"worst here: {worst}")
+    if os.environ.get("BENCH_LIVE_ONLY") == "user":
+        return 0
     if not gate:
         print("(not root: no gate rows; the watcher's window above is the ordinary user's)")
         return 0

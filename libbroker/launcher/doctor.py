@@ -226,8 +226,8 @@ def check_hostrun(cfg: Config) -> list[Check]:
     )
     from libbroker.launcher.hostrun_gate import describe
 
-    gate, what = describe()
-    live = Check(OK, what) if gate else Check(WARN, what, "run as root for the gate")
+    gate, what, fix = describe()
+    live = Check(OK, what) if gate else Check(WARN, what, fix)
     return [head, *(Check(OK, "  " + line, group=TABLE) for line in table.lines()), live,
             *_live_leftovers(cfg)]
 

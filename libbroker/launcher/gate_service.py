@@ -17,7 +17,8 @@ its own user's opens.  What it refuses, with one line in its log each: root,
 a directory not owned by the peer's uid, a name with a link on it, a ``.git``
 not beneath the workdir, ``/``, a mount point, a workdir inside or around one
 gated now, more than :data:`~libpolicy.hostrun_gate_service.MAX_DIRS`
-directories or :data:`MAX_SESSIONS` sessions, a frame that is not one.
+directories, :data:`MAX_SESSIONS` sessions or :data:`MAX_PER_UID` of one user, a
+frame that is not one, a request not made within 5 s.
 
 The binds of each session are recorded before each mount in a directory of
 the service's (``gate-sessions/N`` beside the socket): a service that died
@@ -39,10 +40,12 @@ from libbroker.errors import LaunchError, SocketInUse, UsageError
 from libbroker.launcher import fanotify, hostrun_binds
 from libbroker.launcher.gate_service_conn import Conn
 from libbroker.launcher.hostrun_judge import PATIENCE
+from libbroker.launcher.serve_link import peer_ids
 from libbroker.unix_listen import LiveSocket, listen_unix
 from libpolicy.hostrun_gate_service import DEFAULT_SOCKET, SOCKET_ENV, socket_path
 
-MAX_SESSIONS = 64
+MAX_SESSIONS = 64  # gated at once, all users
+MAX_PER_UID = 16  # of one user: no user takes every place
 
 
 def listen_path() -> str:
@@ -96,7 +99,7 @@ class Service:
 
     def gated(self) -> list[str]:
         with self._lock:
-            return [c.workdir for c, _ in self._conns.values() if c.workdir]
+            return [c.workdir for c, _ in self._conns.values() if c.binds is not None]
 
     def stop(self) -> None:
         with contextlib.suppress(OSError):
@@ -122,15 +125,24 @@ class Service:
 
     def _start(self, sock: socket.socket) -> None:
         sock.setblocking(True)
+        try:
+            _, uid = peer_ids(sock)
+        except OSError:
+            sock.close()
+            return
         with self._lock:
             self._reap()
-            if len(self._conns) >= MAX_SESSIONS:
-                _say(f"refused a connection: {MAX_SESSIONS} sessions are gated already")
+            mine = sum(1 for c, _ in self._conns.values() if c.uid == uid)
+            if len(self._conns) >= MAX_SESSIONS or mine >= MAX_PER_UID:
+                _say(f"refused a connection of uid {uid}: {len(self._conns)} sessions are "
+                     f"gated, {mine} of them its own (at most {MAX_SESSIONS}, "
+                     f"{MAX_PER_UID} per user)")
                 sock.close()
                 return
             self._number += 1
             conn = Conn(sock, self._number, self.records, self.patience, self._stop_r,
                         self.gated, _say)
+            conn.uid = uid
             thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
                                       name=f"gate-{self._number}")
             self._conns[self._number] = (conn, thread)

@@ -4,8 +4,8 @@ Runs in a thread of ``agent-sandbox gate-service`` (root), from the accept to
 the end, and never raises.  In order:
 
 1. the peer: ``SO_PEERCRED`` and a pidfd of the process that connected
-   (:func:`.serve_peer.peer_pidfd`); root is refused (it runs its own gate);
-2. one ``gate`` frame with its descriptors, within :data:`HELLO_TIMEOUT`;
+   (:func:`.serve_peer.peer_pidfd`);
+2. one ``gate`` frame with its descriptors, within the patience;
 3. the directories proven by their fds (:mod:`.gate_service_dirs`); only then
    anything that needs root: the binds (:class:`.hostrun_binds.Binds`, recorded
    in a directory of the service's), a fanotify group and its mount marks;
@@ -38,7 +38,7 @@ from libbroker.launcher.hostrun_binds import Binds
 from libbroker.launcher.serve_link import peer_ids
 from libpolicy import hostrun_gate_service as proto
 
-HELLO_TIMEOUT = 5.0
+SEND_TIMEOUT = 5.0  # a reply the client does not read
 MAX_OUTBOX = 1 << 20  # asks the launcher has not read: beyond, new ones are refused at once
 
 
@@ -66,6 +66,7 @@ class Conn:
         self.counts = {"allowed at once": 0, "asked": 0, "refused unanswered": 0,
                        "refused unidentified": 0}
         self._ids = 0
+        self._deadline = 0.0
         self._inbox = b""
         self._outbox = b""
 
@@ -119,11 +120,12 @@ class Conn:
             self.pidfd, _ = serve_peer.peer_pidfd(self.sock, self.pid)
         except OSError as exc:
             raise Refused(f"the peer cannot be identified ({exc.strerror})") from None
-        if self.uid == 0:
-            raise Refused("root runs its own gate (in the launcher)")
 
     def _hello(self) -> Verified:
-        self.sock.settimeout(HELLO_TIMEOUT)
+        """The request and its fds, all within the patience (a client that drips its bytes
+        holds a place no longer than one that sends nothing)."""
+        self._deadline = time.monotonic() + self.patience
+        self.sock.settimeout(self.patience)
         fds: list[int] = []
         try:
             try:
@@ -150,6 +152,7 @@ class Conn:
         data = b""
         while len(data) < n:
             try:
+                self.sock.settimeout(max(0.001, self._deadline - time.monotonic()))
                 chunk = self.sock.recv(n - len(data))
             except (TimeoutError, OSError) as exc:
                 raise Refused(f"a frame cut short ({exc})") from None
@@ -276,7 +279,7 @@ class Conn:
             self.fan.answer(ev, allow)
 
     def _send(self, obj: dict[str, object]) -> None:
-        self.sock.settimeout(HELLO_TIMEOUT)
+        self.sock.settimeout(SEND_TIMEOUT)
         self.sock.sendall(proto.encode(obj))
 
     # --- the end --------------------------------------------------------------------------
@@ -290,6 +293,7 @@ class Conn:
             self.fan.close()  # the kernel allows whatever still waits, and drops the marks
         if self.binds is not None:
             lines = self.binds.remove()
+            self.binds = None  # not gated any more (Service.gated)
         if not lines:
             shutil.rmtree(self.record_dir, ignore_errors=True)
         return lines

@@ -129,18 +129,52 @@ class Gate(Judge[fanotify.Event]):
         return lines + self.lines()
 
 
-def describe() -> tuple[bool, str]:
-    """(whether sessions here get the gate, the line ``doctor`` prints about it)."""
+def describe() -> tuple[bool, str, str]:
+    """(whether sessions here get a gate, the line ``doctor`` prints about it, its fix):
+    the gate in the launcher (root), the gate through the service (an ordinary user whose
+    launcher reaches ``agent-sandbox gate-service``), or the watcher alone."""
+    from libpolicy.hostrun_gate_service import socket_path
+
+    window = ("a host git looping while a session plants can run a plant before it acts "
+              "(docs/hostrun-gate.md has the measured window)")
     if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off":
-        return False, ("live guard: the watcher only (AGENT_SANDBOX_LIVE_GATE=off): a host "
-                       "git looping while a session plants can run a plant before it acts")
-    if not fanotify.available():
-        return False, ("live guard: the watcher only (the fanotify gate needs CAP_SYS_ADMIN): "
-                       "a host git looping while a session plants can run a plant before it "
-                       "acts (docs/hostrun-live.md has the measured window)")
-    return True, ("live guard: the fanotify gate: host processes never open a planted "
-                  "host-run file while a session runs (bwrap; Landlock with its own mount "
-                  "namespace)")
+        return False, f"live guard: the watcher alone (AGENT_SANDBOX_LIVE_GATE=off): {window}", \
+            "unset AGENT_SANDBOX_LIVE_GATE"
+    if fanotify.available():
+        return True, ("live guard: the fanotify gate: host processes never open a planted "
+                      "host-run file while a session runs (bwrap; Landlock with its own mount "
+                      "namespace)"), ""
+    path = socket_path(os.environ)
+    if not path:
+        return False, (f"live guard: the watcher alone (AGENT_SANDBOX_GATE_SOCKET=off; the "
+                       f"fanotify gate needs CAP_SYS_ADMIN): {window}"), \
+            "unset AGENT_SANDBOX_GATE_SOCKET"
+    why = _service_answers(path)
+    if not why:
+        return True, (f"live guard: the fanotify gate through the gate service at {path}: "
+                      "host processes never open a planted host-run file while a session "
+                      "runs; an open waits at most 10 s for this user's launcher"), ""
+    return False, (f"live guard: the watcher alone (the fanotify gate needs CAP_SYS_ADMIN, and "
+                   f"the gate service at {path} {why}): {window}"), (
+        "as root, install and start the gate service: contrib/systemd/agent-sandbox-gate"
+        ".socket and .service (docs/hostrun-gate.md, \"The service\")")
+
+
+def _service_answers(path: str) -> str:
+    """"" when something accepts a connection at ``path`` (the service), else why not."""
+    import _socket
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock.settimeout(2)
+    try:
+        sock.connect(path)
+    except FileNotFoundError:
+        return "is not running (no socket)"
+    except OSError as exc:
+        return f"does not answer ({exc.strerror or exc})"
+    finally:
+        sock.close()
+    return ""
 
 
 def _comm(pid: int) -> str:

@@ -94,41 +94,46 @@ class Guards:
         return self.live
 
     def begin_gate(self, snap: hostrun_guard.Snapshot, root: str) -> None:
-        """The live gate before the sandbox's mount namespace copies the host's: fanotify
-        in the launcher (root), else through the gate service when its socket is there
-        (hostrun_gate_client); else the watcher guards alone (said when a gate could
-        not start)."""
+        """The live gate, before the sandbox's mount namespace copies the host's: through
+        the gate service when its socket is there (hostrun_gate_client: every host open's
+        wait bounded, even with this launcher stopped), else fanotify in the launcher
+        (root), else the watcher guards alone (said when a gate could not start)."""
         from libbroker.launcher import fanotify
         from libpolicy.hostrun_gate_service import socket_path
 
         if os.environ.get("AGENT_SANDBOX_LIVE_GATE") == "off":
             return
         assert self.live is not None
-        gate: Gate | ServiceGate
-        if fanotify.available():
-            from libbroker.launcher.hostrun_gate import Gate
+        path = socket_path(os.environ)
+        with contextlib.suppress(OSError):
+            if path and stat.S_ISSOCK(os.stat(path).st_mode):
+                from libbroker.launcher.hostrun_gate_client import GateRefused, ServiceGate
 
-            gate = Gate(snap, self.live, root)  # its record lives as long as the janitor may
-        else:
-            path = socket_path(os.environ)
-            try:
-                if not path or not stat.S_ISSOCK(os.stat(path).st_mode):
+                gate = ServiceGate(snap, self.live, path)
+                try:
+                    gate.start()
+                    self.gate = gate
                     return
-            except OSError:
-                return  # no service here: the watcher alone, as doctor says
-            from libbroker.launcher.hostrun_gate_client import ServiceGate
+                except (OSError, GateRefused) as exc:
+                    why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
+                    if not fanotify.available():
+                        say([f"agent-sandbox: the live gate is off in this session ({why}); "
+                             "the watcher guards alone"])
+                        return
+                    say([f"agent-sandbox: the gate service did not gate this session ({why}); "
+                         "the launcher's own gate instead"])
+        if not fanotify.available():
+            return  # no service here: the watcher alone, as doctor says
+        from libbroker.launcher.hostrun_gate import Gate
 
-            gate = ServiceGate(snap, self.live, path)
-        from libbroker.launcher.hostrun_gate_client import GateRefused
-
+        own = Gate(snap, self.live, root)  # its record lives as long as the janitor may need it
         try:
-            gate.start()
-        except (OSError, GateRefused) as exc:
-            why = (exc.strerror or str(exc)) if isinstance(exc, OSError) else str(exc)
-            say([f"agent-sandbox: the live gate is off in this session ({why}); the "
-                 "watcher guards alone"])
+            own.start()
+        except OSError as exc:
+            say([f"agent-sandbox: the live gate is off in this session "
+                 f"({exc.strerror or exc}); the watcher guards alone"])
             return
-        self.gate = gate
+        self.gate = own
 
     def end(self) -> None:
         """Configs merged back and files again, the sweep, the git dirs', then the gate,

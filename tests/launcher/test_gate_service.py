@@ -77,23 +77,31 @@ def test_hostile_clients_are_refused_with_one_line(user, tree: Path) -> None:  #
             (frame(b'{"op":"gate","dirs":1,"x":1}'), ["w"], "an unknown key 'x'"),
             (frame(b'{"op":"gate","dirs":true}'), ["w"], "'dirs' must be int"),
             (b"\xff\xff\xff\xff" + b"x" * 64, ["w"], "a frame length of 4294967295"),
-            (b"\x00\x00", ["w"], "a frame cut short"),
+            (b"\x00\x00", ["w"], "a frame cut short (end of file)"),
+            (b"\x00\x00\x00\x40{", ["w"], "a frame cut short (timed out)"),  # it drips
             (GATE1, ["w"] * 201, f"more than {200} descriptors"),
         ]
         for data, names, line in cases:
+            shut = "timed out" not in line
             def fds(names: list[str] = names) -> list[int]:
                 return [os.open(tree / n, O_PATH_DIR if not n.endswith("link")
                                 else os.O_PATH | os.O_NOFOLLOW) for n in names]
 
-            reply = _reply(ask(user, service.socket, data, fds, shut=True))
+            reply = _reply(ask(user, service.socket, data, fds, shut=shut))
             assert reply["op"] == "refused" and line in str(reply["why"]), (line, reply)
             service.wait_log(line)
             assert mounts(tree) == [], line  # nothing of root's ran for it
-        # root is refused too (it runs its own gate)
+        # root is served for its own directory (its launcher prefers the service: bounded)
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
             sock.connect(service.socket)
-            sock.settimeout(10)  # refused at the connect, before any request
-            assert b"root runs its own gate" in sock.recv(4096)
+            sock.settimeout(10)
+            socket.send_fds(sock, [GATE1], [os.open(tree / "roots", O_PATH_DIR)])
+            assert b'"op":"ready"' in sock.recv(4096)
+            assert len(mounts(tree / "roots")) == 1
+        deadline = time.monotonic() + 10
+        while mounts(tree) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert mounts(tree) == []
         _a_client_that_goes_takes_its_binds(user, tree, service)
 
 
@@ -107,6 +115,9 @@ def _a_client_that_goes_takes_its_binds(user, tree: Path, service: Service) -> N
         assert len(mounts(tree / "w")) == 2
         again = _reply(ask(user, service.socket, GATE2, fds))
         assert "a mount point already" in str(again["why"]), again
+        inner = _reply(ask(user, service.socket, GATE1,
+                           lambda: [os.open(tree / "w/sub", O_PATH_DIR)]))
+        assert "lies inside, or holds, a workdir gated now" in str(inner["why"]), inner
         # then the first one closes, mid-session: the service unbinds
 
     reply = _reply(ask(user, service.socket, GATE2, fds, while_gated))

@@ -11,7 +11,8 @@ open by the user is refused within the service's patience, not held without
 bound; the session then ends as usual and the service unbinds.  On Landlock
 the launcher is killed (``kill -9``) instead: the service unbinds at once, the
 janitor sweeps, the host's git runs nothing after, and the next session starts
-clean.
+clean.  Root's launcher, which could gate alone, prefers the service when it is
+there: a stopped root launcher holds no open without bound either.
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from pathlib import Path
 
 import pytest
 from gate_service_world import PATIENCE, Service, mounts, running, user_sh
+from launcher_world import World
 from test_hostrun_gate import HOST, PLANTS
-from test_hostrun_live import _wait
+from test_hostrun_live import _repo, _wait
 from test_hostrun_sweep import git
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
@@ -156,6 +158,11 @@ def test_an_ordinary_users_session_is_gated_by_the_service(
         _, err = again.communicate(timeout=90)
         assert again.returncode == 0 and "left its live guard" not in err, err
         assert mounts(work) == []
+        doctor = subprocess.run(user.argv(["agent-sandbox", "doctor",
+                                           f"--config={place / 'config.toml'}"]),
+                                env=env, cwd=work, capture_output=True, text=True, timeout=60)
+        assert "live guard: the fanotify gate through the gate service at" in doctor.stdout, \
+            doctor.stdout + doctor.stderr
 
 
 def _a_stopped_launcher_holds_no_open_without_bound(user: OrdinaryUser, pid: int, work: Path,
@@ -174,3 +181,33 @@ def _a_stopped_launcher_holds_no_open_without_bound(user: OrdinaryUser, pid: int
         assert reader.returncode != 0 and "Operation not permitted" in err, err
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def test_a_root_session_prefers_the_service(world: World, service: Service) -> None:
+    """Root's launcher could gate alone, but with the service there it asks it: then a
+    stopped root launcher does not hold the host's opens without bound either."""
+    work = _repo(world)
+    env = {**world.env(), "AGENT_SANDBOX_GATE_SOCKET": service.socket}
+    proc = world.launch("sh", "-c", "touch planted; while [ ! -e go ]; do sleep 0.05; done",
+                        sandbox="bwrap", env=env)
+    try:
+        _wait(work / "planted")
+        assert len(mounts(work)) == 2
+        assert f"gating '{work}'" in service.log()
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            deadline = time.monotonic() + 10
+            while not _stopped(proc.pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            reader = subprocess.run(["cat", "a.txt"], cwd=work, capture_output=True, text=True,
+                                    timeout=PATIENCE + 20)  # not held without bound
+            assert reader.returncode != 0 and "Operation not permitted" in reader.stderr
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert (work / "a.txt").read_text() == "a\n"  # answered again
+        (work / "go").touch()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert mounts(work) == []

@@ -176,7 +176,7 @@ def test_off_leaves_the_watcher_alone(world: World) -> None:
     assert not list(world.runtime_parent.glob("**/binds.json"))
     doctor = subprocess.run(["agent-sandbox", "doctor", f"--config={world.config()}"], env=env,
                             capture_output=True, text=True, timeout=60)
-    assert "live guard: the watcher only" in doctor.stdout + doctor.stderr
+    assert "live guard: the watcher alone" in doctor.stdout + doctor.stderr
 
 
 @pytest.mark.parametrize("backend", ["bwrap", "nono"])
@@ -228,7 +228,9 @@ def test_an_ordinary_user_gets_the_watcher(backend: str) -> None:
         assert proc.returncode == 0, err
         doctor = subprocess.run(user.argv(["agent-sandbox", "doctor", f"--config={config}"]),
                                 env=env, cwd=work, capture_output=True, text=True, timeout=60)
-        assert "live guard: the watcher only" in doctor.stdout + doctor.stderr, doctor.stdout
+        said = doctor.stdout + doctor.stderr
+        assert "live guard: the watcher alone" in said, said
+        assert "install and start the gate service" in said, said  # the fix
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
