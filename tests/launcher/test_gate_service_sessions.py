@@ -18,6 +18,7 @@ there: a stopped root launcher holds no open without bound either.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -30,7 +31,7 @@ from pathlib import Path
 import pytest
 from gate_service_world import PATIENCE, Service, mounts, running, user_sh
 from launcher_world import World
-from test_hostrun_gate import HOST, PLANTS
+from test_hostrun_gate import HOST, PLANTS, _janitor_of
 from test_hostrun_live import _repo, _wait
 from test_hostrun_sweep import git
 
@@ -123,9 +124,14 @@ def test_an_ordinary_users_session_is_gated_by_the_service(
         else:
             (work / "go").touch()
             host.wait(timeout=60)
+            janitor = os.pidfd_open(_janitor_of(place / "run"))
             os.kill(proc.pid, signal.SIGKILL)  # the launcher; its janitor stays
             t0 = time.monotonic()
-            _, err = proc.communicate(timeout=90)  # the janitor holds the pipes until done
+            _, err = proc.communicate(timeout=90)
+            poller = select.poll()  # the janitor's output is /dev/null: its end, by its pidfd
+            poller.register(janitor, select.POLLIN)
+            assert poller.poll(60_000), "the janitor did not end"
+            os.close(janitor)
             print(f"kill -9: the janitor ended {time.monotonic() - t0:.2f} s after")
             t0 = time.monotonic()
             deadline = time.monotonic() + 10
