@@ -28,7 +28,8 @@ class LandlockBackend(Backend):
     realises: ClassVar[Mapping[str, str]] = {
         "read": "read-only rules", "write": "read-write rules",
         "deny": "no rule under it; refused inside a granted tree (ConfigError)",
-        "protect": "read-only binds in the helper's mount namespace; without one, refused",
+        "protect": "read-only binds in the session helper's mount namespace, refused without "
+                   "one (the broker's commands have none to hold: a profile has no protect)",
         "masked": "not realised: /etc is granted whole, so only their modes keep them (a root "
                   "user reads them)",
         "empty": "not realised: not granted, so unreadable rather than empty (the session gives "
@@ -39,8 +40,9 @@ class LandlockBackend(Backend):
         "tmp_size": "ignored: the private tmp is a directory of the host's",
         "new_session": "setsid()", "hostname": "ignored: no UTS namespace",
         "overlays": "ignored: it mounts nothing over a path",
-        "binds": "binds in the helper's mount namespace; without one, refused",
-        "links": "made mount points in that namespace (sandbox.holdlink)",
+        "binds": "binds in the session helper's mount namespace, refused without one (a "
+                 "broker's profile has none)",
+        "links": "made mount points in that namespace (sandbox.holdlink); only with binds",
     }  # fmt: skip
 
     def unavailable(self) -> str | None:

@@ -36,10 +36,15 @@ of the user (bwrap's /dev has a private one)."""
 class Shape:
     """Everything one sandbox grants.  Paths are absolute and normalized.
 
+    Each field is an intent; how each backend realises it, or why it cannot,
+    is that backend's :attr:`~.backend.Backend.realises` (both say something
+    of every field: tests/sandbox/test_backends.py).  In short:
+
     ``read`` and ``write`` are trees (or single files) granted read-only and
     read-write; the later wins where they nest (``write`` after ``read``).
     ``protect`` holds existing paths inside a writable tree read-only (bwrap;
-    Landlock cannot take rights back inside a granted tree).  ``deny`` hides a
+    Landlock cannot take rights back inside a granted tree: the session's
+    helper binds them read-only in a mount namespace of its own, or refuses).  ``deny`` hides a
     path even inside a grant (bwrap); Landlock refuses a deny inside a grant.
     ``masked`` files read as empty.  ``empty`` directories are replaced by an
     empty writable tmpfs (bwrap: the home directory, before grants under it).
