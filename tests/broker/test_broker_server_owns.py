@@ -58,20 +58,29 @@ def test_cancelled_serving_ends_and_awaits_every_connection(tmp_path, stop) -> N
         # The pid inside a PID namespace is not the host's: find the sleep by
         # its command line among this user's processes instead.
         sleeper = _host_pid_of(sleep)
+
+        async def final() -> int | None:
+            """The client reads as a client does, and hangs up after the final frame (a
+            client that reads only once serve() has returned keeps the connection open
+            for the whole shutdown grace)."""
+            status = None
+            reader = Reader(SERVER_CHANNELS)
+            while status is None and (data := await loop.sock_recv(client, 65536)):
+                reader.feed(data)
+                while status is None and (frame := reader.next_event()) is not None:
+                    if isinstance(frame, Frame):
+                        status = final_status(frame)
+            client.close()
+            return status
+
+        reading = asyncio.create_task(final())
         server.cancel(None if stop == "cancel" else "the caller failed")
         with contextlib.suppress(asyncio.CancelledError):
             await server
         assert not os.path.exists(path), "the socket outlived serve()"
-        status = None
-        reader = Reader(SERVER_CHANNELS)
-        client.setblocking(True)
-        client.settimeout(10)
-        while status is None and (data := client.recv(65536)):
-            reader.feed(data)
-            while status is None and (frame := reader.next_event()) is not None:
-                if isinstance(frame, Frame):
-                    status = final_status(frame)
-        client.close()
+        # (the connection ended when the client hung up after its final frame)
+        assert reading.done(), "serve() returned before its connection ended"
+        status = await asyncio.wait_for(reading, 10)
         return status, sleeper
 
     try:
