@@ -13,8 +13,7 @@ import contextlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING
 
 from libbroker.sandbox.backend import FAIL, OK, Backend, Finding
 from libbroker.sandbox.bwrap import read_info, seccomp_pipe
@@ -42,20 +41,6 @@ class BwrapBackend(Backend):
 
     name = BWRAP
     executor = "libbroker.broker.bwrap_executor"
-    realises: ClassVar[Mapping[str, str]] = {
-        "read": "read-only binds", "write": "read-write binds",
-        "deny": "an empty read-only tmpfs (or /dev/null) over it, even inside a grant",
-        "protect": "read-only binds over the writable tree",
-        "masked": "/dev/null bound over each", "empty": "a tmpfs over each",
-        "devices": "ignored: bwrap's own /dev holds the same nodes",
-        "tcp_connect": "nothing but these ports in its own network namespace, each bridged "
-                       "to the host's (BwrapStart)",
-        "cwd": "--chdir", "env": "the caller's environment for bwrap",
-        "tmp": "ignored: a fresh /tmp instead", "tmp_size": "the size of that /tmp",
-        "new_session": "--new-session", "hostname": "--hostname",
-        "overlays": "read-only binds over the path", "binds": "read-write binds",
-        "links": "not needed: the session holds the links (sandbox.holdlink)",
-    }  # fmt: skip
 
     def unavailable(self) -> str | None:
         if shutil.which("bwrap"):

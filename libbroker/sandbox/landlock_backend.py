@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping
-from typing import ClassVar
 
 from libbroker.sandbox.backend import FAIL, OK, WARN, Backend, Finding
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
@@ -25,25 +23,6 @@ class LandlockBackend(Backend):
 
     name = LANDLOCK
     executor = "libbroker.broker.landlock_executor"
-    realises: ClassVar[Mapping[str, str]] = {
-        "read": "read-only rules", "write": "read-write rules",
-        "deny": "no rule under it; refused inside a granted tree (ConfigError)",
-        "protect": "read-only binds in the session helper's mount namespace, refused without "
-                   "one (the broker's commands have none to hold: a profile has no protect)",
-        "masked": "not realised: /etc is granted whole, so only their modes keep them (a root "
-                  "user reads them)",
-        "empty": "not realised: not granted, so unreadable rather than empty (the session gives "
-                 "HOME a directory of its own)",
-        "devices": "read-write rules", "tcp_connect": "the only ports connect() may reach",
-        "cwd": "chdir before it restricts itself", "env": "the environment it execs with",
-        "tmp": "a private directory among the write rules, named by TMPDIR",
-        "tmp_size": "ignored: the private tmp is a directory of the host's",
-        "new_session": "setsid()", "hostname": "ignored: no UTS namespace",
-        "overlays": "ignored: it mounts nothing over a path",
-        "binds": "binds in the session helper's mount namespace, refused without one (a "
-                 "broker's profile has none)",
-        "links": "made mount points in that namespace (sandbox.holdlink); only with binds",
-    }  # fmt: skip
 
     def unavailable(self) -> str | None:
         return None  # the kernel's: applying it tells (the helper exits 125)
