@@ -42,11 +42,15 @@ PLANTS = (
     "i=$((i+1)); done"
 )
 
+# The host's git loops this many times while the session plants (a count, not a time:
+# the same race on a fast machine and a slow one; about 2 s here).  ``{out}.raced``
+# says it is done.
+RACE = 100
 HOST = (  # the person's terminal: there before the session, standing in the workdir
     "while [ ! -e planted ]; do sleep 0.01; done; n=0; "
     "while [ ! -e go ]; do touch a.txt; git status --porcelain >/dev/null 2>&1; "
     "[ -e sub2/.git ] && (cd sub2 && git status --porcelain >/dev/null 2>&1); "
-    "n=$((n+1)); done; echo $n > {out}"
+    f"n=$((n+1)); [ $n -eq {RACE} ] && touch {{out}}.raced; done; echo $n > {{out}}"
 )
 
 
@@ -69,7 +73,7 @@ def test_a_shell_older_than_the_session_runs_no_plant(world: World, tmp_path: Pa
     try:
         _wait(work / "planted")
         assert _mounts(work), "the gate's binds while the session runs"
-        time.sleep(4)
+        _wait(Path(f"{out}.raced"), timeout=120)
         (work / "go").touch()
         _, err = proc.communicate(timeout=90)
         host.wait(timeout=30)
