@@ -51,7 +51,8 @@ class Conn:
                  stop_fd: int, gated: Callable[[], list[str]], log: Callable[[str], None]) -> None:
         self.sock = sock
         self.number = number
-        self.record_dir = os.path.join(records, str(number))
+        # unique across the service's lives: a dead one's record may still be there
+        self.record_dir = os.path.join(records, f"{os.getpid()}-{number}")
         self.patience = patience
         self.stop_fd = stop_fd
         self.gated = gated
@@ -196,7 +197,7 @@ class Conn:
                 return "the launcher exited"
             if self.fan.fd in ready:
                 for ev in self.fan.read():
-                    self._take(ev)
+                    self._take_one(ev)
             if self.sock.fileno() in ready:
                 if ready[self.sock.fileno()] & select.POLLOUT:
                     self._flush()
@@ -204,6 +205,18 @@ class Conn:
                 if ready[self.sock.fileno()] & readable and self._read():
                     return "stop"
             self._expire()
+
+    def _take_one(self, ev: fanotify.Event) -> None:
+        """One event; one that cannot be handled (its fd's stat or name fails) is refused,
+        never the session's end (the connection's loss still ends it)."""
+        try:
+            self._take(ev)
+        except Ended:
+            raise
+        except Exception as exc:
+            self.counts["refused unidentified"] += 1
+            self.log(f"{self.who()}: an open refused: {type(exc).__name__}: {exc}")
+            self._answer(ev, False)
 
     def _take(self, ev: fanotify.Event) -> None:
         if ev.fd < 0:
@@ -226,9 +239,10 @@ class Conn:
                "path": os.readlink(f"/proc/self/fd/{ev.fd}"),
                "stat": [st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns,
                         st.st_ctime_ns]}
+        data = proto.encode(ask)  # everything that may fail, before the event is pending
         self.pending[self._ids] = (ev, time.monotonic() + self.patience)
         self.counts["asked"] += 1
-        self._outbox += proto.encode(ask)
+        self._outbox += data
         self._flush()
 
     def _flush(self) -> None:
