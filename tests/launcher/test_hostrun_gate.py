@@ -330,10 +330,13 @@ def test_the_end_puts_configs_back_beneath_the_gate(world: World) -> None:
     assert _mounts(work) == []
 
 
-def test_binds_under_a_shared_mount_go_with_one_read_of_mountinfo(tmp_path: Path) -> None:
+@pytest.mark.parametrize("hold", [False, True])
+def test_binds_under_a_shared_mount_go_with_one_read_of_mountinfo(tmp_path: Path,
+                                                                   hold: bool) -> None:
     """On a shared mount (systemd makes / shared) the workdir's bind joins its peer group,
     so each ``.git`` bind propagates a copy onto it: the one read of mountinfo the removal
-    makes must drop those copies with the workdir's bind, and leave nothing mounted."""
+    makes must drop those copies with the workdir's bind, and leave nothing mounted.
+    ``hold`` (the gate service's way): each bind detached through the fd held on it."""
     from libbroker.launcher.hostrun_binds import Binds
 
     top = tmp_path / "shared"
@@ -345,8 +348,9 @@ def test_binds_under_a_shared_mount_go_with_one_read_of_mountinfo(tmp_path: Path
         gits = [f"r{i}/.git" for i in range(3)]
         for g in gits:
             (work / g).mkdir(parents=True)
-        binds = Binds(str(work), gits, str(tmp_path))
+        binds = Binds(str(work), gits, str(tmp_path), hold=hold)
         binds.make()
+        binds.marked()
         try:
             assert len(_mounts(work)) > 1 + len(gits)  # the copies propagated
             assert sorted(binds.under) == ["", *gits]
