@@ -26,20 +26,13 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import (
-    agent_argv,
-    agents,
-    exported_keys,
-    key_notice,
-    logins,
-    runtime_dir,
-)
+from libbroker.launcher import agents, runtime_dir
 from libbroker.launcher.agents import Profile
 from libbroker.launcher.config import Config
 from libbroker.launcher.runtime import Runtime
 
 if TYPE_CHECKING:
-    from libbroker.launcher import agent_copy
+    from libbroker.launcher import agent_copy, logins
 
 # The user's own CA files, which the session's bundles add to ours instead of
 # replacing: (the user's variable, the session file, our part's file name).
@@ -111,6 +104,8 @@ class Agent:
                 root=self.root,
             )
             if self.login is not None:  # before anything of the session runs
+                from libbroker.launcher import logins
+
                 logins.placeholder_copy(self.login, home.root, rt.root)
             self._report = home.report
         except Exception as exc:  # said, as the session's failure, by wait()
@@ -175,6 +170,9 @@ def pick(cfg: Config, cmd: list[str], host_env: Mapping[str, str]) -> Agent | No
     profile = agents.pick(cmd, cfg.agent, dict(cfg.agents))
     if profile is None:
         return None
+    # An agent's modules only: a plain command's session never loads them (start-up).
+    from libbroker.launcher import agent_argv, exported_keys, key_notice, logins
+
     argv = agent_argv.session_argv(profile, cmd)
     cfg, kept = exported_keys.take(profile, host_env, cfg)  # exported keys: secrets
     cfg, login, held = logins.take(profile, cfg)  # an OAuth login: a secret, placeholders
