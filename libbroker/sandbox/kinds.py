@@ -55,5 +55,6 @@ def denies_inside_grants(backend: str) -> bool:
 
 def starts_before_shape(backend: str) -> bool:
     """Whether ``backend``'s session sandbox (a chosen backend, not ``auto``) can be
-    started before its shape is known, with the servers (the launcher's prestart)."""
-    return _STARTS_BEFORE_SHAPE[backend]
+    started before its shape is known, with the servers (the launcher's prestart).
+    False for a name that is no backend: the command line is checked after."""
+    return _STARTS_BEFORE_SHAPE.get(backend, False)
