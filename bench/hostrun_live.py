@@ -27,7 +27,8 @@ rounds, plant runs (the canary's lines), and runs per 1000 iterations.
 As root, the same for an ordinary user's sessions (as_user's throwaway uid,
 the host loops run as that user too): the watcher alone (no gate service) and
 the gate through ``agent-sandbox gate-service``, one service started for these
-rows.  BENCH_LIVE_ONLY=user runs the no-guard row and these rows alone.
+rows; then the same four with no plants (the cost: iterations inside and on
+the host).  BENCH_LIVE_ONLY=user runs the no-guard row and these rows alone.
 
 Then the cost, with no plants: a session runs ``git status`` in a loop
 inside while the host loops run; per backend, gate off and on, the inside
@@ -212,7 +213,8 @@ def _as_user(user: Any, tmp: str, env: dict[str, str], argv: list[str],
 
 
 def _user_rows(backends: list[str]) -> list[tuple[str, int, int, int]]:
-    """The ordinary user's rows: per backend, the watcher alone, then the gate service."""
+    """The ordinary user's rows: per backend, the watcher alone, then the gate service;
+    planting (PLANT), then with no plants (INSIDE: the cost, rows named "... cost")."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                     "sandbox"))
     from as_user import ordinary_user
@@ -231,17 +233,18 @@ def _user_rows(backends: list[str]) -> list[tuple[str, int, int, int]]:
     try:
         while not os.path.exists(sock) and service.poll() is None:
             time.sleep(0.02)
-        for backend in backends:
-            for kind, path in (("watcher", ""), ("service", sock)):
-                tmp = tempfile.mkdtemp(prefix=f"bench-live-user-{backend}-")
-                try:
-                    its, rounds, runs, err = measure(backend, SECONDS, tmp, user=user,
-                                                     service=path)
-                finally:
-                    shutil.rmtree(tmp, ignore_errors=True)
-                if path and "the live gate is off" in err:
-                    print(err, file=sys.stderr)
-                rows.append((f"user {backend} {kind}", its, rounds, runs))
+        for inside, what in ((PLANT, ""), (INSIDE, " cost")):
+            for backend in backends:
+                for kind, path in (("watcher", ""), ("service", sock)):
+                    tmp = tempfile.mkdtemp(prefix=f"bench-live-user-{backend}-")
+                    try:
+                        its, rounds, runs, err = measure(backend, SECONDS, tmp, user=user,
+                                                         service=path, inside=inside)
+                    finally:
+                        shutil.rmtree(tmp, ignore_errors=True)
+                    if path and "the live gate is off" in err:
+                        print(err, file=sys.stderr)
+                    rows.append((f"user {backend} {kind}{what}", its, rounds, runs))
     finally:
         service.terminate()
         service.wait(timeout=60)
@@ -275,6 +278,8 @@ def main() -> int:
             rate = 1000 * runs / its if its else 0.0
             print(f"{name:<21} {its:>10} {rounds:>8} {runs:>6} {rate:>13.1f}")
             worst = max(worst, runs) if name.endswith("service") else worst
+        print("(the \"cost\" rows: no plants; rounds are the session's own git status runs "
+              "inside, iterations the host's)")
     print(f"goal: 0 plant runs {'with the gate' if gate else 'under a guard'}; "
           f"worst here: {worst}")
     if os.environ.get("BENCH_LIVE_ONLY") == "user":

@@ -180,12 +180,11 @@ class Conn:
     def _loop(self) -> str:
         assert self.fan is not None
         self.sock.setblocking(False)
+        poller = select.poll()
+        for fd in (self.fan.fd, self.sock.fileno(), self.pidfd, self.stop_fd):
+            poller.register(fd, select.POLLIN)
         while True:
-            poller = select.poll()
-            poller.register(self.fan.fd, select.POLLIN)
-            poller.register(self.sock, select.POLLIN | (select.POLLOUT if self._outbox else 0))
-            poller.register(self.pidfd, select.POLLIN)
-            poller.register(self.stop_fd, select.POLLIN)
+            poller.modify(self.sock, select.POLLIN | (select.POLLOUT if self._outbox else 0))
             wait = None
             if self.pending:
                 due = min(deadline for _, deadline in self.pending.values())
@@ -221,7 +220,7 @@ class Conn:
     def _take(self, ev: fanotify.Event) -> None:
         if ev.fd < 0:
             return
-        fsuid, tgid = _creds(ev.pid)
+        fsuid, tgid, comm = _creds(ev.pid)
         way = proto.route(fsuid=fsuid, tgid=tgid, session_uid=self.uid, launcher=self.pid)
         if way == proto.ALLOW:
             self.counts["allowed at once"] += 1
@@ -234,7 +233,7 @@ class Conn:
             return
         self._ids += 1
         st = os.fstat(ev.fd)
-        ask = {"op": "ask", "id": self._ids, "pid": tgid, "comm": _comm(ev.pid),
+        ask = {"op": "ask", "id": self._ids, "pid": tgid, "comm": comm,
                "exec": bool(ev.mask & fanotify.OPEN_EXEC_PERM),
                "path": os.readlink(f"/proc/self/fd/{ev.fd}"),
                "stat": [st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns,
@@ -313,26 +312,21 @@ class Conn:
         return lines
 
 
-def _creds(tid: int) -> tuple[int | None, int | None]:
-    """(fsuid, tgid) of the thread that opened (it waits on us: its id is not reused)."""
+def _creds(tid: int) -> tuple[int | None, int | None, str]:
+    """(fsuid, tgid, name) of the thread that opened, from one read of its status (it waits
+    on us: its id is not reused meanwhile)."""
     fsuid = tgid = None
+    name = ""
     try:
         with open(f"/proc/{tid}/status", "rb") as fh:
             for line in fh:
-                if line.startswith(b"Tgid:"):
+                if line.startswith(b"Name:"):  # the comm, escaped by the kernel
+                    name = line[5:].strip().decode(errors="replace")
+                elif line.startswith(b"Tgid:"):
                     tgid = int(line.split()[1])
                 elif line.startswith(b"Uid:"):
                     fsuid = int(line.split()[4])
                     break
     except (OSError, ValueError, IndexError):
-        return None, None
-    return fsuid, tgid
-
-
-def _comm(tid: int) -> str:
-    try:
-        with open(f"/proc/{tid}/comm", "rb") as fh:
-            return fh.read().strip().decode(errors="replace")
-    except OSError:
-        return ""
-
+        return None, None, ""
+    return fsuid, tgid, name
