@@ -83,9 +83,9 @@ class Conn:
                 self._bind(found)
             finally:
                 found.close()
+            self.log(f"{self.who()}: gating {self.workdir!r} and {len(found.gits)} .git")
             self._send({"op": "ready", "workdir": self.workdir,
                         "gits": len(self.binds.git_dirs) if self.binds else 0})
-            self.log(f"{self.who()}: gating {self.workdir!r} and {len(found.gits)} .git")
             how = self._loop()
         except (Refused, proto.FrameError) as exc:
             self.log(f"{self.who()}: refused: {exc}")
