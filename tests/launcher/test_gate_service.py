@@ -154,3 +154,40 @@ def test_a_killed_service_leaves_binds_its_next_start_removes(user, tree: Path) 
         service.proc = again.proc
         again.wait_log("left its live guard's mounts on")
         assert mounts(tree) == []
+
+
+def test_the_launchers_side_refused_and_served(world) -> None:  # type: ignore[no-untyped-def]
+    """ServiceGate (the launcher's side, in-process as root here): refused when its workdir
+    is gated already (GateRefused with the service's line: the session then runs with the
+    watcher alone or its own gate), else ready; its end unbinds and says nothing."""
+    from launcher_world import World
+    from test_hostrun_live import _repo
+
+    from libbroker.launcher import hostrun_live, hostrun_scan
+    from libbroker.launcher.hostrun_gate_client import GateRefused, ServiceGate
+    from libpolicy.hostrun import Table
+
+    assert isinstance(world, World)
+    work = _repo(world)
+    snap = hostrun_scan.scan(str(work), Table())
+    watcher = hostrun_live.begin(snap, str(world.home / ".local/state/agent-sandbox"), "",
+                                 swap=True)
+    watcher.start()
+    watcher.wait_ready()
+    try:
+        with running() as service:
+            first = ServiceGate(snap, watcher, service.socket)
+            first.start()
+            try:
+                assert len(mounts(work)) == 2
+                second = ServiceGate(snap, watcher, service.socket)
+                with pytest.raises(GateRefused, match="a mount point already"):
+                    second.start()
+                assert second.sock is None and second.under == {}  # nothing left
+                assert (work / "a.txt").read_text() == "a\n"  # our own: allowed at once
+            finally:
+                assert first.stop() == []
+            assert mounts(work) == []
+            service.wait_log("ended (stop)")
+    finally:
+        hostrun_live.end(watcher, snap)
