@@ -257,8 +257,7 @@ class TokenKeeper:
     ) -> None:
         self._argv = argv
         self._quiet = quiet_status  # an exit status that means "nothing yet", not a failure
-        self._login_file = login_file  # a login keeper's file: no first run while it is absent
-        self._skipped = False
+        self._login_file = login_file  # a login keeper's file: not run while it is absent
         self._env = env
         self._every = every
         self._say = say
@@ -275,6 +274,11 @@ class TokenKeeper:
     async def refresh(self) -> bool:
         """One read: True on success; a failure keeps the held token."""
         if self._argv is None:
+            return False
+        if self._login_file and _absent(self._login_file):
+            # No login yet: the keeper (a Python start, ~40 ms of CPU) would only
+            # exit with its quiet status, and a run in flight at the session's
+            # end makes the proxy's stop a graceful one.  The same back-off.
             return False
         try:
             self._token = await read_token(self._argv, self._bound, self._env)
@@ -294,12 +298,6 @@ class TokenKeeper:
         """
         if self._argv is None:
             return
-        if self._login_file and _absent(self._login_file):
-            # No login yet: the keeper's run (a Python start, ~40 ms of CPU at
-            # every session's start) would only exit with its quiet status.
-            # keep() runs it after the first back-off, as after that run.
-            self._skipped = True
-            return
         first = self._first = asyncio.create_task(self.refresh())
         try:
             done, _ = await asyncio.wait({first}, timeout=self._first_wait)
@@ -316,7 +314,7 @@ class TokenKeeper:
         """Renew every ``every`` seconds, backing off after failures."""
         if self._argv is None:
             return
-        failures = 1 if self._skipped else 0
+        failures = 0
         first, self._first = self._first, None
         try:
             if first is not None and not await first:

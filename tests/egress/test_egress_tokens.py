@@ -152,9 +152,9 @@ def test_secrets_with_one_command_share_one_run(tmp_path: Path) -> None:
     }
 
 
-def test_a_login_keeper_is_not_run_first_while_its_file_is_absent(tmp_path: Path) -> None:
-    """No login file yet: no run at start (it would only exit quietly); the first
-    renewal, after the back-off, runs it and takes the login made meanwhile."""
+def test_a_login_keeper_is_not_run_while_its_file_is_absent(tmp_path: Path) -> None:
+    """No login file yet: no run at start nor at the renewals (each would only exit
+    quietly); the first renewal after the login appears runs it and takes it."""
     from libegress.oauth_login import ABSENT_STATUS
     from libegress.tokens import login_file
 
@@ -172,23 +172,24 @@ def test_a_login_keeper_is_not_run_first_while_its_file_is_absent(tmp_path: Path
     assert login_file(["gh", "auth", "token"]) == ""
     run = [sys.executable, str(keeper_py), "codex", str(auth)]
     said: list[str] = []
-    keeper = TokenKeeper(run, every=60, say=said.append, backoff=(0.05,),
+    keeper = TokenKeeper(run, every=60, say=said.append, backoff=(0.01,),
                          quiet_status=ABSENT_STATUS, login_file=login_file(argv))
 
     async def scenario() -> tuple[bool, str | None]:
         await keeper.start()
-        ran_first = runs.exists()
-        auth.write_text(SECRET + "\n")
         task = asyncio.create_task(keeper.keep())
+        await asyncio.sleep(0.3)  # renewals every 10 ms meanwhile, none run
+        ran = runs.exists()
+        auth.write_text(SECRET + "\n")
         while keeper.current() is None:
             await asyncio.sleep(0.01)
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        return ran_first, keeper.current()
+        return ran, keeper.current()
 
     assert asyncio.run(asyncio.wait_for(scenario(), 30)) == (False, SECRET)
-    assert said == []
+    assert said == [] and runs.read_text() == "run\n"
     present = TokenKeeper(run, every=60, say=said.append, quiet_status=ABSENT_STATUS,
                           login_file=str(auth))
     asyncio.run(present.start())  # the file exists: the first run is as before
