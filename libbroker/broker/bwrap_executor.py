@@ -60,10 +60,7 @@ class BwrapExecutor(Executor):
         if prog is None:
             raise SandboxUnavailable(f"bwrap backend: no seccomp filter for {os.uname().machine}")
         self.seccomp = prog
-        self.timeout = profile.limits.timeout
-        self.limits = cgroups.mechanism()
-        cgroups.reclaim(self.limits)  # the groups of a server killed before it cleaned up
-        self._spawned = 0
+        self._start_limits(profile.limits)
         self._probe()
 
     def _probe(self) -> None:
@@ -92,17 +89,13 @@ class BwrapExecutor(Executor):
     def describe(self) -> str:
         return f"bwrap ({self.bwrap})"
 
-    def close(self) -> None:
-        cgroups.flush_pending(timeout=2.0)
-
     def _args(self, cwd: str, info_fd: int | None, block_fd: int | None, sec_fd: int) -> list[str]:
         shape = command_shape(self.profile, self.workdir, cwd)
         return bwrap.argv(shape, self.facts, info_fd=info_fd, block_fd=block_fd, seccomp_fd=sec_fd)
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
-        self._spawned += 1
         try:
-            group = cgroups.create(self.profile.limits, str(self._spawned), self.limits)
+            group = self._new_group(self.profile.limits)
         except OSError as exc:
             raise SpawnError(f"cannot set the command's limits: {exc.strerror or exc}") from None
         try:
@@ -184,13 +177,8 @@ class BwrapChild(Child):
             killpg_quietly(inner, 9)
         killpg_quietly(self.pid, 9)  # --die-with-parent and the pid namespace do the rest
 
-    def limits_hit(self) -> list[str]:
-        return cgroups.report(self.group) if self.group is not None else []
-
     def release(self) -> None:
-        if self.group is not None:  # bwrap is gone; its pid namespace is going
-            cgroups.remove(self.group, timeout=0)
-            self.group = None
+        super().release()  # bwrap is gone; its pid namespace is going
         self.start.release()
 
 

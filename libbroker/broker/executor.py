@@ -13,11 +13,15 @@ import os
 import signal
 from abc import ABC, abstractmethod
 
+from libbroker.sandbox import cgroups
+from libbroker.sandbox.limits import Limits
+
 
 class Child(ABC):
     """A started command: the process to wait for and its process group."""
 
     pid: int
+    group: cgroups.Group | None = None  # a sandboxed command's limits, removed on release
 
     @abstractmethod
     def send_signal(self, signum: int) -> None:
@@ -27,12 +31,16 @@ class Child(ABC):
     def kill(self) -> None:
         """SIGKILL everything the command started that the backend can reach."""
 
-    def release(self) -> None:  # noqa: B027 - optional hook, most children hold nothing
-        """Free per-command resources (private tmp, fds) once the child is reaped."""
+    def release(self) -> None:
+        """Free per-command resources once the child is reaped: its limits' group here
+        (nothing of the command is left), its private tmp and fds in the backends'."""
+        if self.group is not None:
+            cgroups.remove(self.group, timeout=0)
+            self.group = None
 
     def limits_hit(self) -> list[str]:
         """Each resource limit the command hit (``task limit (64): 3 forks were refused``)."""
-        return []
+        return cgroups.report(self.group) if self.group is not None else []
 
 
 class Executor(ABC):
@@ -49,8 +57,23 @@ class Executor(ABC):
         """A one-line summary for the startup message."""
         return self.name
 
-    def close(self) -> None:  # noqa: B027 - optional hook
-        """Free what the executor holds (its tmp base) when the server stops."""
+    def close(self) -> None:
+        """Free what the executor holds (the limits' groups still going; its tmp base in the
+        Landlock backend's) when the server stops."""
+        cgroups.flush_pending(timeout=2.0)
+
+    def _start_limits(self, limits: Limits) -> None:
+        """Each command's limits from the profile: the mechanism found once, and the groups
+        of a server killed before it cleaned up reclaimed."""
+        self.timeout = limits.timeout
+        self.mechanism = cgroups.mechanism()
+        cgroups.reclaim(self.mechanism)
+        self._spawned = 0
+
+    def _new_group(self, limits: Limits) -> cgroups.Group:
+        """The next command's limits (OSError if they cannot be set)."""
+        self._spawned += 1
+        return cgroups.create(limits, str(self._spawned), self.mechanism)
 
 
 def killpg_quietly(pgid: int, signum: int) -> None:

@@ -70,10 +70,7 @@ class LandlockExecutor(Executor):
         reclaim_stale_tmp(tempfile.gettempdir())
         self.tmp_base = tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{os.getpid()}-")
         self.native_reaper = native.built("reaper")
-        self.timeout = profile.limits.timeout
-        self.limits = cgroups.mechanism()
-        cgroups.reclaim(self.limits)  # the groups of a server killed before it cleaned up
-        self._spawned = 0
+        self._start_limits(profile.limits)
         self._joining: dict[str, object] = {}  # the next command's group, for _child
         self._probe()
 
@@ -93,7 +90,7 @@ class LandlockExecutor(Executor):
 
     def close(self) -> None:
         shutil.rmtree(self.tmp_base, ignore_errors=True)
-        cgroups.flush_pending(timeout=2.0)
+        super().close()
 
     def spawn(self, argv: tuple[str, ...], cwd: str, stdio: tuple[int, int, int]) -> Child:
         try:
@@ -106,9 +103,8 @@ class LandlockExecutor(Executor):
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)
             raise SpawnError(f"cannot create a pipe: {exc.strerror}") from None
-        self._spawned += 1
         try:
-            group = cgroups.create(self.profile.limits, str(self._spawned), self.limits)
+            group = self._new_group(self.profile.limits)
             # The command (not its reaper) joins it in _child, before it execs.
             self._joining = group.entry()
             pid = os.fork()
@@ -204,13 +200,8 @@ class LandlockChild(Child):
     def kill(self) -> None:
         self.send_signal(9)
 
-    def limits_hit(self) -> list[str]:
-        return cgroups.report(self.group) if self.group is not None else []
-
     def release(self) -> None:
-        if self.group is not None:  # the reaper is gone: nothing of the command is left
-            cgroups.remove(self.group, timeout=0)
-            self.group = None
+        super().release()  # the reaper is gone: nothing of the command is left
         self.line.release()
         if self.tmp is not None:
             shutil.rmtree(self.tmp, ignore_errors=True)
