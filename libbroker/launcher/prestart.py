@@ -61,6 +61,7 @@ _REPORT_KEYS: dict[str, object] = {
     "report": False, "watch": False, "--json": False, "--last": False, "--list": False,
     "--verbose": False,
     "--verify": False, "--propose": False, "SESSION": None, "serve": False, "--socket": None,
+    "gate-service": False, "--patience": "10",  # docopt's default, as the usage says
 }
 
 
