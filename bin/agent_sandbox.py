@@ -168,6 +168,9 @@ def _parse(servers: Servers | None) -> Args:
 
 def main() -> None:
     servers: Servers | None = None
+    from libbroker.launcher.here import recover
+
+    recover()  # a shell left on a session's detached bind: cd "$PWD" for it
     if "run" in sys.argv[1:]:
         # run's servers start first, before parsing: see libbroker.launcher.prestart.
         from libbroker.launcher import cli_checks, prestart

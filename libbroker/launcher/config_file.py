@@ -27,6 +27,7 @@ from libbroker.errors import ConfigError, UsageError
 from libbroker.launcher import gitfacts
 from libbroker.launcher.config import Config, HostFacts, from_mapping
 from libbroker.launcher.git_answers import parse_signing
+from libbroker.launcher.here import here
 from libbroker.launcher.origins import Origins, key_lines, toml_error, utf8_error
 from libbroker.sandbox.limits import LimitsError, parse_flags
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
@@ -78,7 +79,7 @@ def default_path(home: str) -> str:
 def host_facts() -> HostFacts:
     """Look at the host once: home, cwd, gh on PATH."""
     home = os.path.expanduser("~")
-    return HostFacts(home=home, cwd=os.getcwd(), gh_present=shutil.which("gh") is not None)
+    return HostFacts(home=home, cwd=here(), gh_present=shutil.which("gh") is not None)
 
 
 def resolve_sign_key(cfg: Config) -> Config:

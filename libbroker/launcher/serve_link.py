@@ -26,6 +26,7 @@ import select
 
 from libbroker.errors import LaunchError
 from libbroker.launcher.child import Child, Proc
+from libbroker.launcher.here import here
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the start's cost)
 if TYPE_CHECKING:
@@ -148,7 +149,7 @@ class Link:
             ours[0], theirs[0] = theirs[0], ours[0]
             umask = os.umask(0o077)
             os.umask(umask)
-            frame = {"op": "broker", "env": env, "cwd": os.getcwd(), "umask": umask,
+            frame = {"op": "broker", "env": env, "cwd": here(), "umask": umask,
                      "socket_fd": socket_fd}
             data = json.dumps(frame, separators=(",", ":")).encode() + b"\n"
             self.sock.settimeout(10.0)

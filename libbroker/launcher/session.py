@@ -54,6 +54,7 @@ from libbroker.launcher import (
 )
 from libbroker.launcher.agent_sandbox import SOCKS_PORT, Host
 from libbroker.launcher.config import Config
+from libbroker.launcher.here import here
 from libbroker.launcher.lazy_broker import LazyBroker
 from libbroker.launcher.runtime import Runtime
 from libbroker.launcher.servers import ServerPipes
@@ -238,7 +239,7 @@ class Session:
         """broker-server's arguments, its profile written; the host's facts and where the
         session's record goes ("" when record = false)."""
         cfg = self.cfg
-        host = install.host_facts(os.getcwd())
+        host = install.host_facts(here())
         record_dir = ""
         if cfg.record:  # never where the sandbox could reach it: refused before anything runs
             from libbroker.launcher.record import check_private

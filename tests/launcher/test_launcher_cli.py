@@ -167,3 +167,37 @@ def test_doctor_judges_a_machine_wide_drop_in(
         assert check.level == doctor.WARN and "render-settings" in check.fix, check
     target.write_text(settings.render(cfg))
     assert doctor_agents.check_claude_managed(cfg).level == doctor.OK
+
+
+def test_a_shell_left_on_a_detached_bind_is_put_back_by_pwd(world: World) -> None:
+    # A shell that entered the workdir while a session's live gate had it bound
+    # onto itself stands on a detached mount once the bind goes: getcwd fails
+    # (ENOENT) though the same directory is there by its path.  The launcher
+    # steps onto $PWD (same inode) as `cd "$PWD"` would, instead of an internal error.
+    wd = str(world.workdir)
+    subprocess.run(["mount", "--bind", wd, wd], check=True)
+    try:
+        shell = subprocess.Popen(
+            ["sh", "-c", f'cd "$1" && echo in && read go && exec agent-sandbox run '
+                         f'--config={world.config()} -- pwd', "sh", wd],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True, env=world.env())
+        assert shell.stdout is not None and shell.stdout.readline() == "in\n"
+    finally:
+        subprocess.run(["umount", "-l", wd], check=True)
+    out, err = shell.communicate("go\n", timeout=90)
+    assert shell.returncode == 0, err
+    assert out.splitlines()[-1] == wd
+
+
+def test_a_removed_current_directory_is_one_clear_line(world: World, tmp_path: Path) -> None:
+    gone = tmp_path / "gone"
+    done = subprocess.run(
+        ["sh", "-c", f'mkdir "$1" && cd "$1" && rmdir "$1" && exec agent-sandbox run '
+                     f'--config={world.config()} -- true', "sh", str(gone)],
+        capture_output=True, text=True, env=world.env(), check=False, timeout=90)
+    assert done.returncode == 2, done.stderr  # a configuration error
+    assert done.stderr.splitlines() == [
+        "agent-sandbox: the current directory was removed, or can no longer be reached by its "
+        'path: cd to the directory you mean (cd "$PWD" if it is still there) and run again']
+    assert world.leftovers() == []
