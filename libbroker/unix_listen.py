@@ -15,7 +15,7 @@ import socket
 import stat
 from collections.abc import Callable
 
-from libbroker.errors import SocketInUse
+from libbroker.errors import SocketInUse, UsageError
 
 
 class LiveSocket(SocketInUse):
@@ -68,3 +68,13 @@ def _clear_stale(path: str) -> bool:
         except OSError as exc:
             raise SocketInUse(f"cannot probe {path}: {exc.strerror or exc}") from None
     raise LiveSocket(f"a server is already listening on {path}; not taking it over")
+
+
+def listen_for_service(path: str, say: Callable[[str], None]) -> socket.socket:
+    """A resident service's socket at ``--socket`` ``path``; UsageError, one line, when taken."""
+    try:
+        return listen_unix(path, 128, lambda: say(f"replaced a stale socket at {path}"))
+    except LiveSocket:
+        raise UsageError(f"--socket {path}: a service already listens there") from None
+    except SocketInUse as exc:
+        raise UsageError(f"--socket: {exc}") from None

@@ -36,12 +36,12 @@ import socket
 import stat
 import threading
 
-from libbroker.errors import LaunchError, SocketInUse, UsageError
+from libbroker.errors import LaunchError, UsageError
 from libbroker.launcher import fanotify, hostrun_binds
 from libbroker.launcher.gate_service_conn import Conn
 from libbroker.launcher.hostrun_judge import PATIENCE
 from libbroker.launcher.serve_link import peer_ids
-from libbroker.unix_listen import LiveSocket, listen_unix
+from libbroker.unix_listen import listen_for_service
 from libpolicy.hostrun_gate_service import DEFAULT_SOCKET, SOCKET_ENV, socket_path
 
 MAX_SESSIONS = 64  # gated at once, all users
@@ -77,12 +77,7 @@ def _listen(path: str) -> tuple[socket.socket, bool]:
     if sock is not None:
         return sock, False
     _root_dir(os.path.dirname(path))
-    try:
-        sock = listen_unix(path, 128, lambda: _say(f"replaced a stale socket at {path}"))
-    except LiveSocket:
-        raise UsageError(f"--socket {path}: a service already listens there") from None
-    except SocketInUse as exc:
-        raise UsageError(f"--socket: {exc}") from None
+    sock = listen_for_service(path, _say)
     os.chmod(path, 0o666)  # noqa: S103 any user may ask; what it asks for is checked by its fds
     return sock, True
 

@@ -35,13 +35,13 @@ import sys
 import tempfile
 from typing import Any
 
-from libbroker.errors import LaunchError, SocketInUse, UsageError
+from libbroker.errors import LaunchError, UsageError
 from libbroker.launcher import boot, serve_peer
 from libbroker.launcher.serve_brokers import Zygote
 from libbroker.launcher.serve_conn import Closed, Conn
 from libbroker.launcher.serve_link import MAX_REPLY
 from libbroker.server_lines import listening_url
-from libbroker.unix_listen import LiveSocket, listen_unix
+from libbroker.unix_listen import listen_for_service
 
 SD_LISTEN_FDS_START = 3
 START_TIMEOUT = 20.0
@@ -91,12 +91,7 @@ def bind_socket(path: str) -> socket.socket:
         raise UsageError(f"--socket {path}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
         raise UsageError(f"--socket {path}: {parent} is not a directory of this user")
-    try:
-        sock = listen_unix(path, 128, lambda: _say(f"replaced a stale socket at {path}"))
-    except LiveSocket:
-        raise UsageError(f"--socket {path}: a service already listens there") from None
-    except SocketInUse as exc:
-        raise UsageError(f"--socket: {exc}") from None
+    sock = listen_for_service(path, _say)
     sock.setblocking(True)
     return sock
 
