@@ -266,8 +266,8 @@ MAIN: list[Attack] = [
 ]
 
 
-# Hostile names in printed lines (planted in the main list's session: a name that is
-# not UTF-8 must not cost the other attacks' lines, which their own tests check).
+# Hostile names in printed lines: a session of their own (a name that is not UTF-8
+# must not cost the other attacks' lines).
 # FIFOs where git and the guard read files: neither may block (git would hang on the
 # person's next command).
 FIFO = ("mkfifo .envrc && { mkdir .vscode && mkfifo .vscode/settings.json; "

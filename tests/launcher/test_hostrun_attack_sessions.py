@@ -8,15 +8,9 @@ does what the person would (``status`` at the top and in the subdirectory
 concerned, ``commit``, ``rebase --continue``, ``cherry-pick --continue``,
 the planted alias).  A planted command writes a canary outside the workdir:
 none may appear, and every plant that went through must be named by one of
-the guard's lines.  Four sessions per cell: the main list with the hostile
-names, the FIFOs and the heavy files (0 B to 100 MiB) beside it, the person's
-1 TiB sparse file, a new 1 TiB sparse file (each of those two alone: a guard
-that reads one whole fails its whole session), and one with the quarantine on a
-tmpfs (every move aside a copy across filesystems, through 1100-deep
-directories).  The main session carries the hostile names, FIFOs and heavy
-files because each lives in its own directory and is checked by its own tests
-all the same: one session proves the lot, and that the sweep goes on after
-each of them (a session costs the servers' start and the cell's copy).
+the guard's lines.  Three sessions per cell: the main list, the heavy files
+(0 B to a 1 TiB sparse one), and one with the quarantine on a tmpfs (every
+move aside a copy across filesystems, through 1100-deep directories).
 
 Beyond the issue's list: FIFOs where git and the guard read, a process that
 outlives the command and plants later, VS Code's dev container and workspace
@@ -97,19 +91,17 @@ def _cell(request: pytest.FixtureRequest, attacks: list[Attack], tmpfs: bool = F
 
 @pytest.fixture(scope="module", params=CELLS)
 def main_cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
-    yield from _cell(request, MAIN + NAMES + HEAVY, timeout=180)
+    yield from _cell(request, MAIN)
 
 
-@pytest.fixture(scope="module")
-def names_cell(main_cell: Cell) -> Cell:
-    """The hostile names and the FIFOs: planted in the main session (own directories)."""
-    return main_cell
+@pytest.fixture(scope="module", params=CELLS)
+def names_cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
+    yield from _cell(request, NAMES)
 
 
-@pytest.fixture(scope="module")
-def heavy_cell(main_cell: Cell) -> Cell:
-    """The heavy files (0 B to 100 MiB): planted in the main session (own directories)."""
-    return main_cell
+@pytest.fixture(scope="module", params=CELLS)
+def heavy_cell(request: pytest.FixtureRequest) -> Iterator[Cell]:
+    yield from _cell(request, HEAVY)
 
 
 @pytest.fixture(scope="module", params=CELLS)
@@ -189,7 +181,6 @@ def test_the_plants_run_when_nothing_guards(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(300)
 def test_the_main_session_ends_cleanly(main_cell: Cell, request: pytest.FixtureRequest) -> None:
-    """(Its hostile names, FIFOs and heavy files too: the same session.)"""
     gap(request, main_cell, "main-ends")
     _ended(main_cell)
 
@@ -277,6 +268,12 @@ def _survives(cell: Cell, name: str, rels: tuple[str, ...]) -> None:
 # --- heavy files: the person's original of any size -----------------------------------
 
 
+@pytest.mark.timeout(300)
+def test_the_heavy_session_ends_cleanly(heavy_cell: Cell, request: pytest.FixtureRequest) -> None:
+    gap(request, heavy_cell, "heavy-ends")
+    _ended(heavy_cell)
+
+
 @pytest.mark.parametrize("label", list(SIZES))
 def test_a_guarded_file_of_any_size_is_recoverable(heavy_cell: Cell, label: str,
                                                    request: pytest.FixtureRequest) -> None:
@@ -333,6 +330,13 @@ def test_the_persons_file_survives_across_filesystems(
         tmpfs_cell: Cell, request: pytest.FixtureRequest) -> None:
     gap(request, tmpfs_cell, "xfs-dataloss")
     _survives(tmpfs_cell, "xfs-dataloss", (".vscode/big.bin", ".vscode/settings.json"))
+
+
+@pytest.mark.timeout(300)
+def test_the_names_session_ends_cleanly(names_cell: Cell,
+                                        request: pytest.FixtureRequest) -> None:
+    gap(request, names_cell, "hostile-ends")
+    _ended(names_cell)
 
 
 def test_fifos_left_by_the_session_block_nothing(names_cell: Cell,
