@@ -269,6 +269,9 @@ class Session:
         kube = self._start_kubeconfig(rt, fixed[1]) if fixed else None
         self.box.build(host)
         _trace("servers and sandbox spawned")
+        # The live guard and its gate while the proxy starts, not after: they need the
+        # scan's snapshot, not its ports.  Go still follows them (:meth:`_ready`).
+        self.box.ready(self.guards.wait())
         if fixed:
             runtime_dir.write_private(rt.policy, plan.policy_json(self.cfg, rt, *fixed))
         found = session_poll.wait_listening(self)
@@ -284,13 +287,11 @@ class Session:
         return found
 
     def _ready(self, rt: Runtime) -> None:
-        """The log from now on; the agent's copy and every host-run file's fingerprint
-        done, the live guard watching: nothing is left but go."""
+        """The log from now on; the agent's copy done, the live guard (begun with every
+        host-run file fingerprinted, in :meth:`_build`) watching: nothing is left but go."""
         self.pipes.start_log(self.cfg)
         if self.agent is not None:  # its private copy, made while the servers started
             self.agent.wait()
-        snap = self.guards.wait()  # CMD never runs before every host-run file is fingerprinted
-        self.box.ready(snap)
         if self.guards.live is not None:
             self.guards.live.wait_ready()  # every directory watched before go
         agent_session.write_cas(rt, os.environ)  # the proxy's CA exists once it listens
