@@ -117,7 +117,7 @@ def _one(result: dict[str, list[str]], key: str) -> str:
 
 def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
     _, r = probe
-    assert _one(r, "github").startswith("{"), (r["github"], r["_threads"])
+    assert _one(r, "github").startswith("{"), "\n".join([*r["github"], *r["_threads"]])
     seen = json.loads(_one(r, "github"))
     want = "Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
     assert seen["authorization"] == [want]
