@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
+from collections.abc import Callable
 
 from libbroker.launcher.hostrun_binds import open_beneath
 from libpolicy import hostrun_gate_service as proto
@@ -79,6 +80,21 @@ def _same(a: os.stat_result, b: os.stat_result) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
+def _judge(mine: int, theirs: os.stat_result, peer_uid: int,
+           facts: Callable[[bool], proto.Dir], *, workdir: bool) -> None:
+    """Refused (``mine`` closed) unless the pure rule accepts the directory's facts;
+    ``facts`` gets whether the service's own fd (``mine``, -1 for none) is the client's."""
+    try:
+        here = mine >= 0 and _same(os.fstat(mine), theirs)
+        why = proto.dir_refusal(facts(here), workdir=workdir, peer_uid=peer_uid)
+        if why is not None:
+            raise Refused(why)
+    except BaseException:
+        if mine >= 0:
+            os.close(mine)
+        raise
+
+
 def verify(fds: list[int], peer_uid: int, gated: list[str]) -> Verified:
     """The service's fds on the directories ``fds`` (the client's: the caller closes them)
     name; :class:`Refused` with one line when any is refused.  ``gated``: the workdirs
@@ -93,21 +109,12 @@ def verify(fds: list[int], peer_uid: int, gated: list[str]) -> Verified:
                 mine = open_beneath(top, name.lstrip("/"), _O_PATH_DIR)
         finally:
             os.close(top)
-    try:
-        here = mine >= 0 and _same(os.fstat(mine), theirs)
-        facts = proto.Dir(
-            is_dir=stat.S_ISDIR(theirs.st_mode), owner=theirs.st_uid, here=here,
-            beneath=True, named_git=True, root=name == "/",
-            mount_point=here and _is_mount_point(mine),
-            in_gated=any(g == name or g.startswith(name + "/") or name.startswith(g + "/")
-                         for g in gated))
-        why = proto.dir_refusal(facts, workdir=True, peer_uid=peer_uid)
-        if why is not None:
-            raise Refused(why)
-    except BaseException:
-        if mine >= 0:
-            os.close(mine)
-        raise
+    _judge(mine, theirs, peer_uid, lambda here: proto.Dir(
+        is_dir=stat.S_ISDIR(theirs.st_mode), owner=theirs.st_uid, here=here,
+        beneath=True, named_git=True, root=name == "/",
+        mount_point=here and _is_mount_point(mine),
+        in_gated=any(g == name or g.startswith(name + "/") or name.startswith(g + "/")
+                     for g in gated)), workdir=True)
     found = Verified(name, mine)
     try:
         for fd in fds[1:]:
@@ -131,17 +138,8 @@ def _git(fd: int, found: Verified, peer_uid: int) -> tuple[str, int]:
     if rel:
         with contextlib.suppress(OSError):
             mine = open_beneath(found.opened[""], rel, _O_PATH_DIR, same_mount=True)
-    try:
-        here = mine >= 0 and _same(os.fstat(mine), theirs)
-        facts = proto.Dir(
-            is_dir=stat.S_ISDIR(theirs.st_mode), owner=theirs.st_uid, here=here or not rel,
-            beneath=here, named_git=rel.rsplit("/", 1)[-1] == ".git", root=False,
-            mount_point=here and _is_mount_point(mine), in_gated=False)
-        why = proto.dir_refusal(facts, workdir=False, peer_uid=peer_uid)
-        if why is not None:
-            raise Refused(why)
-    except BaseException:
-        if mine >= 0:
-            os.close(mine)
-        raise
+    _judge(mine, theirs, peer_uid, lambda here: proto.Dir(
+        is_dir=stat.S_ISDIR(theirs.st_mode), owner=theirs.st_uid, here=here or not rel,
+        beneath=here, named_git=rel.rsplit("/", 1)[-1] == ".git", root=False,
+        mount_point=here and _is_mount_point(mine), in_gated=False), workdir=False)
     return rel, mine
