@@ -61,6 +61,10 @@ def serialised(conn: h11.Connection, events: tuple[h11.Event, ...]) -> bytes:
     return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
 
+LINGER_SECONDS = 2.0  # how long a refused client may go on sending before the close
+LINGER_BYTES = 8 * 1024 * 1024  # and how much of it is read and dropped
+
+
 class ClientSide:
     """The sandbox's end of an HTTP connection (h11 server role)."""
 
@@ -124,11 +128,35 @@ class ClientSide:
         await self.stream.send(serialised(self.conn, events))
 
     async def refuse(self, error: HttpError) -> None:
-        """Answer ``error`` if a response can still be sent."""
+        """Answer ``error`` if a response can still be sent, then let the client finish."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
             with contextlib.suppress(OSError, h11.LocalProtocolError):
                 await self.send(*error_events(error.status, str(error), error.kind,
                                               body=self.method != b"HEAD"))
+                if self.reader.in_head or (self.method is not None and
+                                           self.conn.their_state is h11.SEND_BODY):
+                    await self._linger()
+
+    async def _linger(self) -> None:
+        """Read and drop what the client still sends of a refused request, within bounds.
+
+        The connection closes after a refusal, and closing a socket with unread
+        bytes resets it: a client still sending (an upload over a limit, a head
+        too large) would get EPIPE or ECONNRESET and never read the answer that
+        says why.  Until it hangs up, for at most LINGER_SECONDS and LINGER_BYTES,
+        its bytes are read and dropped; then the close goes ahead regardless.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + LINGER_SECONDS
+        left = LINGER_BYTES
+        while left > 0:
+            try:
+                data = await asyncio.wait_for(self.stream.recv(), deadline - loop.time())
+            except TimeoutError:
+                return
+            if not data:
+                return
+            left -= len(data)
 
     def next_cycle(self) -> bool:
         """Carry unread bytes over to the next request; False if none may follow."""

@@ -382,6 +382,25 @@ def test_the_head_limit_counts_head_bytes_only(sinks: Sinks, route: str) -> None
     assert seen == before + 1
 
 
+
+@pytest.mark.parametrize("route", ["inject-connect", "plain-forward"])
+def test_a_refused_client_still_sending_reads_the_answer(sinks: Sinks, route: str) -> None:
+    # The refusal comes while the client is still sending (its head over the limit, its
+    # body behind it).  The proxy reads and drops the rest until the client hangs up:
+    # closing on unread bytes would reset the connection under the client's writes
+    # (curl: "Send failure: Broken pipe") and it would never see why.
+    sock, target, host = open_route(sinks, route)
+    with sock:
+        sock.sendall(_padded_head(target, host, 4 * MIB, 32 * KIB + 1))
+        status, _, answer = Responses(sock).next()
+        assert status == 431, answer
+        for _ in range(4 * MIB // (64 * KIB)):  # the body, after the answer came
+            sock.sendall(b"b" * (64 * KIB))
+        sock.shutdown(socket.SHUT_WR)
+        while sock.recv(65536):  # then the proxy's close: an end, not a reset
+            pass
+
+
 # --- bounded memory ---------------------------------------------------------------------
 
 
