@@ -1,7 +1,9 @@
 """A listening unix socket at a path, mode 0600: a stale one replaced, a live one refused.
 
 The one binding of broker-server's socket, egress-proxy's ``--control``
-socket and the resident service's (``agent-sandbox serve``).  It lives in
+socket and the resident service's (``agent-sandbox serve``), and the one check
+of a listening socket handed over to a server (:func:`handed_over`:
+broker-server's ``--socket-fd``, egress-proxy's ``--listen-fd``).  It lives in
 libbroker's base because libegress may use nothing else of libbroker; it is
 the base's one module that touches a socket (the stdlib's, no more), and only
 the servers import it.
@@ -15,7 +17,7 @@ import socket
 import stat
 from collections.abc import Callable
 
-from libbroker.errors import SocketInUse, UsageError
+from libbroker.errors import AgentSandboxError, SocketInUse, UsageError
 
 
 class LiveSocket(SocketInUse):
@@ -78,3 +80,32 @@ def listen_for_service(path: str, say: Callable[[str], None]) -> socket.socket:
         raise UsageError(f"--socket {path}: a service already listens there") from None
     except SocketInUse as exc:
         raise UsageError(f"--socket: {exc}") from None
+
+
+def handed_over(fd: int, option: str, families: tuple[int, ...], what: str,
+                error: type[AgentSandboxError],
+                named: Callable[[object], bool] = bool) -> socket.socket:
+    """The listening stream socket ``fd`` that whoever started the server handed over.
+
+    Only a stream socket of one of ``families`` that already listens, with a
+    local address ``named`` accepts, is taken; anything else (stdio, a file,
+    another family, a socket not listening, a closed descriptor) is ``error``,
+    one line naming ``option`` and ``what`` it must be, and ``fd`` is left as it
+    was.  A connection made before the server ran waits in the socket's backlog.
+    """
+    if fd < 3:
+        raise error(f"{option}={fd}: not a handed-over socket (0-2 are stdio)")
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError as exc:
+        raise error(f"{option}={fd}: {exc.strerror or exc}") from None
+    try:
+        ok = (sock.family in families and sock.type == socket.SOCK_STREAM
+              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
+              and named(sock.getsockname()))
+    except OSError:
+        ok = False
+    if not ok:
+        sock.detach()
+        raise error(f"{option}={fd}: not a listening {what}")
+    return sock

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from libbroker.errors import EgressError
 from libbroker.server_lines import listening_line
+from libbroker.unix_listen import handed_over
 
 
 @dataclass(frozen=True)
@@ -38,23 +39,12 @@ def inherited(fd: int, scheme: str) -> Listen:
     anything else (a file, a unix socket, a socket not yet listening, a closed
     descriptor) is refused by name, so a mistake never serves on the wrong thing.
     """
-    if fd < 3:
-        raise EgressError(f"--{_FD_FLAG[scheme]}={fd}: not a handed-over socket (0-2 are stdio)")
+    sock = handed_over(fd, f"--{_FD_FLAG[scheme]}", (socket.AF_INET, socket.AF_INET6),
+                       "TCP socket", EgressError)
     try:
-        sock = socket.socket(fileno=fd)
-    except OSError as exc:
-        raise EgressError(f"--{_FD_FLAG[scheme]}={fd}: {exc.strerror or exc}") from None
-    try:
-        ok = (sock.family in (socket.AF_INET, socket.AF_INET6)
-              and sock.type == socket.SOCK_STREAM
-              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1)
-        host, port = sock.getsockname()[:2] if ok else ("", 0)
-    except OSError:
-        ok = False
+        host, port = sock.getsockname()[:2]
     finally:
         sock.detach()  # still the caller's: bind() takes it
-    if not ok:
-        raise EgressError(f"--{_FD_FLAG[scheme]}={fd}: not a listening TCP socket")
     return Listen(host, port, scheme, fd)
 
 

@@ -22,7 +22,7 @@ import sys
 from libbroker.broker.connection import Connection, Settings
 from libbroker.errors import UsageError
 from libbroker.server_lines import listening_line
-from libbroker.unix_listen import listen_unix
+from libbroker.unix_listen import handed_over, listen_unix
 
 SHUTDOWN_GRACE = 5.0
 ACCEPT_BACKOFF = 0.1
@@ -39,23 +39,11 @@ def inherited_socket(fd: int) -> socket.socket:
     Whoever started the server bound it (mode 0600 is theirs to set) and made
     it listen, so a connection made before the server runs waits in its
     backlog.  Anything else (a descriptor of stdio, a file, a TCP socket, a
-    socket not listening, a closed descriptor) is refused by name.
+    socket not listening, one bound to no path, a closed descriptor) is refused
+    by name (:func:`libbroker.unix_listen.handed_over`).
     """
-    if fd < 3:
-        raise UsageError(f"--socket-fd={fd}: not a handed-over socket (0-2 are stdio)")
-    try:
-        sock = socket.socket(fileno=fd)
-    except OSError as exc:
-        raise UsageError(f"--socket-fd={fd}: {exc.strerror or exc}") from None
-    try:
-        ok = (sock.family == socket.AF_UNIX and sock.type == socket.SOCK_STREAM
-              and sock.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN) == 1
-              and isinstance(sock.getsockname(), str) and bool(sock.getsockname()))
-    except OSError:
-        ok = False
-    if not ok:
-        sock.detach()
-        raise UsageError(f"--socket-fd={fd}: not a listening unix socket bound to a path")
+    sock = handed_over(fd, "--socket-fd", (socket.AF_UNIX,), "unix socket bound to a path",
+                       UsageError, lambda name: isinstance(name, str) and bool(name))
     sock.setblocking(False)
     return sock
 

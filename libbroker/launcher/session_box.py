@@ -253,7 +253,6 @@ class BwrapBox(Box):
             self.start.stop()
 
 
-
 class LandlockBox(Box):
     """A helper started at once that applies Landlock for the spec it is sent, then reaps.
 
