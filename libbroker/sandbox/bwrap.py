@@ -180,11 +180,18 @@ def read_info(fd: int) -> int | None:
     while True:
         chunk = os.read(fd, 4096)
         data += chunk
-        try:
-            return int(json.loads(data)["child-pid"])
-        except (ValueError, KeyError, TypeError):
-            if not chunk:
-                return None
+        pid = info_pid(data)
+        if pid is not None or not chunk:
+            return pid
+
+
+def info_pid(data: bytes) -> int | None:
+    """The sandbox's pid in what bwrap wrote on its ``--info-fd``; None while it is not whole
+    (or not what bwrap writes)."""
+    try:
+        return int(json.loads(data)["child-pid"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def seccomp_pipe(prog: bytes) -> int:

@@ -10,13 +10,12 @@ its own way to spawn (the broker's ``Popen``, the session's supervised child).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 from typing import TYPE_CHECKING
 
 from libbroker.sandbox.backend import FAIL, OK, Backend, Finding
-from libbroker.sandbox.bwrap import read_info, seccomp_pipe
+from libbroker.sandbox.bwrap import info_pid, read_info, seccomp_pipe
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 
 if TYPE_CHECKING:
@@ -143,10 +142,7 @@ class BwrapStart:
                 data = os.read(self.info_fd, 4096)
             except BlockingIOError:
                 return None
-            try:
-                self.inner = int(json.loads(data)["child-pid"])
-            except (ValueError, KeyError, TypeError):
-                self.inner = None
+            self.inner = info_pid(data)
         return self.inner
 
     def listen(self, inner: int, ports: tuple[int, ...]) -> None:
