@@ -112,7 +112,6 @@ _VALUED: dict[str, str | None] = {
 }  # fmt: skip
 _REPEATED = ("--resolve", "--allow-cidr")
 _FLAGS = ("--log-allowed", "--learn", "--help", "--version")
-_ONE_OF = (("--listen", "--listen-fd"), ("--socks", "--socks-fd"))
 
 
 def quick_args(argv: list[str]) -> Args | None:
@@ -139,8 +138,8 @@ def quick_args(argv: list[str]) -> Args | None:
         else:
             return None
         given.add(name)
-    if any((a in given) == (b in given) for a, b in _ONE_OF[:1]) or \
-            all(a in given for a in _ONE_OF[1]):
+    # exactly one HTTP listener; at most one SOCKS5 listener
+    if ("--listen" in given) == ("--listen-fd" in given) or {"--socks", "--socks-fd"} <= given:
         return None
     return args
 
