@@ -150,6 +150,20 @@ def digest_of(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def digest_of_fd(fd: int) -> str:
+    """:func:`digest_of` the file's bytes, read from ``fd`` in bounded chunks: the live
+    gate's check of a host-run file restored as a new inode against what the start
+    recorded (the same digest by construction)."""
+    import hashlib  # rarely: only for such a file
+
+    digest = hashlib.sha256()
+    at = 0
+    while chunk := os.pread(fd, 1 << 16, at):
+        digest.update(chunk)
+        at += len(chunk)
+    return digest.hexdigest()
+
+
 def read_small(fd: int, limit: int = SMALL, size: int = -1) -> bytes:
     """At most ``limit`` + 1 bytes of ``fd`` from its start (one more tells it grew).
 

@@ -93,14 +93,9 @@ class Gate(Judge[fanotify.Event]):
         return os.fstat(ev.fd)
 
     def _digest(self, ev: fanotify.Event, rel: str) -> str:
-        import hashlib  # rarely: a host-run file restored as a new inode
+        from libbroker.launcher.hostrun_fingerprint import digest_of_fd
 
-        digest = hashlib.sha256()
-        at = 0
-        while chunk := os.pread(ev.fd, 1 << 16, at):
-            digest.update(chunk)
-            at += len(chunk)
-        return digest.hexdigest()
+        return digest_of_fd(ev.fd)
 
     def _answer(self, ev: fanotify.Event, allow: bool) -> None:
         assert self.fan is not None

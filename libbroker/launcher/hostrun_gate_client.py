@@ -166,19 +166,14 @@ class ServiceGate(Judge[Ask]):
 
     def _digest(self, ask: Ask, rel: str) -> str:
         """Our own read of the file, beneath the binds, only if it is the inode opened."""
-        import hashlib  # rarely: a host-run file restored as a new inode
+        from libbroker.launcher.hostrun_fingerprint import digest_of_fd
 
         fd = open_beneath(self.under[""], rel, _O_READ)
         try:
             st = os.fstat(fd)
             if (st.st_dev, st.st_ino) != (ask.stat.st_dev, ask.stat.st_ino):
                 return ""
-            digest = hashlib.sha256()
-            at = 0
-            while chunk := os.pread(fd, 1 << 16, at):
-                digest.update(chunk)
-                at += len(chunk)
-            return digest.hexdigest()
+            return digest_of_fd(fd)
         finally:
             os.close(fd)
 

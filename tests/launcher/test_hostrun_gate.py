@@ -419,3 +419,19 @@ def test_a_repository_moved_during_the_session_is_unbound_where_it_went(tmp_path
         lines = binds.remove()
     assert lines == []
     assert _mounts(work) == [] and _mounts(tmp_path) == []
+
+
+@pytest.mark.parametrize("size", [0, 1, (1 << 16) - 1, 1 << 16, (1 << 16) + 1, 1 << 20])
+def test_the_gates_digest_of_an_open_file_is_the_starts_digest(tmp_path: Path, size: int) -> None:
+    # A host-run file restored as a new inode is allowed when its bytes are those the
+    # start recorded: the gate's streamed digest (both gates) must equal the scan's.
+    from libbroker.launcher.hostrun_fingerprint import digest_of, digest_of_fd
+
+    data = os.urandom(size)
+    path = tmp_path / "f"
+    path.write_bytes(data)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert digest_of_fd(fd) == digest_of(data)
+    finally:
+        os.close(fd)
