@@ -56,6 +56,8 @@ def state_dir(home: str = "") -> str:
     return os.path.join(base, "agent-sandbox")
 
 
+MOVE_TRIES = 5  # a quarantine name taken meanwhile by the other mover: found anew
+
 class Sweeper:
     def __init__(self, snap: Snapshot, state: str, *, copy_only: bool = False) -> None:
         self.snap = snap
@@ -86,7 +88,21 @@ class Sweeper:
             name = f"{parts[-1]}.{n}"
 
     def move_aside(self, pfd: int, name: str, rel: str) -> str:
-        """Move ``name`` (whatever it is; a link stays a link) into the quarantine."""
+        """Move ``name`` (whatever it is; a link stays a link) into the quarantine.
+
+        The free name :meth:`_qdir` found can be taken before the rename by the other
+        thread that moves things aside (the live watcher's and its backlog's): a rename
+        onto it fails (EEXIST, ENOTEMPTY), and a fresh free name is found.
+        """
+        for _ in range(MOVE_TRIES - 1):
+            try:
+                return self._move_aside(pfd, name, rel)
+            except OSError as exc:
+                if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise
+        return self._move_aside(pfd, name, rel)
+
+    def _move_aside(self, pfd: int, name: str, rel: str) -> str:
         qfd, qname, where = self._qdir(rel)
         try:
             try:
