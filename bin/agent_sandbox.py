@@ -96,6 +96,8 @@ from typing import TYPE_CHECKING
 from libbroker.cli import Args, parse, run
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from libbroker.launcher.config import Config
     from libbroker.launcher.prestart import Servers
 
@@ -167,6 +169,19 @@ def _parse(servers: Servers | None) -> Args:
 
 
 def main() -> None:
+    if "run" in sys.argv[1:]:
+        # A scripted run (no terminal) is handed to the resident service's
+        # launcher zygote when one answers (docs/serve.md); None: run it here.
+        from libbroker.launcher import warm_client
+
+        code = warm_client.try_run(sys.argv[1:])
+        if code is not None:
+            os._exit(code)
+    cold_main()
+
+
+def cold_main(report: Callable[[int], None] | None = None) -> None:
+    """The run in this process (``report``: told the exit code first; the warm child's)."""
     servers: Servers | None = None
     from libbroker.launcher.here import recover
 
@@ -193,6 +208,8 @@ def main() -> None:
             sys.stdout.flush()
         with contextlib.suppress(OSError, ValueError):
             sys.stderr.flush()
+        if report is not None:
+            report(code)
         os._exit(code)
 
 

@@ -36,7 +36,7 @@ import tempfile
 from typing import Any
 
 from libbroker.errors import LaunchError, UsageError
-from libbroker.launcher import boot, serve_peer
+from libbroker.launcher import boot, serve_peer, warm_request
 from libbroker.launcher.serve_brokers import Zygote
 from libbroker.launcher.serve_conn import Closed, Conn
 from libbroker.launcher.serve_link import MAX_REPLY
@@ -111,9 +111,11 @@ def request_frame(line: bytes) -> dict[str, Any]:
     except ValueError:
         raise ValueError("not a JSON object on one line") from None
     op = frame.get("op") if isinstance(frame, dict) else None
+    if op == "launch":
+        return warm_request.check(frame)
     if op not in _KEYS:
-        raise ValueError("the requests are {\"op\": \"broker\", ...} and "
-                         "{\"op\": \"session\", ...}")
+        raise ValueError("the requests are {\"op\": \"broker\", ...}, "
+                         "{\"op\": \"session\", ...} and {\"op\": \"launch\", ...}")
     extra = sorted(set(frame) - _KEYS[op])
     if extra:
         raise ValueError(f"unknown key {extra[0]!r}")
@@ -141,6 +143,8 @@ class Service:
         self.socks_port = 0
         self.sessions = 0
         self.zygote = Zygote()
+        self.launcher = Zygote("libbroker.launcher.launcher_zygote",
+                               "agent-sandbox-launcher-zygote", site=True)
         self._netns = serve_peer.own_netns()
 
     async def start_gateway(self) -> None:
@@ -191,19 +195,14 @@ class Service:
                     return self._refuse(conn, str(exc))
                 try:
                     frame = request_frame(line)
+                    if frame["op"] == "launch":
+                        if broker >= 0 or tenant or len(fds) != warm_request.N_FDS:
+                            raise ValueError("a launch comes alone, with four descriptors")
+                        return await self._launch(conn, line, fds)
                     if frame["op"] == "broker":
                         if broker >= 0 or len(fds) != 4:
                             raise ValueError("one broker per session, on four descriptors")
-                        try:
-                            pid, broker = await self.zygote.fork(
-                                frame["env"], frame["cwd"], frame["umask"], frame["socket_fd"],
-                                fds)
-                        except (LaunchError, OSError, ValueError) as exc:
-                            # The session goes on: its launcher spawns a broker of its own.
-                            _say(f"the zygote gave no broker: {exc}")
-                            conn.send(_reply(False, error=f"no broker: {exc}"))
-                            continue
-                        conn.send(_reply(True, pid=pid), [broker])
+                        broker = await self._broker(conn, frame, fds)
                         continue
                     if fds:
                         raise ValueError("descriptors sent with a session request")
@@ -235,6 +234,32 @@ class Service:
             conn.close()
         return None
 
+    async def _broker(self, conn: Conn, frame: dict[str, Any], fds: list[int]) -> int:
+        """The session's broker forked by the zygote: its pidfd (said to the session), or -1."""
+        try:
+            pid, broker = await self.zygote.fork(
+                frame["env"], frame["cwd"], frame["umask"], frame["socket_fd"], fds)
+        except (LaunchError, OSError, ValueError) as exc:
+            # The session goes on: its launcher spawns a broker of its own.
+            _say(f"the zygote gave no broker: {exc}")
+            conn.send(_reply(False, error=f"no broker: {exc}"))
+            return -1
+        conn.send(_reply(True, pid=pid), [broker])
+        return broker
+
+    async def _launch(self, conn: Conn, line: bytes, fds: list[int]) -> None:
+        """A warm run: the request and the connection to the launcher zygote, which answers
+        the client itself from then on (its pid and pidfd, then its status)."""
+        if len(line) > warm_request.MAX_REQUEST:
+            return self._refuse(conn, "a launch request over the limit", "a run")
+        try:
+            answer = await self.launcher.ask(line, [*fds, conn.sock.fileno()])
+        except (LaunchError, OSError, ValueError) as exc:
+            return self._refuse(conn, f"no warm run: {exc}", "a run")
+        if "pid" in answer:
+            _say(f"run {answer['pid']} started warm")
+        return None  # a refusal was said to the client and logged by the zygote
+
     async def _add_tenant(self, conn: Conn, frame: dict[str, Any]) -> str | None:
         """The session's tenant added to the gateway: its name, counted (the caller removes
         it at the end); None when the gateway refused it (the session is told why)."""
@@ -252,8 +277,8 @@ class Service:
         return tenant
 
     @staticmethod
-    def _refuse(conn: Conn, why: str) -> None:
-        _say(f"refused a session: {why}")
+    def _refuse(conn: Conn, why: str, what: str = "a session") -> None:
+        _say(f"refused {what}: {why}")
         with contextlib.suppress(OSError):
             conn.send(_reply(False, error=why))
 
@@ -281,12 +306,13 @@ class Service:
 
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             loop.add_signal_handler(sig, stopping, sig)
-        await asyncio.gather(self.start_gateway(), self.zygote.start())
+        await asyncio.gather(self.start_gateway(), self.zygote.start(), self._start_launcher())
         assert self.gateway is not None and self.zygote.proc is not None
         self.listener.setblocking(False)
         accepting = asyncio.ensure_future(self._accept())
         _say(f"serving: gateway http 127.0.0.1:{self.http_port}, "
-             f"socks 127.0.0.1:{self.socks_port}; broker zygote pid {self.zygote.proc.pid}")
+             f"socks 127.0.0.1:{self.socks_port}; broker zygote pid {self.zygote.proc.pid}; "
+             f"launcher zygote pid {self.launcher.proc.pid if self.launcher.proc else '-'}")
         gateway_done = asyncio.ensure_future(self.gateway.wait())
         zygote_done = asyncio.ensure_future(self.zygote.proc.wait())
         done, _ = await asyncio.wait({stop, gateway_done, zygote_done},
@@ -302,7 +328,15 @@ class Service:
             return 1
         return 0
 
+    async def _start_launcher(self) -> None:
+        """The launcher zygote; without it, runs start cold (the service serves them anyway)."""
+        try:
+            await self.launcher.start()
+        except (LaunchError, OSError, TimeoutError) as exc:
+            _say(f"no launcher zygote ({exc}): every run starts cold")
+
     async def close(self) -> None:
+        await self.launcher.close()
         await self.zygote.close()
         proc = self.gateway
         if proc is not None and proc.returncode is None:

@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 
 from libbroker.errors import LaunchError
@@ -23,17 +24,28 @@ START_TIMEOUT = 20.0
 
 
 class Zygote:
-    def __init__(self) -> None:
+    """One zygote child of the service: the broker's (default) or the launcher's."""
+
+    def __init__(self, module: str = "libbroker.launcher.broker_zygote",
+                 name: str = "agent-sandbox-broker-zygote", *, site: bool = False) -> None:
+        self.module = module
+        self.name = name
+        # With site: the interpreter's prefix is the installation's (a launcher
+        # forked from it finds its servers' site-packages as the client would).
+        self.site = site
         self.proc: asyncio.subprocess.Process | None = None
         self._sock: socket.socket | None = None
         self._lock = asyncio.Lock()
 
     async def start(self) -> None:
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        module = "libbroker.launcher.broker_zygote"
-        argv = [*boot.python_argv("agent-sandbox-broker-zygote", module,
-                                  die_with_sig=signal.SIGKILL),
-                str(theirs.fileno()), str(os.getpid())]
+        if self.site:
+            argv = [sys.executable, "-P", "-c", boot.die_with(signal.SIGKILL)
+                    + f"import sys; sys.argv[0] = {self.name!r}\n"
+                    + f"from {self.module} import main; sys.exit(main())"]
+        else:
+            argv = boot.python_argv(self.name, self.module, die_with_sig=signal.SIGKILL)
+        argv += [str(theirs.fileno()), str(os.getpid())]
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *argv, stdin=asyncio.subprocess.DEVNULL, pass_fds=(theirs.fileno(),))
@@ -44,7 +56,7 @@ class Zygote:
         async with asyncio.timeout(START_TIMEOUT):
             ready = await asyncio.get_running_loop().sock_recv(ours, MAX_REPLY)
         if not ready:
-            raise LaunchError(f"the broker zygote exited while starting "
+            raise LaunchError(f"the {self.name} exited while starting "
                               f"(status {await self.proc.wait()})")
 
     async def fork(self, env: dict[str, str], cwd: str, umask: int, socket_fd: int,
@@ -76,6 +88,32 @@ class Zygote:
                 os.close(fd)
             raise LaunchError(f"the broker zygote could not fork: {answer.get('error')}")
         return int(answer["pid"]), got[0]
+
+    async def ask(self, request: bytes, fds: list[int]) -> dict[str, object]:
+        """One request with ``fds`` and the zygote's answer (no descriptors: the launcher's)."""
+        sock = self._sock
+        if sock is None or self.proc is None or self.proc.returncode is not None:
+            raise LaunchError(f"the {self.name} is gone")
+        loop = asyncio.get_running_loop()
+        async with self._lock:
+            sock.setblocking(True)
+            try:
+                socket.send_fds(sock, [request], fds)
+            finally:
+                sock.setblocking(False)
+            ready: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(sock.fileno(), _waker(ready))
+            try:
+                await ready
+            finally:
+                loop.remove_reader(sock.fileno())
+            data = sock.recv(MAX_REPLY)
+        if not data:
+            raise LaunchError(f"the {self.name} is gone")
+        answer = json.loads(data)
+        if not isinstance(answer, dict):
+            raise LaunchError(f"the {self.name} answered no object")
+        return answer
 
     async def close(self) -> None:
         if self._sock is not None:

@@ -27,6 +27,14 @@ def _process_start() -> float:
 _T0 = _process_start() if ENABLED else 0.0
 
 
+def restart() -> None:
+    """In a run forked warm (:mod:`.launcher_zygote`): its own environment, its own start."""
+    global ENABLED, _T0
+    ENABLED = bool(os.environ.get("AGENT_SANDBOX_TRACE"))
+    _T0 = _process_start() if ENABLED else 0.0
+    _MARKS.clear()
+
+
 def trace(what: str) -> None:
     """With AGENT_SANDBOX_TRACE set: ``what`` just ended, in ms since start."""
     if ENABLED:

@@ -1,0 +1,180 @@
+"""Warm runs: ``agent-sandbox run`` forked by the resident service's launcher zygote.
+
+Real processes throughout: the service, its zygotes, the client, the child
+that becomes the run, bwrap and Landlock sessions.  Each test shares one
+service across several runs (a run costs a fraction of a second; a service
+start more).  Whether a run went warm is read from its own
+``AGENT_SANDBOX_TRACE`` line, and from the service's log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from launcher_world import World
+from test_serve import Service, _config, _descendants, _own_leftovers, _wait_for, service
+
+from libbroker.launcher import warm_request
+
+__all__ = ["service"]  # the fixture, shared with test_serve
+
+WARM = "handed over to the service's launcher zygote"
+
+
+def _runs(svc: Service) -> list[int]:
+    """What the launcher zygote has forked and is still there (runs and their children)."""
+    zygote = re.search(r"launcher zygote pid (\d+)", svc.text())
+    assert zygote, svc.text()
+    return _descendants(int(zygote.group(1)))
+
+
+def _run(world: World, cfg: Path, backend: str, *cmd: str, cwd: Path | None = None,
+         data: bytes = b"", **env: str) -> subprocess.CompletedProcess[bytes]:
+    argv = ["agent-sandbox", "run", f"--config={cfg}", f"--sandbox={backend}", "--", *cmd]
+    return subprocess.run(argv, input=data, capture_output=True, timeout=120, check=False,
+                          cwd=str(cwd or world.workdir),
+                          env=world.env(CANARY_TOKEN="tok-w", AGENT_SANDBOX_TRACE="1", **env))
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_a_warm_run_is_the_run_a_cold_one_would_be(
+    world: World, service: Service, backend: str
+) -> None:
+    cfg = _config(world, "w.toml", env=["WARM_CANARY"])  # passed in as the config says
+    done = _run(world, cfg, backend, "sh", "-c", "echo out; echo err >&2; exit 3")
+    assert done.returncode == 3, done.stderr
+    assert WARM in done.stderr.decode() and done.stdout == b"out\n"
+    assert b"err\n" in done.stderr
+    assert _run(world, cfg, backend, "true").returncode == 0
+    # A death by a signal: 128+N, as the launcher reports it.
+    assert _run(world, cfg, backend, "sh", "-c", "kill -TERM $$").returncode == 128 + 15
+    # stdin passed through, of each size (the run's own descriptor, not a copy).
+    for size in (0, 1, 3 << 20):
+        data = os.urandom(size)
+        done = _run(world, cfg, backend, "sha256sum", data=data)
+        assert done.returncode == 0, done.stderr
+        import hashlib
+
+        assert done.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest(), size
+    # The environment (replaced), a working directory below the workdir, the umask.
+    sub = world.workdir / "sub"
+    sub.mkdir()
+    inner = 'echo "canary=$WARM_CANARY"; echo "cwd=$PWD"; echo "umask=$(umask)"'
+    done = subprocess.run(
+        ["sh", "-c", 'umask 027; exec "$@"', "sh", "agent-sandbox", "run", f"--config={cfg}",
+         f"--sandbox={backend}", "--", "sh", "-c", inner],
+        capture_output=True, text=True, timeout=120, check=False, cwd=str(sub),
+        env=world.env(CANARY_TOKEN="tok-w", AGENT_SANDBOX_TRACE="1", WARM_CANARY="w-1"))
+    assert done.returncode == 0, done.stderr
+    assert WARM in done.stderr
+    got = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert got == {"canary": "w-1", "cwd": str(sub), "umask": "0027"}, done.stdout
+    assert service.text().count("started warm") == 7
+    assert "CANARY" not in service.text()  # no argv or environment in the log
+    _wait_for(lambda: _runs(service) == [], "the runs to be reaped", 30)
+    assert _own_leftovers(world, service) == []
+
+
+def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
+    world: World, service: Service
+) -> None:
+    cfg = _config(world, "s.toml")
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        up = world.workdir / f"up-{sig}"
+        proc = subprocess.Popen(
+            ["agent-sandbox", "run", f"--config={cfg}", "--sandbox=bwrap", "--", "sh", "-c",
+             f'touch "{up}"; sleep 120'],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=str(world.workdir), env=world.env(CANARY_TOKEN="tok-s", AGENT_SANDBOX_TRACE="1"))
+        _wait_for(lambda p=up, q=proc: p.exists() or q.poll() is not None,  # type: ignore[misc]
+                  "the command", 90)
+        runs = _runs(service)
+        assert runs, "the run is the launcher zygote's child"
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        assert WARM in err.decode()
+        if sig == signal.SIGTERM:
+            assert proc.returncode == 128 + signal.SIGTERM, err
+        # The run (its end of file is its SIGHUP) and everything below it: gone.
+        _wait_for(lambda: _runs(service) == [], "the run and its session to end", 60)
+        _wait_for(lambda: _own_leftovers(world, service) == [], "no leftovers", 60)
+        assert not any(os.path.exists(f"/proc/{pid}/exe") for pid in runs)
+    assert service.proc.poll() is None
+
+
+def test_terminals_off_and_hostile_requests_stay_cold(world: World, service: Service) -> None:
+    cfg = _config(world, "c.toml")
+    # A terminal on stdin: the run needs it as its controlling terminal.
+    primary, secondary = os.openpty()
+    try:
+        done = subprocess.run(
+            ["agent-sandbox", "run", f"--config={cfg}", "--", "true"], stdin=secondary,
+            capture_output=True, text=True, timeout=120, check=False, cwd=str(world.workdir),
+            env=world.env(CANARY_TOKEN="tok-c", AGENT_SANDBOX_TRACE="1"))
+    finally:
+        os.close(secondary)
+        os.close(primary)
+    assert done.returncode == 0, done.stderr
+    assert "warm launch not taken (a terminal)" in done.stderr and WARM not in done.stderr
+    done = _run(world, cfg, "bwrap", "true", AGENT_SANDBOX_SERVE="off")
+    assert done.returncode == 0 and WARM not in done.stderr.decode()
+    assert "warm launch not taken (no service answers)" in done.stderr.decode()
+    assert "started warm" not in service.text()
+    # Hostile or malformed requests: one refusal line to the peer, one log line.
+    good = json.loads(_request(world))
+    bad: list[tuple[bytes, int]] = [
+        (b'{"op":"launch"}\n', 0),
+        (json.dumps({**good, "argv": "run"}).encode() + b"\n", 4),
+        (json.dumps({**good, "env": {"A": 1}}).encode() + b"\n", 4),
+        (json.dumps({**good, "rlimits": [[99, 1, 1]]}).encode() + b"\n", 4),
+        (json.dumps({**good, "install": ["/usr/bin/python3", "/elsewhere"]}).encode() + b"\n",
+         4),
+        (json.dumps({**good, "ids": [0, 0, 12345, 0, []]}).encode() + b"\n", 4),
+        (b'{"op":"launch","argv":["' + b"x" * warm_request.MAX_REQUEST + b'"]}\n', 4),
+    ]
+    for line, nfds in bad:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(20)
+            s.connect(str(service.path))
+            fds = [os.open("/dev/null", os.O_RDONLY) for _ in range(nfds)]
+            try:
+                socket.send_fds(s, [line], fds)
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            answer = json.loads(s.makefile().readline())
+        assert answer["ok"] is False and answer["error"], line[:80]
+    text = service.text()
+    assert text.count("refused a session") + text.count("refused a run") == len(bad), text
+    assert "launcher zygote: refused a run: another installation" in text
+    assert "launcher zygote: refused a run: the run's user or groups" in text
+    assert "Traceback" not in text and "started warm" not in text
+    assert service.proc.poll() is None
+    time.sleep(0.2)
+    assert _runs(service) == []
+
+
+def _request(world: World) -> str:
+    """A well-formed request, as this test's own process would send it."""
+    code = ("import sys; from libbroker.launcher import warm_client; "
+            "sys.stdout.write(warm_client.request(['run', '--', 'true']).decode())")
+    # By the console script's interpreter, as agent-sandbox itself would send it.
+    script = shutil.which("agent-sandbox")
+    assert script
+    python = Path(script).read_text().splitlines()[0].removeprefix("#!").strip()
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True,
+                          check=True, env=world.env(), timeout=60)
+    return done.stdout
