@@ -30,8 +30,10 @@ serve keeps the egress gateway resident for this user (docs/serve.md): run
 registers each session with it over its socket (default
 $XDG_RUNTIME_DIR/agent-sandbox/serve.sock, or AGENT_SANDBOX_SERVE; "off" for
 none) instead of starting an egress-proxy of its own, and starts its own when
-no service answers.  Under systemd, contrib/systemd/ has the socket and service
-units (socket activation).
+no service answers.  A run with no terminal on stdin, stdout or stderr (a
+script's) is forked by the service's warm launcher, which has the launcher's
+imports done already (AGENT_SANDBOX_WARM=off: it starts here).  Under systemd,
+contrib/systemd/ has the socket and service units (socket activation).
 
 gate-service (as root) gives ordinary users' sessions the live gate
 (docs/hostrun-gate.md): run connects to it on its socket (default

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
 else:  # signal's enums cost every run ~4 ms of CPU; _signal has the same functions
     import _signal
 
+WARM_ENV = "AGENT_SANDBOX_WARM"  # "off": the run starts here (the service still serves it)
 RELAYED = (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP, _signal.SIGQUIT)
 REPLY_TIMEOUT = 10.0
 GONE = ("agent-sandbox: the resident service (agent-sandbox serve) went away during the "
@@ -121,6 +122,8 @@ def _start(sock: _socket.socket, line: bytes) -> tuple[int, bytearray] | str:
 
 def try_run(argv: list[str]) -> int | None:
     """The run's exit code, run by the service's launcher zygote; None: run it cold here."""
+    if os.environ.get(WARM_ENV) == "off":
+        return _cold(f"{WARM_ENV}=off")
     if any(os.isatty(fd) for fd in (0, 1, 2)):
         return _cold("a terminal")
     link = serve_link.connect()
