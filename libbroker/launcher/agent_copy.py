@@ -30,6 +30,7 @@ Standard library only (the janitor imports :mod:`.agent_home`).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import time
@@ -37,6 +38,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
+
+from libbroker.launcher import agent_reuse
 
 MAX_FILE = 4 << 20  # a file larger than this is not config: a log, a dump, a model
 MAX_NAMED = 64 << 20  # an entry the profile names as a file (Claude Code's state)
@@ -75,6 +78,9 @@ class Report:
     over: int = 0  # past MAX_TOTAL
     over_bytes: int = 0
     cut_short: bool = False  # MAX_SECONDS reached
+    reused: bool = False  # the last session's copy, brought up to date (agent_reuse)
+    unchanged: int = 0  # of the files copied: equal to the host's already
+    pruned: int = 0  # entries of the last session's copy the host no longer has
     named: list[str] = field(default_factory=list)  # the first few links out and large files
 
     def notable(self) -> bool:
@@ -108,7 +114,9 @@ class Report:
         if self.cut_short:
             out.append(f"the rest after {MAX_SECONDS:g} s")
         left = "; left out: " + ", ".join(out) if out else ""
-        return (f"{agent}'s private config: {self.files} files ({_size(self.bytes)}) "
+        kept = (f", {self.unchanged} unchanged and {self.pruned} removed since the last "
+                "session" if self.reused else "")
+        return (f"{agent}'s private config: {self.files} files ({_size(self.bytes)}{kept}) "
                 f"in {self.seconds * 1000:.0f} ms{left}")
 
 
@@ -145,6 +153,21 @@ class Copier:
         self._made: set[str] = set()  # directories of the copy made so far
         self._t0 = time.monotonic()
         self._deadline = self._t0 + MAX_SECONDS
+        self._old: agent_reuse.Old | None = None  # the last session's copy, sanitized
+        self._spared: list[str] = []
+
+    def reuse(self, root: str) -> None:
+        """Before anything is gathered: ``root`` may hold the last session's copy
+        (:func:`.agent_reuse.claim`); it is sanitized now and brought up to date by
+        :meth:`finish`, or emptied when it cannot be."""
+        try:
+            old = agent_reuse.Old(root)
+        except (OSError, agent_reuse.Unusable):
+            agent_reuse.renew(root)
+            return
+        if old.files or old.dirs:
+            self._old = old
+            self.report.reused = True
 
     def file(self, src: str, dst: str, rel: str) -> None:
         """An entry the profile names as a file (the user's own link there is followed)."""
@@ -154,6 +177,11 @@ class Copier:
             return
         if stat.S_ISREG(st.st_mode):
             self._files.append(_File(0, -st.st_mtime_ns, st.st_size, src, dst, rel, True))
+
+    def spare(self, path: str) -> None:
+        """The file at ``path``, which the caller writes after :meth:`finish`, is not
+        removed to be made again: the last session's, if the host has none, is emptied."""
+        self._spared.append(path)
 
     def tree(self, src: str, dst: str, rel: str) -> None:
         """Gather what of the directory ``src`` (its own link followed) goes to ``dst``."""
@@ -220,6 +248,8 @@ class Copier:
                                      os.path.dirname(dst))
         try:
             self._mkdir(os.path.dirname(dst))
+            if self._old is not None:
+                self._old.drop(dst)
             os.symlink(target, dst)
             self.report.links_in += 1
         except OSError:
@@ -251,27 +281,44 @@ class Copier:
                 continue
             try:
                 self._mkdir(os.path.dirname(f.dst))
+                old = self._old.take(f.dst) if self._old is not None else None
             except OSError:
                 continue
-            done = _copy_file(f.src, f.dst, cap)
-            if done is None:
+            done = _copy_file(f.src, f.dst, cap, old)
+            if done is None or done[0] < 0:
+                if old is not None:  # the last session's file goes with the host's
+                    _unlink(f.dst)
+                if done is not None:
+                    self.report.programs += 1
+                    self.report.programs_bytes += f.size
                 continue
-            if done[0] < 0:
-                self.report.programs += 1
-                self.report.programs_bytes += f.size
-                continue
+            if done[2]:
+                self.report.unchanged += 1
             total += done[0]
-            self.copied[f.rel] = list(done)  # the write-back's baseline: size, mtime
+            self.copied[f.rel] = list(done[:2])  # the write-back's baseline: size, mtime
             self.report.files += 1
+        if self._old is not None:  # what a fresh copy would not hold
+            for path in self._spared:
+                self._old.empty(path)
+            self.report.pruned = self._old.prune(self._made)
         self.report.bytes = total
         self.report.seconds = time.monotonic() - self._t0
         return self.report
 
 
-def _copy_file(src: str, dst: str, cap: int) -> tuple[int, int] | None:
-    """Copy one regular file, never through a link: the copy's (size, mtime_ns).
+def _unlink(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
-    (-1, 0) for a program (left out); None when it cannot be copied.
+
+def _copy_file(
+    src: str, dst: str, cap: int, old: os.stat_result | None = None
+) -> tuple[int, int, bool] | None:
+    """Copy one regular file, never through a link: the copy's (size, mtime_ns, unchanged).
+
+    ``old``: the last session's plain file at ``dst`` (:class:`.agent_reuse.Old`),
+    kept when its bytes are the host's, else rewritten in place.
+    (-1, 0, False) for a program (left out); None when it cannot be copied.
     """
     try:
         fd = os.open(src, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -282,24 +329,50 @@ def _copy_file(src: str, dst: str, cap: int) -> tuple[int, int] | None:
         if not stat.S_ISREG(st.st_mode):
             return None
         if os.pread(fd, 4, 0) == _ELF:
-            return -1, 0
+            return -1, 0, False
         mode = stat.S_IMODE(st.st_mode) & 0o700 | 0o600
+        want = min(st.st_size, cap)  # as it was when opened, at most the cap
         try:
-            out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                          | os.O_CLOEXEC, mode)
+            out = _reopen(dst, old) if old is not None else -1
+            if out < 0:
+                out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                              | os.O_CLOEXEC, mode)
         except OSError:
             return None
         try:
-            done, want = 0, min(st.st_size, cap)  # as it was when opened, at most the cap
+            if old is not None:
+                ost = os.fstat(out)
+                if stat.S_IMODE(ost.st_mode) != mode:
+                    os.fchmod(out, mode)
+                if ost.st_size == want and agent_reuse.same(fd, out, want):
+                    return want, ost.st_mtime_ns, True
+                os.ftruncate(out, 0)
+            done = 0
             while done < want:
                 n = os.sendfile(out, fd, done, min(_CHUNK, want - done))
                 if n == 0:
                     break
                 done += n
-            return done, os.fstat(out).st_mtime_ns
+            return done, os.fstat(out).st_mtime_ns, False
         finally:
             os.close(out)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _reopen(dst: str, old: os.stat_result) -> int:
+    """The last session's file at ``dst``, read-write, if it is still the one sanitized
+    (a plain file with one name, never through a link); else removed: -1."""
+    try:
+        fd = os.open(dst, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        _unlink(dst)
+        return -1
+    st = os.fstat(fd)
+    if os.path.samestat(st, old) and stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+        return fd
+    os.close(fd)
+    _unlink(dst)
+    return -1

@@ -3,7 +3,8 @@
 The sandbox never writes the user's real ``~/.claude``, ``~/.claude.json``,
 ``~/.codex`` or ``~/.gemini``: a hook, an MCP server or a ``notify`` planted
 there would run on the host the next time the user starts the agent.
-Instead each session gets a private copy, made while the servers start:
+Instead each session gets a private copy, made (or brought up to date from
+the last session's, :mod:`.agent_reuse`) while the servers start:
 
     $XDG_STATE_HOME/agent-sandbox/agents/<agent>/<session>/   (0700, on disk)
 
@@ -20,7 +21,10 @@ the profile's rules name: logins, transcripts, history, sessions; keys in
 JSON files only where listed (:mod:`.agents`).  It walks the copy with
 directory fds and never follows a symlink the session made (``os.fwalk``,
 ``O_NOFOLLOW``), reads regular files only, and replaces host files
-atomically (temp file + rename, 0600).  Then the copy is removed.
+atomically (temp file + rename, 0600).  Then the copy is removed, or, at the
+launcher's own end, its logins are and it is kept for the next session of the
+agent, which trusts nothing of it but the bytes equal to the host's
+(:mod:`.agent_reuse`).
 
 Standard library only (the janitor imports it after the launcher died).
 """
@@ -35,7 +39,7 @@ import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
-from libbroker.launcher import agent_copy, agent_settings, agents
+from libbroker.launcher import agent_copy, agent_reuse, agent_settings, agents
 from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
 from libbroker.launcher.trace import trace
 
@@ -49,6 +53,9 @@ _MAX_FILE = 256 << 20
 _PLACEHOLDER = b"agent-sandbox-placeholder"
 _LOGIN_FILES = frozenset({"claude/.credentials.json", "codex/auth.json",
                           "home/.gemini/oauth_creds.json"})
+# Not left in a copy kept for the next session (agent_reuse): the logins, and Claude
+# Code's state (which may hold an API key, primaryApiKey).
+_AT_REST = (*sorted(_LOGIN_FILES), "claude/.claude.json")
 
 
 class TooLarge(Exception):
@@ -121,6 +128,10 @@ def prepare(
     _write_manifest(runtime, {"root": root, "partial": True})
     copier = agent_copy.Copier(_skipper(profile, _workdir_only(profile, home, workdir)),
                                frozenset(profile.per_workdir))
+    copier.reuse(root)  # the last session's copy, if make_root took one
+    edit = profile.session_settings(claude_session)
+    if edit is not None:  # rewritten below in any case: not removed to be made again
+        copier.spare(os.path.join(root, edit.rel))
     for entry in profile.entries:
         host = agents.host_path(profile, home, entry.copy)
         assert host is not None
@@ -177,11 +188,16 @@ def _write_manifest(runtime: str, manifest: Mapping[str, Any]) -> None:
 
 
 def make_root(profile: Profile, home: str, env: Mapping[str, str], session: str) -> str:
-    """The session's copy's directory (0700), new: its path is known before the copy."""
+    """The session's copy's directory (0700): its path is known before the copy.
+
+    An idle copy a past session left is taken (:func:`.agent_reuse.claim`), to be
+    brought up to date by :func:`prepare`; else a new one is made.
+    """
     parent = os.path.join(state_dir(home, env), profile.name)
     os.makedirs(parent, mode=0o700, exist_ok=True)
     root = os.path.join(parent, session)
-    os.mkdir(root, 0o700)
+    if not agent_reuse.claim(parent, root):
+        os.mkdir(root, 0o700)
     return root
 
 
@@ -344,8 +360,12 @@ def merge_keys(host: Any, session: Any, keep: Sequence[str]) -> dict[str, Any]:
     return out
 
 
-def write_back(runtime: str, *, remove: bool = True) -> list[str]:
-    """Bring back what is safe from the session's copy (see the module doc); problems."""
+def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list[str]:
+    """Bring back what is safe from the session's copy (see the module doc); problems.
+
+    ``keep`` (the launcher's own end, its sandbox gone): the copy is kept for the
+    next session of the agent (:func:`.agent_reuse.release`) rather than removed.
+    """
     manifest = _read_json(os.path.join(runtime, MANIFEST))
     if not isinstance(manifest, dict):
         return []
@@ -364,8 +384,10 @@ def write_back(runtime: str, *, remove: bool = True) -> list[str]:
         claude_session = manifest.get("claude_session") or {}
     except (KeyError, TypeError, ValueError) as exc:
         return [f"unreadable manifest: {exc}"]
+    entries = 0
     # fwalk's dir fds are open only while it yields them: iterate as it goes.
-    for dirpath, _dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
+    for dirpath, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
+        entries += len(dirs) + len(files)
         for name in files:
             rel = os.path.relpath(os.path.join(dirpath, name), root)
             rule = agents.rule_for(profile, rel)
@@ -385,7 +407,10 @@ def write_back(runtime: str, *, remove: bool = True) -> list[str]:
             except OSError as exc:
                 problems.append(f"{target}: {exc.strerror or exc}")
     if remove:
-        shutil.rmtree(root, ignore_errors=True)
+        if keep:
+            agent_reuse.release(root, entries, _AT_REST)
+        else:
+            shutil.rmtree(root, ignore_errors=True)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(runtime, MANIFEST))
     return problems

@@ -74,19 +74,29 @@ def run(
 def test_codex_as_an_ordinary_user(user: OrdinaryUser, base: Path, backend: str) -> None:
     if installed("codex") is None:
         pytest.skip("codex CLI not installed")
+    # The first session's copy is kept for the next ones (agent_reuse): what it plants
+    # there (a rule, a link out, a directory closed to its owner) is gone in the next.
+    plant = ('mkdir -p "$CODEX_HOME/rules" && echo evil > "$CODEX_HOME/rules/x.rules" && '
+             'ln -s /etc/shadow "$CODEX_HOME/shadow" && chmod 0 "$CODEX_HOME/rules" && echo P')
+    script = ('echo hi; touch "$HOME/.probe" && echo HOME-OK; echo "CODEX_HOME=$CODEX_HOME"; '
+              'ls -A "$CODEX_HOME" | tr "\\n" " "; echo; ')
+    done = run(user, base, backend, "--agent=codex", "--", "bash", "-c", script + plant)
+    assert done.returncode == 0 and done.stdout.endswith("P\n"), done.stdout + done.stderr
+    assert done.stdout.startswith("hi\nHOME-OK\n"), done.stdout + done.stderr
+    copy = done.stdout.split("CODEX_HOME=", 1)[1].split("\n")[0]
+    assert "/agent-sandbox/agents/codex/" in copy
     done = run(user, base, backend, "--", "codex", "--version")
     assert done.returncode == 0 and done.stdout.startswith("codex-cli"), done.stderr[-2000:]
     done = run(user, base, backend, "--", "codex", "-s", "workspace-write", "--version")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "codex -s workspace-write: Codex's own sandbox cannot nest" in done.stderr
-    script = 'echo hi; touch "$HOME/.probe" && echo HOME-OK; echo "CODEX_HOME=$CODEX_HOME"'
     done = run(user, base, backend, "--agent=codex", "--", "bash", "-c", script)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.startswith("hi\nHOME-OK\n"), done.stdout + done.stderr
-    copy = done.stdout.split("CODEX_HOME=", 1)[1].strip()
-    assert "/agent-sandbox/agents/codex/" in copy
-    assert not list((base / "home" / ".local" / "state" / "agent-sandbox" / "agents" / "codex")
-                    .iterdir())  # written back and removed
+    listed = done.stdout.split("\n")[3].split()
+    assert "config.toml" in listed and "rules" not in listed and "shadow" not in listed, listed
+    # Written back, and kept idle for the next session: none in use.
+    assert [p.name[:5] for p in (base / "home" / ".local" / "state" / "agent-sandbox"
+                                 / "agents" / "codex").iterdir()] == ["idle-"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

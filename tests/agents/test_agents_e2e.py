@@ -115,6 +115,30 @@ def _plant_files(w: Home, agent: str) -> Path:
     return canary
 
 
+def _texts(root: Path) -> list[str]:
+    return [p.read_text(errors="replace") for p in root.rglob("*")
+            if p.is_file() and not p.is_symlink()]
+
+
+def _next_copy(w: Home, agent: str, *, fresh: bool = False) -> dict[str, str]:
+    """What the next session's private copy holds (taken from the idle one, or made
+    in a state dir of its own), its session settings left out; then removed."""
+    from libbroker.launcher import agent_home, agents
+
+    env = {"XDG_STATE_HOME": str(w.root / ("fresh" if fresh else "next"))} if fresh else {}
+    rt = w.root / ("rt-fresh" if fresh else "rt-next")
+    rt.mkdir()
+    profile = agents.PROFILES[agent]
+    made = agent_home.prepare(profile, home=str(w.home), workdir=str(w.workdir),
+                              session=rt.name, runtime=str(rt), env=env)
+    root = Path(made.root)
+    assert made.report.reused is not fresh, made.report.line(agent)
+    got = {str(p.relative_to(root)): "link" if p.is_symlink() else
+           "dir" if p.is_dir() else p.read_text(errors="replace") for p in root.rglob("*")}
+    agent_home.write_back(str(rt))
+    return got
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("agent", AGENTS)
 def test_a_session_plants_nothing_that_runs_on_the_host(
@@ -154,9 +178,12 @@ def test_a_session_plants_nothing_that_runs_on_the_host(
         assert not path.exists() or "REAL-MARK" not in path.read_text(), real
     # The workdir was written.
     assert (w.workdir / "out.txt").read_text() == f"written-by-{agent}"
-    # Nothing of the private copy is left behind.
+    # The private copy is kept for the next session (agent_reuse), not in use; the
+    # next one takes it and undoes what this session planted: it is a fresh copy.
     state = w.home / ".local" / "state" / "agent-sandbox" / "agents" / agent
-    assert not state.exists() or list(state.iterdir()) == []
+    assert [p.name.startswith("idle-") for p in state.iterdir()] == [True]
+    assert str(canary) in "".join(_texts(next(state.iterdir())))  # the plants are there
+    assert _next_copy(w, agent) == _next_copy(w, agent, fresh=True)
     # The login came back; the planted keys did not.
     h = w.home
     if agent == "claude":

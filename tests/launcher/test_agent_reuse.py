@@ -1,0 +1,236 @@
+"""agent_reuse: the last session's private copy, brought up to date and trusted for nothing.
+
+Each test makes a session's copy of a small Claude Code home (agent_home.prepare),
+plays the hostile inside on it (links to secrets, hard links, bytes changed
+under the same size and time, files planted, modes changed), ends the session
+in order (write_back keeps the copy), and starts the next: its copy must hold
+exactly what a fresh copy of the host would, and nothing outside it is read
+or written.  The sessions themselves are in tests/agents (test_agents_e2e).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from libbroker.launcher import agent_home, agent_reuse, agents
+
+SESSION = {"hooks": {"PreToolUse": []}, "permissions": {"deny": []}}
+
+
+class World:
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.home = tmp / "home"
+        c = self.home / ".claude"
+        (c / "projects" / "-w").mkdir(parents=True)
+        (c / ".credentials.json").write_text('{"login": "host"}')
+        (c / "history.jsonl").write_text("host-line\n")
+        (c / "CLAUDE.md").write_text("be brief")
+        (c / "projects" / "-w" / "t1.jsonl").write_text("transcript one")
+        (self.home / ".claude.json").write_text(json.dumps({"numStartups": 1}))
+        (self.home / ".ssh").mkdir()
+        (self.home / ".ssh" / "id_rsa").write_text("SECRET-KEY")
+        self.env = {"XDG_STATE_HOME": str(tmp / "state")}
+        self.n = 0
+
+    def session(self) -> tuple[Path, Path, agent_home.AgentHome]:
+        """A session's copy (its runtime dir and root): ended with end()."""
+        self.n += 1
+        rt = self.tmp / f"rt{self.n}"
+        rt.mkdir()
+        root = agent_home.make_root(agents.CLAUDE, str(self.home), self.env, f"s{self.n}")
+        made = agent_home.prepare(agents.CLAUDE, home=str(self.home), workdir="/w",
+                                  session=f"s{self.n}", runtime=str(rt), env=self.env,
+                                  claude_session=SESSION, root=root)
+        return rt, Path(made.root), made
+
+    def fresh(self) -> dict[str, bytes]:
+        """What a fresh copy of the host holds now (in a state dir of its own)."""
+        rt = self.tmp / f"fresh{self.n}"
+        rt.mkdir()
+        made = agent_home.prepare(agents.CLAUDE, home=str(self.home), workdir="/w",
+                                  session="fresh", runtime=str(rt),
+                                  env={"XDG_STATE_HOME": str(self.tmp / f"fs{self.n}")},
+                                  claude_session=SESSION)
+        out = tree(Path(made.root))
+        agent_home.write_back(str(rt))
+        return out
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """Every entry below ``root`` (links and directories marked, never followed)."""
+    out: dict[str, bytes] = {}
+    for dirpath, dirs, files in os.walk(root):
+        for name in dirs + files:
+            p = Path(dirpath) / name
+            rel = str(p.relative_to(root))
+            st = p.lstat()
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = b"link:" + os.readlink(p).encode()
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = b"dir"
+            else:
+                assert st.st_nlink == 1 and stat.S_IMODE(st.st_mode) & 0o7077 == 0, rel
+                out[rel] = p.read_bytes()
+    return out
+
+
+@pytest.fixture()
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+def test_the_next_session_takes_the_last_copy_unchanged(world: World) -> None:
+    rt, root, first = world.session()
+    assert not first.report.reused
+    agent_home.write_back(str(rt), keep=True)
+    assert not root.exists()
+    idle = list((Path(world.env["XDG_STATE_HOME"]) / "agent-sandbox" / "agents" / "claude")
+                .iterdir())
+    assert [p.name for p in idle] == ["idle-s1"]
+    _, root2, second = world.session()
+    # All unchanged but the logins, which a copy at rest does not hold.
+    assert second.report.reused and second.report.unchanged == second.report.files - 2
+    assert "unchanged" in second.report.line("claude")
+    assert not (root.parent / "idle-s1").exists()  # taken, not shared
+    assert tree(root2) == world.fresh()
+
+
+def test_what_the_inside_left_is_undone(world: World) -> None:
+    """Links to secrets, a hard link, the same size and time with other bytes, plants,
+    modes: the next copy is what a fresh one would be, and nothing outside changes."""
+    rt, root, _ = world.session()
+    c = root / "claude"
+    key = world.home / ".ssh" / "id_rsa"
+    outside = world.tmp / "workdir-file"
+    outside.write_text("the user's own")
+    md = c / "CLAUDE.md"  # other bytes, same size, its time put back
+    st = md.stat()
+    md.write_text("rm -rf /")
+    os.utime(md, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (c / ".credentials.json").unlink()
+    (c / ".credentials.json").symlink_to(key)  # a link to a secret
+    (c / "history.jsonl").unlink()
+    os.link(outside, c / "history.jsonl")  # a hard link to a file outside
+    (c / "projects" / "-w" / "t1.jsonl").chmod(0o4777)
+    os.mkfifo(c / "projects" / "-w" / "fifo")
+    (c / "commands").mkdir()
+    (c / "commands" / "evil.md").write_text("planted")
+    (c / "settings.local.json").write_text('{"hooks": "planted"}')
+    (c / "projects" / "-v").symlink_to(world.home / ".ssh")  # a directory that is a link
+    (c / "projects" / "-w").chmod(0)
+    (root / "home").mkdir()
+    (root / "home" / "x").symlink_to(world.home)
+    agent_home.write_back(str(rt), keep=True)
+    _, root2, second = world.session()
+    assert second.report.reused
+    assert tree(root2) == world.fresh()
+    assert key.read_text() == "SECRET-KEY" and outside.read_text() == "the user's own"
+    assert (world.home / ".ssh").is_dir() and not (world.home / ".ssh").is_symlink()
+
+
+def test_a_directory_made_unreadable_is_walked(world: World) -> None:
+    rt, root, _ = world.session()
+    (root / "claude" / "projects" / "-w").chmod(0)
+    agent_home.write_back(str(rt), keep=True)
+    _, root2, second = world.session()
+    assert second.report.reused and tree(root2) == world.fresh()
+
+
+def test_the_hosts_changes_since_the_last_session_are_taken(world: World) -> None:
+    rt, _, _ = world.session()
+    agent_home.write_back(str(rt), keep=True)
+    c = world.home / ".claude"
+    md = c / "CLAUDE.md"  # same size, same time: only the bytes tell
+    st = md.stat()
+    md.write_text("be kind!")
+    os.utime(md, ns=(st.st_atime_ns, st.st_mtime_ns))
+    (c / "projects" / "-w" / "t1.jsonl").unlink()
+    (c / "projects" / "-w" / "t2.jsonl").write_text("transcript two")
+    (c / "history.jsonl").unlink()
+    (c / "history.jsonl").symlink_to(world.home / ".ssh" / "id_rsa")  # a link out: left out
+    _, root2, second = world.session()
+    assert second.report.reused and second.report.pruned >= 2
+    got = tree(root2)
+    assert got == world.fresh()
+    assert got["claude/CLAUDE.md"] == b"be kind!" and "claude/history.jsonl" not in got
+    assert "claude/projects/-w/t1.jsonl" not in got
+
+
+def test_concurrent_sessions_never_share_a_copy(world: World) -> None:
+    rt, _, _ = world.session()
+    agent_home.write_back(str(rt), keep=True)
+    parent = Path(world.env["XDG_STATE_HOME"]) / "agent-sandbox" / "agents" / "claude"
+    a = agent_home.make_root(agents.CLAUDE, str(world.home), world.env, "a")
+    b = agent_home.make_root(agents.CLAUDE, str(world.home), world.env, "b")
+    assert os.listdir(a) and not os.listdir(b)  # one took the idle copy, the other a new one
+    assert sorted(os.listdir(parent)) == ["a", "b"]
+
+
+def test_the_pool_is_bounded_and_the_janitor_keeps_nothing(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sessions = [world.session() for _ in range(4)]
+    for rt, _, _ in sessions[:3]:
+        agent_home.write_back(str(rt), keep=True)
+    parent = sessions[0][1].parent
+    assert len([n for n in os.listdir(parent) if n.startswith("idle-")]) == agent_reuse.POOL
+    agent_home.write_back(str(sessions[3][0]))  # the janitor's: removed
+    assert not sessions[3][1].exists()
+    # A copy the session filled past the bound is removed, not kept.
+    monkeypatch.setattr(agent_reuse, "POOL", 5)
+    monkeypatch.setattr(agent_reuse, "MAX_ENTRIES", 50)
+    rt, root, _ = world.session()
+    for i in range(60):
+        (root / f"junk{i}").write_text("x")
+    agent_home.write_back(str(rt), keep=True)
+    assert not root.exists() and not (parent / f"idle-{root.name}").exists()
+
+
+def test_an_idle_entry_that_is_no_directory_of_ours_is_never_taken(world: World) -> None:
+    parent = Path(world.env["XDG_STATE_HOME"]) / "agent-sandbox" / "agents" / "claude"
+    parent.mkdir(parents=True)
+    (parent / "idle-0").symlink_to(world.home / ".ssh")
+    root = agent_home.make_root(agents.CLAUDE, str(world.home), world.env, "s")
+    assert not Path(root).is_symlink() and os.listdir(root) == []
+    assert (world.home / ".ssh" / "id_rsa").read_text() == "SECRET-KEY"
+
+
+def test_a_copy_with_too_many_entries_is_made_anew(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    rt, root, _ = world.session()
+    agent_home.write_back(str(rt), keep=True)
+    idle = root.parent / "idle-s1"
+    for i in range(30):
+        (idle / f"junk{i}").write_text("x")
+    monkeypatch.setattr(agent_reuse, "MAX_ENTRIES", 20)
+    _, root2, second = world.session()
+    assert not second.report.reused and tree(root2) == world.fresh()
+    assert not [n for n in os.listdir(root.parent) if n.startswith("gone-")]
+
+
+def test_a_kept_copy_holds_no_login_and_its_removal_follows_no_link(world: World) -> None:
+    rt, root, _ = world.session()
+    assert (root / "claude" / ".credentials.json").exists()
+    agent_home.write_back(str(rt), keep=True)
+    idle = root.parent / "idle-s1" / "claude"
+    assert not (idle / ".credentials.json").exists() and not (idle / ".claude.json").exists()
+    assert (idle / "CLAUDE.md").exists()
+    # The session replaced its claude/ by a link to the user's own: nothing there goes.
+    rt, root, _ = world.session()
+    real = world.home / ".claude"
+    for p in sorted((root / "claude").rglob("*"), reverse=True):
+        p.rmdir() if p.is_dir() and not p.is_symlink() else p.unlink()
+    (root / "claude").rmdir()
+    (root / "claude").symlink_to(real)
+    agent_home.write_back(str(rt), keep=True)
+    assert (real / ".credentials.json").read_text() == '{"login": "host"}'
+    assert (world.home / ".claude.json").exists()
+    _, root3, _ = world.session()
+    assert tree(root3) == world.fresh()
