@@ -209,26 +209,29 @@ class Copier:
             if self.skip(sub, rel):
                 continue
             d = dst + "/" + entry.name
+            # The kind from the directory entry (no system call); a file's size and
+            # time from lstat.  A file swapped since is caught by the copy's fstat.
             try:
-                st = entry.stat(follow_symlinks=False)
+                if entry.is_symlink():
+                    self._link(entry.path, d, top, top_dst, sub)
+                elif entry.is_dir(follow_symlinks=False):
+                    # keep_dirs and their entries (the workdir's, named after it: a
+                    # workdir ~/src/web-cache has a Claude Code project -...-web-cache).
+                    if skipped_dir(entry.name) and sub not in self.keep_dirs \
+                            and rel not in self.keep_dirs:
+                        self.report.dirs[entry.name] += 1
+                        continue
+                    if dst == top_dst:  # the config dir's own layout; deeper ones as filled
+                        self._mkdir(d)
+                    self._walk(entry.path, d, sub, top, top_dst, depth + 1)
+                elif entry.is_file(follow_symlinks=False):
+                    st = entry.stat(follow_symlinks=False)
+                    self._files.append(_File(depth, -st.st_mtime_ns, st.st_size, entry.path,
+                                             d, sub))
+                else:
+                    self.report.special += 1
             except OSError:
                 continue
-            if stat.S_ISLNK(st.st_mode):
-                self._link(entry.path, d, top, top_dst, sub)
-            elif stat.S_ISDIR(st.st_mode):
-                # keep_dirs and their entries (the workdir's, named after it: a
-                # workdir ~/src/web-cache has a Claude Code project -...-web-cache).
-                if skipped_dir(entry.name) and sub not in self.keep_dirs \
-                        and rel not in self.keep_dirs:
-                    self.report.dirs[entry.name] += 1
-                    continue
-                if dst == top_dst:  # the config dir's own layout; deeper ones as filled
-                    self._mkdir(d)
-                self._walk(entry.path, d, sub, top, top_dst, depth + 1)
-            elif stat.S_ISREG(st.st_mode):
-                self._files.append(_File(depth, -st.st_mtime_ns, st.st_size, entry.path, d, sub))
-            else:
-                self.report.special += 1
 
     def _link(self, src: str, dst: str, top: str, top_dst: str, rel: str) -> None:
         """A link made again when what it names is inside ``top``; else left out."""

@@ -173,8 +173,10 @@ def _skipper(profile: Profile, only: Mapping[str, str]) -> Callable[[str, str], 
     def skip(rel: str, parent: str) -> bool:
         if parent in only and rel != f"{parent}/{only[parent]}":
             return True  # a per-project dir: only the workdir's entry
-        pats = by_depth.get(rel.count("/"), [])
-        return any(agents.match(p, rel) for p in (*pats, *deep))
+        pats = by_depth.get(rel.count("/"))
+        if pats is None and not deep:  # most of a deep tree: no pattern to try
+            return False
+        return any(agents.match(p, rel) for p in (*(pats or ()), *deep))
 
     return skip
 

@@ -221,6 +221,7 @@ class Session:
             ends.callback(self._write_back, agent, rt)
             self.cfg = cfg = agent.cfg
             self.cmd = agent.cmd
+            _trace(f"{agent.profile.name}'s profile: argv, keys, login, hosts")
         if cfg.secrets:  # read by egress-proxy as it starts
             runtime_dir.write_private(rt.secrets, plan.secrets_json(cfg))
         servers = self.servers
@@ -232,6 +233,7 @@ class Session:
             servers.proxy.send_args(boot.encode_args(plan.proxy_args(cfg, rt, sockets.proxy_fds)))
         if agent is not None:  # its private config, while the servers start
             self.cfg = agent.prepare(rt)  # in a thread, traced; waited for before go
+            _trace(f"{agent.profile.name}'s copy begun (its settings rendered)")
         return git
 
     def _broker_arguments(self, rt: Runtime, sockets: Sockets,
