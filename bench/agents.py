@@ -117,11 +117,28 @@ def _serve(w: Home) -> tuple[subprocess.Popen[bytes], Path, Path]:
     return proc, sock, config
 
 
+def _service_cpu(pid: int) -> float:
+    """CPU seconds of the service and its children (gateway, zygotes), their reaped ones
+    included: the brokers and the warm runs its zygotes forked."""
+    total = 0.0
+    pids = [pid]
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as fh:
+            pids += [int(p) for p in fh.read().split()]
+    for one in pids:
+        with open(f"/proc/{one}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 def starts(w: Home) -> None:
     """``--version`` per agent: host, bwrap, Landlock (the session's start and end around it),
-    and both again as tenants of a resident service (``+serve``: no egress-proxy start)."""
+    both again as tenants of a resident service with a cold launcher (``+serve``:
+    no egress-proxy start; ``AGENT_SANDBOX_WARM=off``), and forked warm by the
+    service's launcher zygote (``+warm``: no launcher interpreter either)."""
     agents = [a for a in AGENTS if installed(a)]
-    modes = (*MODES, "bwrap+serve", "nono+serve")
+    modes = (*MODES, "bwrap+serve", "nono+serve", "bwrap+warm", "nono+warm")
     times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
     # CPU (user + system) of the run and all it waited for: what the load does not move.
     cpus: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
@@ -130,13 +147,17 @@ def starts(w: Home) -> None:
     def run(agent: str, mode: str) -> float:
         argv = [agent, "--version"]
         env = w.env(AGENT_SANDBOX_SERVE="off")
+        served = "+" in mode
         if mode != "host":
-            backend, served = mode.split("+")[0], mode.endswith("+serve")
+            backend = mode.split("+")[0]
             config = serve_config if served else w.config()
             argv = ["agent-sandbox", "run", f"--config={config}", f"--sandbox={backend}",
                     "--", *argv]
             if served:
                 env["AGENT_SANDBOX_SERVE"] = str(sock)
+            if mode.endswith("+serve"):
+                env["AGENT_SANDBOX_WARM"] = "off"
+        s0 = _service_cpu(service.pid) if served else 0.0
         c0 = os.times()
         t0 = time.perf_counter()
         done = subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
@@ -145,8 +166,11 @@ def starts(w: Home) -> None:
         c1 = os.times()
         if done.returncode != 0:
             raise SystemExit(f"{argv} failed: {done.stderr[-1500:]}")
+        if served:
+            time.sleep(0.2)  # the zygotes reap their children (their CPU counts then)
+        share = _service_cpu(service.pid) - s0 if served else 0.0
         cpus[agent, mode].append(c1.children_user + c1.children_system
-                                 - c0.children_user - c0.children_system)
+                                 - c0.children_user - c0.children_system + share)
         return took
 
     try:
@@ -161,7 +185,8 @@ def starts(w: Home) -> None:
         service.terminate()
         service.wait()
     print(f"0b. --version, median of {N} (s): host / bwrap / Landlock / bwrap+serve / "
-          "Landlock+serve; each session's delta to the host (goal: +0.15)")
+          "Landlock+serve / bwrap+warm / Landlock+warm; each session's delta to the host "
+          "(goal: +0.15)")
 
     def rows(values: dict[tuple[str, str], list[float]]) -> None:
         for agent in agents:
@@ -171,9 +196,15 @@ def starts(w: Home) -> None:
 
     rows(times)
     print("   the same in CPU seconds (user + system of every process reaped; the load does not "
-          "move it; under bwrap the command inside its PID namespace is not counted; the "
-          "service's own CPU is not counted):")
+          "move it; under bwrap the command inside its PID namespace is not counted; +serve and "
+          "+warm: the service's CPU during the run counted, a warm run's own included):")
     rows(cpus)
+    for agent in agents:  # the warm launcher against a cold one, both the service's tenants
+        for b in ("bwrap", "nono"):
+            cold, warm = (statistics.median(times[agent, f"{b}+{k}"]) for k in ("serve", "warm"))
+            ccold, cwarm = (statistics.median(cpus[agent, f"{b}+{k}"]) for k in ("serve", "warm"))
+            print(f"   {agent:<7}{b}: warm / cold launcher {warm / cold:.2f}x wall, "
+                  f"{cwarm / ccold:.2f}x cpu")
     for agent in agents:  # where a session's time goes, in one line (AGENT_SANDBOX_TRACE)
         argv = ["agent-sandbox", "run", f"--config={w.config()}", "--sandbox=nono", "--", agent,
                 "--version"]

@@ -2,9 +2,14 @@
 
 In one run, interleaved, N times each, on each backend:
 
-- ``agent-sandbox run -- true`` with ``agent-sandbox serve`` running (the
-  session is a tenant of its gateway: no egress-proxy of its own);
+- ``agent-sandbox run -- true`` with ``agent-sandbox serve`` running, warm
+  (the run has no terminal: the service's launcher zygote forks it; its CPU
+  is the zygote's reaped children's, counted in the service's share);
+- the same with ``AGENT_SANDBOX_WARM=off`` (the launcher starts its own
+  interpreter; the session is still a tenant of its gateway: no
+  egress-proxy of its own);
 - the same with ``AGENT_SANDBOX_SERVE=off`` (the session starts its own);
+- ``true`` on the host (the floor);
 - Anthropic's ``srt -c true`` when installed (on PATH, or
   ``.bench/node_modules/.bin/srt`` from ``npm install --prefix .bench
   @anthropic-ai/sandbox-runtime``).
@@ -34,7 +39,7 @@ import time
 
 N = int(os.environ.get("BENCH_N", "11"))
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GOALS = {"with service": (0.5, 1.0), "own servers": (0.6, None)}
+GOALS = {"with service": (0.5, 1.0), "warm": (0.5, 1.0), "own servers": (0.6, None)}
 
 
 def _srt() -> str | None:
@@ -113,42 +118,43 @@ def main() -> int:
     srt = _srt()
     service, pids = _start_service(tmp, env)
     with_env = {**env, "AGENT_SANDBOX_SERVE": os.path.join(tmp, "serve.sock")}
+    cold_env = {**with_env, "AGENT_SANDBOX_WARM": "off"}
     own_env = {**env, "AGENT_SANDBOX_SERVE": "off"}
     runs: dict[str, list[tuple[float, float]]] = {}
-    service_cpu = 0.0
-    served = 0
+    shares: dict[str, list[float]] = {}  # the service's CPU during each served run
     try:
         for _ in range(N):
             for b in backends:
                 argv = ["agent-sandbox", "run", f"--config={config}", f"--sandbox={b}",
                         "--", "true"]
-                before = _service_cpu(pids)
-                runs.setdefault(f"{b} with service", []).append(_run(argv, with_env, work))
-                time.sleep(0.2)  # the zygote reaps the session's broker (its CPU counts then)
-                service_cpu += _service_cpu(pids) - before
-                served += 1
+                for name, served_env in ((f"{b} warm", with_env),
+                                         (f"{b} with service", cold_env)):
+                    before = _service_cpu(pids)
+                    runs.setdefault(name, []).append(_run(argv, served_env, work))
+                    time.sleep(0.2)  # the zygotes reap their children (their CPU counts then)
+                    shares.setdefault(name, []).append(_service_cpu(pids) - before)
                 runs.setdefault(f"{b} own servers", []).append(_run(argv, own_env, work))
+            runs.setdefault("host true", []).append(_run(["true"], env, work))
             if srt:
                 runs.setdefault("srt -c true", []).append(_run([srt, "-c", "true"], env, work))
     finally:
         service.send_signal(signal.SIGTERM)
         service.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
-    share = service_cpu / served if served else 0.0
+    share = {name: statistics.mean(v) for name, v in shares.items()}
     med = {name: (statistics.median(w for w, _ in v) * 1000,
                   statistics.median(c for _, c in v) * 1000) for name, v in runs.items()}
-    for name in med:  # with the service: its share is the session's cost too
-        if name.endswith("with service"):
-            med[name] = (med[name][0], med[name][1] + share * 1000)
+    for name in share:  # with the service: its share is the session's cost too
+        med[name] = (med[name][0], med[name][1] + share[name] * 1000)
     print(f"serve bench: session start, median of {N} interleaved runs each (ms)")
     base = med.get("srt -c true")
     for name, (wall, cpu) in med.items():
         line = f"  {name:<22} wall {wall:7.1f}  cpu {cpu:7.1f}"
-        if name.endswith("with service"):
-            line += f"  (of it the service's {share * 1000:5.1f})"
-        if base and name != "srt -c true":
+        if name in share:
+            line += f"  (of it the service's {share[name] * 1000:5.1f})"
+        if base and name not in ("srt -c true", "host true"):
             line += f"   {wall / base[0]:4.2f}x srt wall  {cpu / base[1]:4.2f}x srt cpu"
-            kind = "with service" if name.endswith("with service") else "own servers"
+            kind = name.split(" ", 1)[1]
             goal_wall, goal_cpu = GOALS[kind]
             ok = wall / base[0] <= goal_wall and (goal_cpu is None or cpu / base[1] <= goal_cpu)
             goals = f"<= {goal_wall}x wall" + (f", <= {goal_cpu}x cpu" if goal_cpu else "")
@@ -161,6 +167,10 @@ def main() -> int:
         (w1, c1), (w0, c0) = med[f"{b} with service"], med[f"{b} own servers"]
         print(f"  {b}: the service saves {w0 - w1:.0f} ms wall, {c0 - c1:.0f} ms cpu per session"
               f" ({w1 / w0:.2f}x wall, {c1 / c0:.2f}x cpu of own servers, its share counted)")
+        (w2, c2) = med[f"{b} warm"]
+        print(f"  {b}: the warm launcher saves {w1 - w2:.0f} ms wall, {c1 - c2:.0f} ms cpu per"
+              f" session ({w2 / w1:.2f}x wall, {c2 / c1:.2f}x cpu of a cold launcher with the"
+              f" service; {w2 / w0:.2f}x wall, {c2 / c0:.2f}x cpu of own servers)")
     print(f"  load average at the end: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     return 0
 

@@ -93,9 +93,10 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from libbroker.cli import Args, parse, run
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (every run's start)
 
 if TYPE_CHECKING:
     from collections.abc import Callable

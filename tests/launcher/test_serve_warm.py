@@ -9,6 +9,7 @@ start more).  Whether a run went warm is read from its own
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -39,6 +40,15 @@ def _runs(svc: Service) -> list[int]:
     zygote = re.search(r"launcher zygote pid (\d+)", svc.text())
     assert zygote, svc.text()
     return _descendants(int(zygote.group(1)))
+
+
+def _links(pid: int) -> set[str]:
+    """What ``pid``'s descriptors point at (socket:[N], pipe:[N], paths)."""
+    out = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        with contextlib.suppress(OSError):
+            out.add(os.readlink(f"/proc/{pid}/fd/{fd}"))
+    return out
 
 
 def _run(world: World, cfg: Path, backend: str, *cmd: str, cwd: Path | None = None,
@@ -103,6 +113,13 @@ def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
                   "the command", 90)
         runs = _runs(service)
         assert runs, "the run is the launcher zygote's child"
+        # The run holds nothing of the zygote's or the service's: of the zygote's
+        # descriptors, only the client's connection (kept until the run is reaped).
+        zygote = int(re.findall(r"launcher zygote pid (\d+)", service.text())[0])
+        run = int(Path(f"/proc/{zygote}/task/{zygote}/children").read_text().split()[0])
+        theirs, its = _links(zygote), _links(run)
+        assert len({x for x in theirs & its if x.startswith(("socket:", "pipe:"))}) == 1, its
+        assert str(service.log) not in its  # the zygote's stderr, the service's log
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
         assert WARM in err.decode()
