@@ -17,14 +17,17 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine
 from http import HTTPStatus
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import h11
 
+from libegress.bulk_body import bulk_left, move
 from libegress.heads import Headers, RequestReader, forward_headers
 from libegress.heads import HttpError as HttpError  # re-exported: its old home
 from libegress.limits import Limits as Limits  # re-exported: its old home
 from libegress.streams import Stream
+
+_T = TypeVar("_T")
 
 
 def error_events(status: int, message: str, kind: str | None, *,
@@ -237,6 +240,11 @@ async def keep_alive(client: ClientSide, exchanges: Exchanges) -> None:
 async def _pump_request_body(client: ClientSide, upstream: UpstreamSide,
                              moved: list[int], trailers: bool) -> None:
     while True:
+        if bulk_left(client.conn, upstream.conn, client.stream, upstream.stream):
+            # Then the ordinary step below reads the end of the body, or what cut it short.
+            await move(client.conn, upstream.conn, client.stream, upstream.stream,
+                       client.limits.idle_timeout, HttpError(408, "the request body stalled"),
+                       moved)
         event = await client.body_event()
         if isinstance(event, h11.EndOfMessage):
             await upstream.send(event if trailers else h11.EndOfMessage())
@@ -264,19 +272,24 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
     ``moved``, when given, gets the status and the body bytes each way (for
     the record), also when the exchange fails part way.
     """
-    up = [0]
+    up, down = [0], [0]
     await upstream.send(request)
     body = asyncio.create_task(_pump_request_body(client, upstream, up, trailers))
-    down = 0
     try:
         status = await _relay_response_head(client, upstream, body)
         withheld = status < 0
         if moved is not None:
             moved.status = abs(status)
         while True:
+            if bulk_left(upstream.conn, client.conn, upstream.stream, client.stream):
+                # Then the ordinary step below reads the end of the body, or what cut it short.
+                await _race(move(upstream.conn, client.conn, upstream.stream, client.stream,
+                                 upstream.timeout,
+                                 HttpError(504, "the upstream did not answer in time"), down),
+                            body)
             event = await _race(upstream.next_event(), body)
             if isinstance(event, h11.Data):
-                down += len(event.data)
+                down[0] += len(event.data)
                 await client.send(h11.Data(data=event.data))
             elif isinstance(event, h11.EndOfMessage):
                 await client.send(h11.EndOfMessage())
@@ -297,7 +310,7 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
             with contextlib.suppress(BaseException):
                 await body
         if moved is not None:
-            moved.up, moved.down = up[0], down
+            moved.up, moved.down = up[0], down[0]
 
 
 async def _relay_response_head(client: ClientSide, upstream: UpstreamSide,
@@ -331,14 +344,20 @@ async def _relay_response_head(client: ClientSide, upstream: UpstreamSide,
     return -event.status_code if withheld else event.status_code
 
 
-async def _race(step: Coroutine[Any, Any, h11.Event], body: asyncio.Task[None]) -> h11.Event:
+async def _race(step: Coroutine[Any, Any, _T], body: asyncio.Task[None]) -> _T:
     """Await ``step`` while surfacing a failure of the body pump at once."""
     if body.done():
         # The usual case once a request is sent whole: no second task needed.
         body.result()
         return await step
     task = asyncio.ensure_future(step)
-    done, _ = await asyncio.wait({task, body}, return_when=asyncio.FIRST_COMPLETED)
+    try:
+        done, _ = await asyncio.wait({task, body}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled (the proxy's shutdown): the step ends with it
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            await task
+        raise
     if task in done:
         return task.result()
     try:

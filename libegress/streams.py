@@ -105,11 +105,11 @@ class SocketStream:
         # A request body and its response move at the same time, in two tasks:
         # the locks keep each direction's bytes in order.
         self.send_lock = asyncio.Lock()
-        self._recv_lock = asyncio.Lock()
+        self.recv_lock = asyncio.Lock()
         self._scratch = Reused()
 
     async def recv(self) -> bytes:
-        async with self._recv_lock:
+        async with self.recv_lock:
             return await self.loop.sock_recv(self.sock, READ_SIZE)
 
     async def recv_scratch(self) -> memoryview:
@@ -118,7 +118,7 @@ class SocketStream:
         For TLS, whose BIO copies them at once: no fresh READ_SIZE object (and
         its page faults) per read.
         """
-        async with self._recv_lock:
+        async with self.recv_lock:
             view = self._scratch.view()
             n = await self.loop.sock_recv_into(self.sock, view)
             self._scratch.used(n)
@@ -152,6 +152,9 @@ class TlsStream:
         self._ahead: asyncio.Future[bytes] | None = None
         self._waiting = 0  # recv() calls awaiting it
         self._shut = False
+        # False while a pump is about to take this stream's reads (or has them):
+        # recv() then starts no read ahead.
+        self.read_ahead = True
 
     @classmethod
     async def server(cls, raw: SocketStream, ctx: ssl.SSLContext, early: bytes) -> TlsStream:
@@ -260,7 +263,7 @@ class TlsStream:
         finally:
             self._waiting -= 1
         self._ahead = None
-        if len(data) >= OFFLOAD and not self._shut:
+        if len(data) >= OFFLOAD and self.read_ahead and not self._shut:
             # A bulk transfer: decrypt the next piece while this one is relayed.
             self._ahead = asyncio.ensure_future(self._recv())
         return data
@@ -302,6 +305,51 @@ class TlsStream:
                 continue
             view = view[done:]
         await self._flush()
+
+    def reads_idle(self) -> bool:
+        """Whether no read is under way (none ahead, none awaited): a pump may read."""
+        return self._ahead is None and not self._waiting
+
+    # -- one step each, for a pump in a thread of its own (libegress.tls_pump) ----------
+
+    def decrypt_into(self, view: memoryview) -> int:
+        """Plaintext ready now into ``view``, every record that fits; 0 at the TLS end.
+
+        SSLWantReadError when no record is whole yet.  Never more than
+        ``len(view)``: what follows stays in the SSL object.
+        """
+        total = 0
+        with self._lock:
+            try:
+                while total < len(view):
+                    # With a buffer, read() returns a count (typeshed says bytes);
+                    # 0 after the peer's close_notify.
+                    n = cast(int, self._obj.read(len(view) - total, view[total:]))
+                    if not n:
+                        break
+                    total += n
+            except ssl.SSLZeroReturnError:
+                pass
+            except ssl.SSLWantReadError:
+                if not total:
+                    raise
+        return total
+
+    def feed(self, ciphertext: memoryview) -> None:
+        """Bytes read from the socket, for :meth:`decrypt_into`."""
+        with self._lock:
+            self._in.write(ciphertext)
+
+    def encrypt(self, view: memoryview) -> bytes:
+        """TLS records for all of ``view``, after any the SSL object had pending."""
+        with self._lock:
+            done = 0
+            try:
+                while done < len(view):
+                    done += self._obj.write(view[done:])
+            except ssl.SSLWantReadError:  # a renegotiation: never mid-body here
+                raise ssl.SSLError("the peer renegotiated inside a body") from None
+            return self._out.read()
 
     async def shutdown(self) -> None:
         """End the sending side (close_notify, FIN), when the connection ends.

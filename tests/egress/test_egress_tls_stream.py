@@ -14,7 +14,8 @@ written in one send, in uneven pieces, and byte by byte:
 - shutdown with a read ahead under way ends it, leaving no task behind;
 - through a real egress-proxy's inject path, downloads and uploads of those
   sizes, and several on one kept-alive connection (buffers growing and
-  shrinking, a read ahead across requests).
+  shrinking, a read ahead across requests, large bodies through a pump
+  thread), each request reaching the origin with the proxy's token only.
 """
 
 from __future__ import annotations
@@ -218,6 +219,9 @@ class Origin:
                         buf += chunk
                     head, _, buf = buf.partition(b"\r\n\r\n")
                     method, target = head.split(b" ")[:2]
+                    seen = b"X-Seen: " + b",".join(
+                        line.split(b":", 1)[1].strip() for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"authorization:")) + b"\r\n"
                     if method == b"PUT":
                         length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
                                       if line.lower().startswith(b"content-length:"))
@@ -231,12 +235,13 @@ class Origin:
                             digest.update(take)
                             length -= len(take)
                         answer = digest.hexdigest().encode()
-                        tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
-                                    % (len(answer), answer))
+                        tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s"
+                                    % (seen, len(answer), answer))
                         continue
                     _, size, mode = target.decode().split("/")
                     data = payload(int(size), 9)
-                    tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(data))
+                    tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n"
+                                % (seen, len(data)))
                     for piece in pieces(data, mode, 10):
                         tls.sendall(piece)
         except (OSError, ssl.SSLError):
@@ -267,9 +272,10 @@ def connection(inject: tuple[ProxyProc, Path]) -> http.client.HTTPSConnection:
 
 
 def download(conn: http.client.HTTPSConnection, size: int, mode: str) -> None:
-    conn.request("GET", f"/{size}/{mode}")
+    conn.request("GET", f"/{size}/{mode}", headers={"Authorization": "Bearer forged"})
     response = conn.getresponse()
     assert response.status == 200
+    assert response.getheader("X-Seen") == "Bearer stream-token"  # each request injected
     body = response.read()
     assert len(body) == size
     assert hashlib.sha256(body).digest() == hashlib.sha256(payload(size, 9)).digest()
@@ -284,6 +290,7 @@ def upload(conn: http.client.HTTPSConnection, size: int, mode: str) -> None:
         conn.send(piece)
     response = conn.getresponse()
     assert response.status == 200
+    assert response.getheader("X-Seen") == "Bearer stream-token"
     assert response.read().decode() == hashlib.sha256(data).hexdigest()
 
 

@@ -1,0 +1,96 @@
+"""Large Content-Length bodies between two TLS streams: moved by a pump, framed by h11.
+
+On the inject path every body byte is decrypted from one side and encrypted
+for the other.  A body of at least BULK bytes goes through a
+:class:`~libegress.tls_pump.Pump` (a thread, both cores) when all of this holds:
+
+- both ends are TLS streams (the inject path's two);
+- h11 frames it with Content-Length on both sides, with the same count left
+  (the request as read from the client and as sent upstream; the response as
+  read from the upstream and as sent to the client);
+- h11 holds none of its bytes unread, and no read of the source is under way.
+
+The pump moves exactly the count h11 says is left, then h11 is told those
+bytes went.  h11 has no public call for body bytes it did not see, so this
+module is the one place that touches its readers' and writers' counts, after
+checking their types; anything else and the body goes the ordinary way, one
+read at a time through h11.  Heads, the judgement of each request, the token,
+chunked bodies, trailers, the end of each message and keep-alive stay with
+h11 and :mod:`libegress.http1`: a pump only ever moves bytes h11 has already
+framed as this body's, so the next request on the connection is parsed,
+judged and injected as ever.
+
+A body cut short (the source ends) leaves the pump early with what it moved,
+counted in h11, and the ordinary path then reads the end and refuses or fails
+exactly as it would have.  A source silent for the timeout gets the ordinary
+path's answer (``stalled``).
+"""
+
+from __future__ import annotations
+
+import h11
+from h11._readers import ContentLengthReader
+from h11._writers import ContentLengthWriter
+
+from libegress.heads import HttpError
+from libegress.streams import Stream, TlsStream
+from libegress.tls_pump import Pump, Stalled
+
+BULK = 256 * 1024  # the least body left that goes through a pump
+# Pumps at once in the process (two per connection at most); past this, bodies
+# go the ordinary way rather than start more threads.
+MAX_PUMPS = 64
+_running = [0]  # pumps now (touched on the event loop's thread only)
+
+
+def bulk_left(source: h11.Connection, sink: h11.Connection, src: Stream, dst: Stream) -> int:
+    """Body bytes a pump may move now from ``src`` (read through ``source``) to ``dst``.
+
+    0: this step goes the ordinary way.  When only a read under way stands in
+    the pump's way, ``src`` starts no further read ahead, so that the next
+    ordinary step takes that read and leaves the stream to a pump.
+    """
+    if not isinstance(src, TlsStream) or not isinstance(dst, TlsStream):
+        return 0
+    if _running[0] >= MAX_PUMPS:
+        return 0
+    if source.their_state is not h11.SEND_BODY or sink.our_state is not h11.SEND_BODY:
+        return 0
+    reader, writer = source._reader, sink._writer
+    if type(reader) is not ContentLengthReader or type(writer) is not ContentLengthWriter:
+        return 0
+    left = reader._remaining
+    if left < BULK or writer._length != left:
+        return 0
+    if source._receive_buffer or source._receive_buffer_closed:
+        return 0
+    if not src.reads_idle():
+        src.read_ahead = False
+        return 0
+    return left
+
+
+async def move(source: h11.Connection, sink: h11.Connection, src: Stream, dst: Stream,
+               timeout: float, stalled: HttpError, tally: list[int]) -> None:
+    """Pump what :func:`bulk_left` allowed, counted in both h11 connections and ``tally[0]``.
+
+    ``stalled`` is raised when ``src`` sends nothing for ``timeout`` seconds.
+    """
+    reader, writer = source._reader, sink._writer
+    if (not isinstance(src, TlsStream) or not isinstance(dst, TlsStream)
+            or type(reader) is not ContentLengthReader
+            or type(writer) is not ContentLengthWriter):
+        raise TypeError("move() without bulk_left()")
+    pump = Pump(src, dst, reader._remaining, timeout)
+    _running[0] += 1
+    try:
+        async with src.raw.recv_lock, dst.raw.send_lock:
+            await pump.run()
+    except Stalled:
+        raise stalled from None
+    finally:
+        _running[0] -= 1
+        reader._remaining -= pump.moved
+        writer._length -= pump.moved
+        tally[0] += pump.moved
+        src.read_ahead = True

@@ -1,0 +1,391 @@
+"""Large bodies on the inject path, moved by a pump thread (libegress.tls_pump, bulk_body).
+
+In process, over real loopback TCP and real TLS: a client and an origin at the
+ends (blocking ssl sockets in threads of their own, written apart from the
+proxy's code), and between them the inject path's own pieces as it runs them
+(TlsStream both ways, ClientSide, UpstreamSide, exchange, the request rewritten
+with the token by intercept.upstream_request), on a keep-alive connection:
+
+- downloads and uploads at 0 B, 1 B, the pump's threshold and step -1/0/+1
+  and several MiB, written in one send or with their first and last bytes one
+  TLS record each; the bytes' digests compared, every request seen by the
+  origin with the token, and a pump used exactly when the body is large enough;
+- several requests on one connection, large and small, each injected;
+- a client gone mid-upload, an origin resetting mid-download, a silent origin
+  (504) and a silent client (408) mid-body, and the proxy's task cancelled
+  mid-body (its shutdown): each leaves no pump thread and no task behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import random
+import socket
+import ssl
+import struct
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import trustme
+
+from libegress import bulk_body
+from libegress.bulk_body import BULK
+from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
+from libegress.intercept import upstream_request
+from libegress.limits import Limits
+from libegress.streams import READ_SIZE, SocketStream, TlsStream
+from libegress.tls_pump import STEP, Pump
+
+MIB = 1 << 20
+HOST = "pump.test"
+TOKEN = b"Bearer pump-token"
+SIZES = sorted({0, 1, BULK - 1, BULK, BULK + 1, STEP - 1, STEP, STEP + 1,
+                2 * STEP - 1, 2 * STEP, 2 * STEP + 1, 5 * MIB + 3})
+EDGE = 300  # "edges": this many bytes at each end of a body go one TLS record each
+
+
+def payload(size: int, seed: int) -> bytes:
+    return random.Random(seed * 1_000_003 + size).randbytes(size)
+
+
+def pieces(data: bytes, mode: str) -> Iterator[bytes]:
+    if mode == "one" or len(data) <= 2 * EDGE:
+        yield from ([data] if mode == "one" else [data[i:i + 1] for i in range(len(data))])
+        return
+    yield from (data[i:i + 1] for i in range(EDGE))
+    yield data[EDGE:-EDGE]
+    yield from (data[i:i + 1] for i in range(len(data) - EDGE, len(data)))
+
+
+@pytest.fixture(scope="module")
+def contexts() -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    ca = trustme.CA()
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert(HOST).configure_cert(server)
+    client = ssl.create_default_context()
+    ca.configure_trust(client)
+    return server, client
+
+
+@pytest.fixture
+def pumps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The count of each pump started (the real Pump, counted)."""
+    started: list[int] = []
+
+    class Counted(Pump):
+        async def run(self) -> int:
+            started.append(self.count)
+            return await super().run()
+
+    monkeypatch.setattr(bulk_body, "Pump", Counted)
+    return started
+
+
+def tcp_pair() -> tuple[socket.socket, socket.socket]:
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        near = socket.create_connection(listener.getsockname())
+        far, _ = listener.accept()
+    return near, far
+
+
+def read_head(tls: ssl.SSLSocket, buf: bytearray) -> bytes | None:
+    while b"\r\n\r\n" not in buf:
+        chunk = tls.recv(65536)
+        if not chunk:
+            return None
+        buf += chunk
+    head, _, rest = bytes(buf).partition(b"\r\n\r\n")
+    buf[:] = rest
+    return head
+
+
+def field(head: bytes, name: bytes) -> bytes | None:
+    for line in head.split(b"\r\n")[1:]:
+        key, _, value = line.partition(b":")
+        if key.strip().lower() == name:
+            return value.strip()
+    return None
+
+
+def read_body(tls: ssl.SSLSocket, buf: bytearray, length: int) -> bytes:
+    while len(buf) < length:
+        chunk = tls.recv(min(length - len(buf), MIB))
+        if not chunk:
+            raise ConnectionResetError(f"the body ended at {len(buf)} of {length}")
+        buf += chunk
+    body, buf[:] = bytes(buf[:length]), buf[length:]
+    return body
+
+
+def reset(sock: socket.socket) -> None:
+    """Close with RST (SO_LINGER 0): a reset, not an end."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class Origin:
+    """GET /SIZE/MODE answers payload(SIZE, 9); PUT answers the body's sha256.
+
+    Each answer says the Authorization the request came with.  ``cut`` (bytes
+    of a GET body, then a reset) and ``stall`` (bytes, then silence) misbehave.
+    """
+
+    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, cut: int | None = None,
+                 stall: int | None = None) -> None:
+        self.sock, self.ctx, self.cut, self.stall = sock, ctx, cut, stall
+        self.seen: list[bytes | None] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        try:
+            with self.ctx.wrap_socket(self.sock, server_side=True) as tls:
+                buf = bytearray()
+                while (head := read_head(tls, buf)) is not None:
+                    self.seen.append(field(head, b"authorization"))
+                    self._answer(tls, buf, head)
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            self.done.set()
+
+    def _answer(self, tls: ssl.SSLSocket, buf: bytearray, head: bytes) -> None:
+        method, target = head.split(b" ")[:2]
+        auth = b"X-Seen: " + (self.seen[-1] or b"none") + b"\r\n"
+        if method == b"PUT":
+            body = read_body(tls, buf, int(field(head, b"content-length") or 0))
+            answer = hashlib.sha256(body).hexdigest().encode()
+            tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s"
+                        % (auth, len(answer), answer))
+            return
+        _, size, mode = target.decode().split("/")
+        data = payload(int(size), 9)
+        tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (auth, len(data)))
+        if self.cut is not None or self.stall is not None:
+            tls.sendall(data[:self.cut or self.stall])
+            if self.cut is not None:
+                reset(self.sock)
+                raise ConnectionResetError
+            self.done.wait(30)  # silent until the test ends
+            return
+        for piece in pieces(data, mode):
+            tls.sendall(piece)
+
+
+class Client:
+    """Sends ``script``'s requests on one connection, in order; records what came back."""
+
+    def __init__(self, sock: socket.socket, ctx: ssl.SSLContext,
+                 script: Callable[[ssl.SSLSocket, Client], None]) -> None:
+        self.sock, self.ctx, self.script = sock, ctx, script
+        self.buf = bytearray()
+        self.error: BaseException | None = None
+        self.released = threading.Event()  # set once the proxy's side has ended
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            with self.ctx.wrap_socket(self.sock, server_hostname=HOST) as tls:
+                self.script(tls, self)
+        except BaseException as exc:  # checked by the test
+            self.error = exc
+
+    def response(self, tls: ssl.SSLSocket) -> tuple[bytes, bytes]:
+        head = read_head(tls, self.buf)
+        assert head is not None, "the proxy ended the connection"
+        assert head.startswith(b"HTTP/1.1 200 "), head
+        seen = field(head, b"x-seen") or b""
+        return seen, read_body(tls, self.buf, int(field(head, b"content-length") or 0))
+
+    def download(self, tls: ssl.SSLSocket, size: int, mode: str) -> None:
+        tls.sendall(b"GET /%d/%s HTTP/1.1\r\nHost: %s\r\nAuthorization: Bearer forged\r\n\r\n"
+                    % (size, mode.encode(), HOST.encode()))
+        seen, body = self.response(tls)
+        assert seen == TOKEN
+        assert hashlib.sha256(body).digest() == hashlib.sha256(payload(size, 9)).digest()
+
+    def upload(self, tls: ssl.SSLSocket, size: int, mode: str) -> None:
+        data = payload(size, 11)
+        tls.sendall(b"PUT /sink HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n"
+                    % (HOST.encode(), size))
+        for piece in pieces(data, mode):
+            tls.sendall(piece)
+        seen, answer = self.response(tls)
+        assert seen == TOKEN
+        assert answer.decode() == hashlib.sha256(data).hexdigest()
+
+
+async def proxy(near_client: socket.socket, near_origin: socket.socket,
+                contexts: tuple[ssl.SSLContext, ssl.SSLContext], limits: Limits,
+                response_timeout: float = 30.0) -> None:
+    """The inject path between the two: each request rewritten with the token, then exchanged."""
+    for sock in (near_client, near_origin):
+        sock.setblocking(False)
+    tls_client = await TlsStream.server(SocketStream(near_client), contexts[0], b"")
+    tls_origin = await TlsStream.client(SocketStream(near_origin), contexts[1], HOST)
+    client = ClientSide(tls_client, limits)
+    upstream = UpstreamSide(tls_origin, response_timeout)
+    try:
+        while (request := await client.next_request()) is not None:
+            await exchange(client, upstream, upstream_request(
+                request, request.target, (b"Authorization", TOKEN)), trailers=False)
+            if not client.next_cycle() or not upstream.reusable():
+                break
+    finally:
+        for tls in (tls_client, tls_origin):
+            with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
+                await asyncio.wait_for(tls.shutdown(), 1.0)
+            tls.raw.sock.close()
+
+
+def run_through(contexts: tuple[ssl.SSLContext, ssl.SSLContext],
+                script: Callable[[ssl.SSLSocket, Client], None],
+                limits: Limits | None = None, cancel_after: float | None = None,
+                response_timeout: float = 30.0,
+                **origin: int) -> tuple[Client, Origin, BaseException | None]:
+    """``script`` through the proxy to an Origin; what the proxy's task raised, if anything."""
+    near_client, far_client = tcp_pair()
+    near_origin, far_origin = tcp_pair()
+    far = Origin(far_origin, contexts[0], **origin)
+    client = Client(far_client, contexts[1], script)
+
+    async def main() -> BaseException | None:
+        task = asyncio.ensure_future(proxy(near_client, near_origin, contexts,
+                                           limits or Limits(), response_timeout))
+        if cancel_after is not None:
+            await asyncio.sleep(cancel_after)
+            task.cancel()
+        try:
+            await task
+        except BaseException as exc:
+            return exc
+        finally:
+            assert asyncio.all_tasks() == {asyncio.current_task()}, "a task was left behind"
+        return None
+
+    raised = asyncio.run(main())
+    assert not [t for t in threading.enumerate() if t.name == "egress-pump"], "a pump was left"
+    client.released.set()
+    far_client.close()
+    far.done.set()
+    client.thread.join(30)
+    far.thread.join(30)
+    assert not client.thread.is_alive() and not far.thread.is_alive()
+    return client, far, raised
+
+
+def pumped(pumps: list[int], sizes: list[int]) -> None:
+    """A pump moved the rest of each body big enough, none of a small one.
+
+    Body bytes read with the head go the ordinary way, so a pump moves at most
+    the body; at least BULK (else none runs), always once a read's worth
+    (READ_SIZE) more than that remains.
+    """
+    assert all(count >= BULK for count in pumps)
+    assert len(pumps) <= sum(size >= BULK for size in sizes)
+    assert len(pumps) >= sum(size >= BULK + READ_SIZE for size in sizes)
+
+
+@pytest.mark.parametrize("mode", ["one", "edges"])
+@pytest.mark.parametrize("size", SIZES)
+@pytest.mark.parametrize("way", ["download", "upload"])
+def test_every_size_arrives_whole_and_injected(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], way: str,
+        size: int, mode: str) -> None:
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        getattr(client, way)(tls, size, mode)
+
+    client, origin, raised = run_through(contexts, script)
+    assert client.error is None and raised is None
+    assert origin.seen == [TOKEN]
+    pumped(pumps, [size])
+
+
+def test_one_connection_carries_many_each_injected(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    sizes = [3 * MIB + 1, 0, BULK, 1, BULK - 1, 2 * STEP + 1, 7]
+
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        for size in sizes:
+            client.download(tls, size, "edges")
+            client.upload(tls, size, "one")
+
+    client, origin, raised = run_through(contexts, script)
+    assert client.error is None and raised is None
+    assert origin.seen == [TOKEN] * 2 * len(sizes)
+    pumped(pumps, [s for s in sizes for _ in "du"])
+
+
+def upload_then(cut: Callable[[ssl.SSLSocket, Client], object]
+                ) -> Callable[[ssl.SSLSocket, Client], None]:
+    """An upload of 4 MiB announced, 1 MiB sent, then ``cut``."""
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        tls.sendall(b"PUT /sink HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n"
+                    % (HOST.encode(), 4 * MIB))
+        tls.sendall(payload(MIB, 3))
+        cut(tls, client)
+    return script
+
+
+def test_a_client_gone_mid_upload_leaves_nothing(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    _, _, raised = run_through(contexts, upload_then(lambda tls, client: reset(tls)))
+    assert len(pumps) == 1
+    # A reset reads as one (OSError); an end, as the body cut short (400).
+    assert isinstance(raised, OSError | HttpError), raised
+
+
+def test_an_origin_reset_mid_download_leaves_nothing(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
+        with contextlib.suppress(OSError, ssl.SSLError, AssertionError):
+            client.response(tls)
+
+    _, _, raised = run_through(contexts, script, cut=MIB)
+    assert len(pumps) == 1
+    assert isinstance(raised, OSError | HttpError | ssl.SSLError), raised
+
+
+def test_a_silent_origin_mid_download_is_504_and_leaves_nothing(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
+        with contextlib.suppress(OSError, ssl.SSLError, AssertionError):
+            client.response(tls)
+
+    _, _, raised = run_through(contexts, script, response_timeout=0.5, stall=MIB)
+    assert pumps
+    assert isinstance(raised, HttpError) and raised.status == 504, raised
+    assert str(raised) == "the upstream did not answer in time"
+
+
+def test_a_silent_client_mid_upload_is_408_and_leaves_nothing(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    _, _, raised = run_through(contexts, upload_then(lambda tls, client: client.released.wait(30)),
+                               limits=Limits(idle_timeout=0.5))
+    assert len(pumps) == 1
+    assert isinstance(raised, HttpError) and raised.status == 408, raised
+    assert str(raised) == "the request body stalled"
+
+
+@pytest.mark.parametrize("way", ["download", "upload"])
+def test_the_proxy_ending_mid_body_ends_its_pump(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], way: str) -> None:
+    """Cancelled as on the proxy's shutdown, while a pump waits: it ends, nothing is left."""
+    if way == "upload":
+        script = upload_then(lambda tls, client: client.released.wait(30))
+        origin: dict[str, int] = {}
+    else:
+        def script(tls: ssl.SSLSocket, client: Client) -> None:
+            tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
+            client.released.wait(30)
+        origin = {"stall": MIB}
+    _, _, raised = run_through(contexts, script, cancel_after=1.0, **origin)
+    assert len(pumps) == 1
+    assert isinstance(raised, asyncio.CancelledError), raised
