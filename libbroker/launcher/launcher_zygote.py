@@ -111,6 +111,36 @@ def _warm() -> None:
             __import__(name)
 
 
+def _sources() -> dict[str, tuple[int, int, int]]:
+    """Each imported module's file and its (inode, size, mtime): the code a run would get."""
+    out: dict[str, tuple[int, int, int]] = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str):
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            out[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def changed(seen: dict[str, tuple[int, int, int]]) -> str:
+    """A file of the code imported at the start that is not the same any more ("" if none).
+
+    A zygote that has imported the code before an upgrade would run the old
+    code: such a run is refused, and the client runs the new code cold.
+    """
+    for path, was in seen.items():
+        try:
+            st = os.stat(path)
+        except OSError:
+            return path
+        if (st.st_ino, st.st_size, st.st_mtime_ns) != was:
+            return path
+    return ""
+
+
 def install() -> list[str]:
     """This installation of the code: the client's must be the same, or it runs cold."""
     from libbroker.launcher.boot import project_dir
@@ -232,12 +262,17 @@ class Zygote:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.runs: dict[int, int] = {}  # child pid -> its client's connection
+        self.sources = _sources()  # the code as it was imported
 
     def launch(self, request: dict[str, object], fds: list[int]) -> dict[str, object]:
         """Fork the run; the client's answer sent; the service's returned."""
         why = refusal(request)
         if why:
             raise ValueError(why)
+        stale = changed(self.sources)
+        if stale:
+            raise ValueError(f"{stale} changed since the service started (an upgrade? "
+                             "restart agent-sandbox serve)")
         ready_r, ready_w = os.pipe()
         try:
             pid = os.fork()

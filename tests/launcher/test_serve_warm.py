@@ -129,6 +129,25 @@ def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
         _wait_for(lambda: _runs(service) == [], "the run and its session to end", 60)
         _wait_for(lambda: _own_leftovers(world, service) == [], "no leftovers", 60)
         assert not any(os.path.exists(f"/proc/{pid}/exe") for pid in runs)
+    # The launcher zygote killed under a run: the run goes on, and its client
+    # exits with the run's own code (its reaper is gone); later runs start cold.
+    up, go = world.workdir / "up-z", world.workdir / "go-z"
+    proc = subprocess.Popen(
+        ["agent-sandbox", "run", f"--config={cfg}", "--sandbox=bwrap", "--", "sh", "-c",
+         f'touch "{up}"; while [ ! -e "{go}" ]; do sleep 0.05; done; exit 5'],
+        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=str(world.workdir), env=world.env(CANARY_TOKEN="tok-s", AGENT_SANDBOX_TRACE="1"))
+    _wait_for(lambda: up.exists() or proc.poll() is not None, "the command", 90)
+    zygote = int(re.findall(r"launcher zygote pid (\d+)", service.text())[0])
+    os.kill(zygote, signal.SIGKILL)
+    _wait_for(lambda: not os.path.exists(f"/proc/{zygote}/exe"), "the zygote's end", 30)
+    go.touch()
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 5, err
+    done = _run(world, cfg, "bwrap", "true")
+    assert done.returncode == 0, done.stderr
+    assert "warm launch not taken (refused: no warm run" in done.stderr.decode()
+    _wait_for(lambda: _own_leftovers(world, service) == [], "no leftovers", 60)
     assert service.proc.poll() is None
 
 
@@ -182,6 +201,18 @@ def test_terminals_off_and_hostile_requests_stay_cold(world: World, service: Ser
     assert service.proc.poll() is None
     time.sleep(0.2)
     assert _runs(service) == []
+    # The code changed since the service imported it (an upgrade): the new code
+    # runs, cold.  (A nanosecond on the mtime: the .pyc, by seconds, stays valid.)
+    source = Path(warm_request.__file__)
+    st = source.stat()
+    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    try:
+        done = _run(world, cfg, "bwrap", "true")
+    finally:
+        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert done.returncode == 0, done.stderr
+    assert "warm_request.py changed since the service started" in done.stderr.decode()
+    assert "started warm" not in service.text()
 
 
 def _request(world: World) -> str:
