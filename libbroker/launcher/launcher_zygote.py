@@ -141,16 +141,9 @@ def changed(seen: dict[str, tuple[int, int, int]]) -> str:
     return ""
 
 
-def install() -> list[str]:
-    """This installation of the code: the client's must be the same, or it runs cold."""
-    from libbroker.launcher.boot import project_dir
-
-    return [sys.executable, project_dir()]
-
-
 def refusal(request: dict[str, object]) -> str:
     """Why the zygote cannot run ``request`` as the client would run it ("" when it can)."""
-    if request["install"] != install():
+    if request["install"] != warm_request.install():
         return "another installation of agent-sandbox"
     if request["ids"] != [os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
                           sorted(os.getgroups())]:

@@ -28,7 +28,6 @@ import _json
 import _socket
 import contextlib
 import os
-import sys
 
 from libbroker.launcher import serve_link, warm_request
 from libbroker.launcher.trace import trace
@@ -98,8 +97,6 @@ def request(argv: list[str]) -> bytes:
     """The ``launch`` request line for this process (:mod:`.warm_request`)."""
     import resource
 
-    from libbroker.launcher.boot import project_dir
-
     ignored = [s for s in range(1, _signal.NSIG) if s not in _NOT_SETTABLE
                and _signal.getsignal(s) == _signal.SIG_IGN]
     umask = os.umask(0o077)
@@ -111,7 +108,7 @@ def request(argv: list[str]) -> bytes:
         "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
         "signals": {"ignored": ignored,
                     "blocked": sorted(_signal.pthread_sigmask(_signal.SIG_BLOCK, []))},
-        "install": [sys.executable, project_dir()],
+        "install": warm_request.install(),
     }
     return dumps(frame) + b"\n"
 

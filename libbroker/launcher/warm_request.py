@@ -6,7 +6,7 @@ Pure: the shape of the ``launch`` request and its check, shared by the client
 
 ``{"op": "launch", "argv": [...], "env": {...}, "umask": N, "rlimits": [[R, SOFT,
 HARD], ...], "nice": N, "ids": [UID, EUID, GID, EGID, [GROUPS...]], "signals":
-{"ignored": [...], "blocked": [...]}, "install": [PYTHON, PROJECT]}`` with four
+{"ignored": [...], "blocked": [...]}, "install": [PYTHON, PREFIX, PROJECT]}`` with four
 descriptors: the run's stdin, stdout, stderr and its working directory (an
 ``O_PATH`` descriptor: the child ``fchdir``s to it, never to a path the client
 wrote).  Everything a launcher reads from its own process is in it; what the
@@ -17,6 +17,11 @@ No field is ever logged: argv and the environment may hold secrets.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+
+from libbroker.launcher.boot import project_dir
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the client's start)
 if TYPE_CHECKING:
@@ -79,11 +84,18 @@ def check(frame: object) -> dict[str, Any]:
             and _ints(signals["blocked"], 1, _MAX_SIGNAL)):
         raise ValueError("'signals' must be {\"ignored\": [...], \"blocked\": [...]}")
     install = frame["install"]
-    if not (isinstance(install, list) and len(install) == 2
+    if not (isinstance(install, list) and len(install) == 3
             and all(isinstance(p, str) for p in install)):
-        raise ValueError("'install' must be [python, project directory]")
+        raise ValueError("'install' must be [python, prefix, project directory]")
     checked: dict[str, Any] = frame
     return checked
+
+
+def install() -> list[str]:
+    """This installation: the interpreter (its real file), its prefix (a venv's) and the
+    project's directory.  The client's and the zygote's must be the same, or the run is
+    cold: a child of the zygote runs the zygote's code."""
+    return [os.path.realpath(sys.executable), sys.prefix, project_dir()]
 
 
 def exit_code(status: int) -> int:

@@ -176,8 +176,8 @@ def test_terminals_off_and_hostile_requests_stay_cold(world: World, service: Ser
         (json.dumps({**good, "argv": "run"}).encode() + b"\n", 4),
         (json.dumps({**good, "env": {"A": 1}}).encode() + b"\n", 4),
         (json.dumps({**good, "rlimits": [[99, 1, 1]]}).encode() + b"\n", 4),
-        (json.dumps({**good, "install": ["/usr/bin/python3", "/elsewhere"]}).encode() + b"\n",
-         4),
+        (json.dumps({**good, "install": ["/usr/bin/python3", "/usr", "/elsewhere"]}).encode()
+         + b"\n", 4),
         (json.dumps({**good, "ids": [0, 0, 12345, 0, []]}).encode() + b"\n", 4),
         (b'{"op":"launch","argv":["' + b"x" * warm_request.MAX_REQUEST + b'"]}\n', 4),
     ]
