@@ -6,7 +6,8 @@ arg0 links, 1 GiB of caches):
 
 0. the private config copy of that home per agent (agent_home.prepare, in
    process: its time, files and bytes, and its one line of what it left
-   out; goal: <= 50 ms and <= 10 MiB), then ``--version`` per agent on the
+   out; goal: <= 50 ms and <= 10 MiB), a first session's and the next one's
+   (the copy kept by the last write-back, brought up to date), then ``--version`` per agent on the
    host, in a bwrap and in a Landlock session, and the session's delta
    (goal: +0.15 s);
 1. one text turn (``claude -p``, ``codex exec``, ``gemini -p``) on the host,
@@ -61,33 +62,47 @@ AGENTS = ("claude", "codex", "gemini")
 
 
 def copies(w: Home) -> None:
-    """The private copy of the realistic home, per agent, in process (warm page cache)."""
+    """The private copy of the realistic home, per agent, in process (warm page cache):
+    a first session's (made anew) and the next one's (the last one's copy, kept by its
+    write-back, brought up to date: agent_reuse), and that write-back."""
     from libbroker.launcher import agent_home, agents
 
     print(f"0a. the private config copy of a realistic home, median of {N} "
-          "(goal: <= 50 ms, <= 10 MiB)")
+          "(goal: <= 50 ms, <= 10 MiB): first session / next session (the last one's "
+          "copy brought up to date); the write-back that keeps it")
     for name in AGENTS:
-        took: list[float] = []
-        cpu: list[float] = []
+        took: dict[str, list[float]] = {"first": [], "next": [], "back": []}
+        cpu: dict[str, list[float]] = {"first": [], "next": [], "back": []}
+        lines: dict[str, str] = {}
         for i in range(N):
-            rt = w.root / f"rt-{name}-{i}"
-            rt.mkdir()
-            t0, c0 = time.perf_counter(), time.process_time()
-            made = agent_home.prepare(
-                agents.PROFILES[name], home=str(w.home), workdir=str(w.workdir),
-                session=f"bench-{i}", runtime=str(rt), env={"XDG_STATE_HOME": str(w.root / "st")},
-                claude_session={} if name == "claude" else None)
-            took.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-            files, size = measure(Path(made.root))
-            shutil.rmtree(made.root)
+            state = {"XDG_STATE_HOME": str(w.root / f"st-{name}-{i}")}  # nothing kept yet
+            for kind in ("first", "next"):
+                rt = w.root / f"rt-{name}-{i}-{kind}"
+                rt.mkdir()
+                t0, c0 = time.perf_counter(), time.process_time()
+                made = agent_home.prepare(
+                    agents.PROFILES[name], home=str(w.home), workdir=str(w.workdir),
+                    session=f"bench-{i}-{kind}", runtime=str(rt), env=state,
+                    claude_session={} if name == "claude" else None)
+                took[kind].append(time.perf_counter() - t0)
+                cpu[kind].append(time.process_time() - c0)
+                files, size = measure(Path(made.root))
+                lines[kind] = made.report.line(name)
+                t0, c0 = time.perf_counter(), time.process_time()
+                agent_home.write_back(str(rt), keep=True)  # as the launcher's end does
+                took["back"].append(time.perf_counter() - t0)
+                cpu["back"].append(time.process_time() - c0)
+            shutil.rmtree(state["XDG_STATE_HOME"])
         src = sum(measure(w.home / e.host[2:])[1] if (w.home / e.host[2:]).is_dir()
                   else (w.home / e.host[2:]).stat().st_size for e in agents.PROFILES[name].entries)
-        print(f"   {name:<7}{statistics.median(took) * 1000:6.1f} ms (cpu "
-              f"{statistics.median(cpu) * 1000:.1f} ms) {size / (1 << 20):6.2f} MiB "
-              f"({files} files) of {src / (1 << 30):.2f} GiB in the home")
-        met = statistics.median(took) <= 0.05 and size <= 10 << 20
-        print(f"          {'goal met' if met else 'OVER THE GOAL'}: {made.report.line(name)}")
+        med = {k: statistics.median(v) * 1000 for k, v in took.items()}
+        cmed = {k: statistics.median(v) * 1000 for k, v in cpu.items()}
+        print(f"   {name:<7}{med['first']:6.1f} / {med['next']:5.1f} ms (cpu {cmed['first']:.1f} / "
+              f"{cmed['next']:.1f} ms), write-back {med['back']:.1f} ms (cpu {cmed['back']:.1f}); "
+              f"{size / (1 << 20):.2f} MiB ({files} files) of {src / (1 << 30):.2f} GiB "
+              "in the home")
+        met = max(med["first"], med["next"]) <= 50 and size <= 10 << 20
+        print(f"          {'goal met' if met else 'OVER THE GOAL'}: {lines['next']}")
 
 
 def _serve(w: Home) -> tuple[subprocess.Popen[bytes], Path, Path]:
