@@ -390,8 +390,11 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
     # fwalk's dir fds are open only while it yields them: iterate as it goes.
     for dirpath, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
         entries += len(dirs) + len(files)
+        below = dirpath[len(root) + 1:]  # fwalk's paths are root's joined with names
         for name in files:
-            rel = os.path.relpath(os.path.join(dirpath, name), root)
+            rel = f"{below}/{name}" if below else name
+            if _untouched(copied.get(rel), dirfd, name):
+                continue  # most of a copy: no rule to look up
             rule = agents.rule_for(profile, rel)
             target = agents.host_path(profile, home, rel)
             if rule is None or target is None:
@@ -416,6 +419,18 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(runtime, MANIFEST))
     return problems
+
+
+def _untouched(before: list[int] | None, dirfd: int, name: str) -> bool:
+    """A regular file as the copy made it (its size and time: what the session may
+    change without consequence, as it is the session's own copy)."""
+    if before is None:
+        return False
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and before == [st.st_size, st.st_mtime_ns]
 
 
 def _bring(
