@@ -366,7 +366,9 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
     """Bring back what is safe from the session's copy (see the module doc); problems.
 
     ``keep`` (the launcher's own end, its sandbox gone): the copy is kept for the
-    next session of the agent (:func:`.agent_reuse.release`) rather than removed.
+    next session of the agent (:func:`.agent_reuse.release`) rather than removed,
+    less every file the session made or changed (size or time): what is kept is
+    bounded as the copy was, and the next session trusts none of it but its bytes.
     """
     manifest = _read_json(os.path.join(runtime, MANIFEST))
     if not isinstance(manifest, dict):
@@ -395,22 +397,12 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
             rel = f"{below}/{name}" if below else name
             if _untouched(copied.get(rel), dirfd, name):
                 continue  # most of a copy: no rule to look up
-            rule = agents.rule_for(profile, rel)
-            target = agents.host_path(profile, home, rel)
-            if rule is None or target is None:
-                continue
-            try:
-                st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
-                if not stat.S_ISREG(st.st_mode):
-                    continue
-                before = copied.get(rel)
-                if before is not None and before == [st.st_size, st.st_mtime_ns]:
-                    continue  # untouched by the session
-                _bring(rule, dirfd, name, rel, target, before, claude_session)
-            except TooLarge as exc:
-                problems.append(f"{target}: {exc}")
-            except OSError as exc:
-                problems.append(f"{target}: {exc.strerror or exc}")
+            problem = _back(profile, home, rel, dirfd, name, copied.get(rel), claude_session)
+            if problem:
+                problems.append(problem)
+            if remove and keep:  # a copy kept holds no more than the copy made: its bound
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dirfd)
     if remove:
         if keep:
             agent_reuse.release(root, entries, _AT_REST)
@@ -419,6 +411,24 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(runtime, MANIFEST))
     return problems
+
+
+def _back(profile: Profile, home: str, rel: str, dirfd: int, name: str,
+          before: list[int] | None, claude_session: Mapping[str, Any]) -> str:
+    """Bring back one file the session made or changed, by its rule; a problem, or ""."""
+    rule = agents.rule_for(profile, rel)
+    target = agents.host_path(profile, home, rel)
+    if rule is None or target is None:
+        return ""
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+        if stat.S_ISREG(st.st_mode):
+            _bring(rule, dirfd, name, rel, target, before, claude_session)
+    except TooLarge as exc:
+        return f"{target}: {exc}"
+    except OSError as exc:
+        return f"{target}: {exc.strerror or exc}"
+    return ""
 
 
 def _untouched(before: list[int] | None, dirfd: int, name: str) -> bool:

@@ -178,11 +178,11 @@ def test_a_session_plants_nothing_that_runs_on_the_host(
         assert not path.exists() or "REAL-MARK" not in path.read_text(), real
     # The workdir was written.
     assert (w.workdir / "out.txt").read_text() == f"written-by-{agent}"
-    # The private copy is kept for the next session (agent_reuse), not in use; the
-    # next one takes it and undoes what this session planted: it is a fresh copy.
+    # The private copy is kept for the next session (agent_reuse), not in use, less
+    # what the session changed (the plants); the next one takes it: a fresh copy.
     state = w.home / ".local" / "state" / "agent-sandbox" / "agents" / agent
     assert [p.name.startswith("idle-") for p in state.iterdir()] == [True]
-    assert str(canary) in "".join(_texts(next(state.iterdir())))  # the plants are there
+    assert str(canary) not in "".join(_texts(next(state.iterdir())))
     assert _next_copy(w, agent) == _next_copy(w, agent, fresh=True)
     # The login came back; the planted keys did not.
     h = w.home

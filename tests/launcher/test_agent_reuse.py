@@ -234,3 +234,25 @@ def test_a_kept_copy_holds_no_login_and_its_removal_follows_no_link(world: World
     assert (world.home / ".claude.json").exists()
     _, root3, _ = world.session()
     assert tree(root3) == world.fresh()
+
+
+@pytest.mark.parametrize("size", [0, 1, 5 << 20])
+def test_a_kept_copy_holds_only_what_the_copy_made(world: World, size: int) -> None:
+    """What the session made or changed is written back, then not kept: the copy at rest
+    is bounded as the copy was, whatever the session wrote there."""
+    rt, root, _ = world.session()
+    c = root / "claude"
+    with open(c / "history.jsonl", "ab") as fh:
+        fh.write(b"x" * size + b"\n")
+    (c / "projects" / "-w" / "t2.jsonl").write_bytes(b"y" * size)
+    (c / "big.bin").write_bytes(b"z" * size)
+    agent_home.write_back(str(rt), keep=True)
+    h = world.home / ".claude"
+    assert (h / "history.jsonl").stat().st_size == len("host-line\n") + size + 1
+    assert (h / "projects" / "-w" / "t2.jsonl").stat().st_size == size
+    idle = root.parent / "idle-s1" / "claude"
+    assert not (idle / "history.jsonl").exists() and not (idle / "big.bin").exists()
+    assert not (idle / "projects" / "-w" / "t2.jsonl").exists()
+    assert (idle / "projects" / "-w" / "t1.jsonl").read_text() == "transcript one"
+    _, root2, second = world.session()
+    assert second.report.reused and tree(root2) == world.fresh()
