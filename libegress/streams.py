@@ -16,6 +16,12 @@ descriptor the loop could close and the kernel hand to another connection.
 Each SSL object is entered by one thread at a time (its ``_lock``).  Small
 reads and writes (heads, small bodies) stay on the loop: a thread hop would
 cost them more than it saves.
+
+A large Content-Length body does not come through ``recv``/``send`` at all:
+a pump (:mod:`libegress.tls_pump`) moves it with this class's one-step calls
+(``decrypt_into``, ``feed``, ``encrypt``) and the sockets themselves, in a
+thread that its owner always ends before the exchange returns, so before any
+socket is closed.
 """
 
 from __future__ import annotations
