@@ -27,10 +27,10 @@ What the pump may touch, and why that is safe:
 
 It ends after ``count`` bytes; early, returning what it moved, when the
 source ends (EOF, close_notify: the caller's HTTP code then reads the end and
-says what is wrong, as without a pump); with :class:`Stalled` when the source
-sends nothing for ``timeout`` seconds; with the socket's or TLS's error; and
-with :class:`Stopped` when its owner, cancelled, asks it to (an eventfd in
-every wait).  :meth:`Pump.run` returns only once the thread has ended, on
+says what is wrong, as without a pump); with :class:`Stalled` when no whole
+TLS record comes from the source for ``timeout`` seconds; with the socket's
+or TLS's error; and with :class:`Stopped` when its owner, cancelled, asks it
+to (an eventfd in every wait).  :meth:`Pump.run` returns only once the thread has ended, on
 every path: no thread outlives its exchange.
 """
 
@@ -42,6 +42,7 @@ import os
 import select
 import ssl
 import threading
+import time
 
 from libegress.streams import READ_SIZE, TlsStream
 
@@ -112,16 +113,22 @@ class Pump:
         return self.moved
 
     def _decrypt(self, into: memoryview, cipher: memoryview, readable: select.poll) -> int:
-        """Plaintext into ``into`` (every record ready, at least one); 0 at the source's end."""
+        """Plaintext into ``into`` (every record ready, at least one); 0 at the source's end.
+
+        The timeout runs until a whole record is in, as for the ordinary
+        path's read: a peer trickling ciphertext that never completes one
+        stalls all the same.
+        """
+        deadline = time.monotonic() + self.timeout
         while True:
             try:
                 return self.src.decrypt_into(into)
             except ssl.SSLWantReadError:
                 pass
-            if not self._fill(cipher, readable):
+            if not self._fill(cipher, readable, deadline):
                 return 0
 
-    def _fill(self, cipher: memoryview, readable: select.poll) -> bool:
+    def _fill(self, cipher: memoryview, readable: select.poll, deadline: float) -> bool:
         """Ciphertext from the source's socket into its BIO; False at its end."""
         sock = self.src.raw.sock
         while True:
@@ -129,7 +136,7 @@ class Pump:
                 n = sock.recv_into(cipher)
                 break
             except (BlockingIOError, InterruptedError):
-                self._wait(readable, self.timeout)
+                self._wait(readable, max(deadline - time.monotonic(), 0.0))
         if n:
             self.src.feed(cipher[:n])
         return bool(n)

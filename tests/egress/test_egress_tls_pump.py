@@ -12,7 +12,8 @@ with the token by intercept.upstream_request), on a keep-alive connection:
   origin with the token, and a pump used exactly when the body is large enough;
 - several requests on one connection, large and small, each injected;
 - a client gone mid-upload, an origin resetting mid-download, a silent origin
-  (504) and a silent client (408) mid-body, and the proxy's task cancelled
+  and one trickling a TLS record a byte at a time (504), a silent client (408)
+  mid-body, and the proxy's task cancelled
   mid-body (its shutdown): each leaves no pump thread and no task behind.
 """
 
@@ -27,6 +28,7 @@ import ssl
 import struct
 import threading
 from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 import trustme
@@ -134,12 +136,47 @@ class Origin:
     """
 
     def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, cut: int | None = None,
-                 stall: int | None = None) -> None:
+                 stall: int | None = None, trickle: int | None = None) -> None:
         self.sock, self.ctx, self.cut, self.stall = sock, ctx, cut, stall
         self.seen: list[bytes | None] = []
         self.done = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
+        serve = self._serve if trickle is None else lambda: self._trickle(trickle)
+        self.thread = threading.Thread(target=serve, daemon=True)
         self.thread.start()
+
+    def _trickle(self, size: int) -> None:
+        """A 4 MiB answer: ``size`` bytes, then TLS records' bytes, one every 0.1 s.
+
+        TLS by hand (a memory BIO), so that a record can go out in pieces.
+        """
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self.ctx.wrap_bio(incoming, outgoing, server_side=True)
+
+        def step(call: Callable[[], object]) -> object:
+            while True:
+                try:
+                    return call()
+                except ssl.SSLWantReadError:
+                    self.sock.sendall(outgoing.read())
+                    incoming.write(self.sock.recv(65536) or b"")
+        try:
+            step(tls.do_handshake)
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += cast(bytes, step(lambda: tls.read(65536)))
+            tls.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % (4 * MIB))
+            tls.write(payload(size, 9))
+            self.sock.sendall(outgoing.read())
+            while True:  # records of the rest, each a byte at a time
+                tls.write(b"x" * 1000)
+                for byte in outgoing.read():
+                    if self.done.wait(0.1):
+                        return
+                    self.sock.sendall(bytes([byte]))
+        except (OSError, ssl.SSLError):
+            pass
+        finally:
+            self.done.set()
 
     def _serve(self) -> None:
         try:
@@ -363,6 +400,19 @@ def test_a_silent_origin_mid_download_is_504_and_leaves_nothing(
     assert pumps
     assert isinstance(raised, HttpError) and raised.status == 504, raised
     assert str(raised) == "the upstream did not answer in time"
+
+
+def test_an_origin_trickling_a_record_mid_download_is_504(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+    """Bytes keep coming, no record is ever whole: the response timeout runs all the same."""
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
+        with contextlib.suppress(OSError, ssl.SSLError, AssertionError):
+            client.response(tls)
+
+    _, _, raised = run_through(contexts, script, response_timeout=0.5, trickle=MIB)
+    assert len(pumps) == 1
+    assert isinstance(raised, HttpError) and raised.status == 504, raised
 
 
 def test_a_silent_client_mid_upload_is_408_and_leaves_nothing(
