@@ -86,7 +86,7 @@ def _read_json(path: str) -> Any:
 def _write_json(path: str, data: Mapping[str, Any]) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2)
+        fh.write(json.dumps(data, indent=2))  # dumps: the C encoder (dump is Python's)
 
 
 def _workdir_only(profile: Profile, home: str, workdir: str) -> dict[str, str]:
@@ -185,7 +185,7 @@ def _write_manifest(runtime: str, manifest: Mapping[str, Any]) -> None:
     """The manifest, replaced whole: the janitor reads either the old or the new one."""
     path = os.path.join(runtime, MANIFEST)
     with open(path + ".new", "w") as fh:
-        json.dump(manifest, fh)
+        fh.write(json.dumps(manifest))  # dumps: the C encoder (dump is Python's)
     os.replace(path + ".new", path)
 
 
