@@ -64,6 +64,10 @@ LAUNCHER_WARM = (
     "libbroker.launcher.agent_copy",
     "libbroker.launcher.agent_home",
     "libbroker.launcher.agent_settings",
+    "libbroker.launcher.exported_keys",  # an agent's session: its profile's steps
+    "libbroker.launcher.key_notice",
+    "libbroker.launcher.logins",
+    "libpolicy.render",
     "libbroker.launcher.session_service",
     "libbroker.launcher.fanotify",
     "libbroker.launcher.hostrun_bindrecord",
