@@ -256,3 +256,25 @@ def test_a_kept_copy_holds_only_what_the_copy_made(world: World, size: int) -> N
     assert (idle / "projects" / "-w" / "t1.jsonl").read_text() == "transcript one"
     _, root2, second = world.session()
     assert second.report.reused and tree(root2) == world.fresh()
+
+
+def test_sessions_starting_at_once_take_each_idle_copy_once(world: World) -> None:
+    import threading
+
+    for rt, _, _ in [world.session() for _ in range(2)]:
+        agent_home.write_back(str(rt), keep=True)
+    roots: list[str] = []
+    go = threading.Barrier(8)
+
+    def start(i: int) -> None:
+        go.wait()
+        roots.append(agent_home.make_root(agents.CLAUDE, str(world.home), world.env, f"c{i}"))
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    taken = [r for r in roots if os.listdir(r)]
+    assert len(roots) == 8 and len(taken) == agent_reuse.POOL  # each idle copy once
+    assert not [n for n in os.listdir(Path(roots[0]).parent) if n.startswith("idle-")]
