@@ -405,7 +405,7 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
                     os.unlink(name, dir_fd=dirfd)
     if remove:
         if keep:
-            agent_reuse.release(root, entries, _AT_REST)
+            agent_reuse.release(root, entries, len(copied), _AT_REST)
         else:
             shutil.rmtree(root, ignore_errors=True)
         with contextlib.suppress(OSError):

@@ -22,7 +22,8 @@ hostile.  Nothing of it is believed but its bytes, compared with the host's:
 - everything the new copy does not take is removed (:meth:`Old.prune`), so
   the copy holds what a fresh one would hold, and nothing more;
 - a copy that cannot be walked, or holds more than :data:`MAX_ENTRIES`
-  entries, is not reused: a fresh one is made.
+  entries, is not reused: a fresh one is made (and one the session filled
+  with more than twice its files and :data:`SLACK` is not kept at all).
 
 Only a copy whose session ended in order is kept (:func:`release`: the
 sandbox is gone, the write-back done); the janitor's removes it.
@@ -40,7 +41,8 @@ import stat
 
 POOL = 2  # idle copies kept per agent: as many concurrent sessions start without a walk
 IDLE = "idle-"
-MAX_ENTRIES = 20000  # a copy the session filled with more is not walked again, but removed
+MAX_ENTRIES = 20000  # a copy with more is never walked again, but removed
+SLACK = 500  # entries a session may add to its copy (beyond twice its files) and it is kept
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -71,17 +73,19 @@ def claim(parent: str, root: str) -> bool:
     return False
 
 
-def release(root: str, entries: int, logins: tuple[str, ...]) -> None:
+def release(root: str, entries: int, copied: int, logins: tuple[str, ...]) -> None:
     """The session is over (its sandbox gone): keep ``root`` for the next, or remove it.
 
-    ``entries``: how many the write-back found in it; a copy filled past
-    :data:`MAX_ENTRIES` is removed here rather than walked at the next start.
-    ``logins`` (paths in it) are removed first: a copy at rest holds no login.
+    ``entries``: how many the write-back found in it, of which the copy made
+    ``copied`` files; a copy the session filled with many more (empty
+    directories cost the next start a system call each) is removed here, as
+    it always was, rather than at the next start.  ``logins`` (paths in it)
+    are removed first: a copy at rest holds no login.
     """
     parent, session = os.path.split(root)
     try:
         idle = [n for n in os.listdir(parent) if n.startswith(IDLE)]
-        if entries <= MAX_ENTRIES and len(idle) < POOL:
+        if entries <= min(MAX_ENTRIES, 2 * copied + SLACK) and len(idle) < POOL:
             for rel in logins:
                 _unlink_below(root, rel)
             os.rename(root, os.path.join(parent, IDLE + session))

@@ -278,3 +278,14 @@ def test_sessions_starting_at_once_take_each_idle_copy_once(world: World) -> Non
     taken = [r for r in roots if os.listdir(r)]
     assert len(roots) == 8 and len(taken) == agent_reuse.POOL  # each idle copy once
     assert not [n for n in os.listdir(Path(roots[0]).parent) if n.startswith("idle-")]
+
+
+def test_a_copy_the_session_filled_with_directories_is_not_kept(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(agent_reuse, "SLACK", 10)
+    rt, root, made = world.session()
+    for i in range(2 * made.report.files + agent_reuse.SLACK):
+        (root / "claude" / f"d{i}").mkdir()
+    agent_home.write_back(str(rt), keep=True)
+    assert not root.exists() and not [n for n in os.listdir(root.parent)]
