@@ -21,8 +21,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).parent))
 
 from launcher_world import World
@@ -59,11 +57,18 @@ def _run(world: World, cfg: Path, backend: str, *cmd: str, cwd: Path | None = No
                           env=world.env(CANARY_TOKEN="tok-w", AGENT_SANDBOX_TRACE="1", **env))
 
 
-@pytest.mark.parametrize("backend", ["bwrap", "nono"])
-def test_a_warm_run_is_the_run_a_cold_one_would_be(
-    world: World, service: Service, backend: str
-) -> None:
-    cfg = _config(world, "w.toml", env=["WARM_CANARY"])  # passed in as the config says
+def test_a_warm_run_is_the_run_a_cold_one_would_be(world: World, service: Service) -> None:
+    """On each backend, one service for both (a service's start costs more than a run)."""
+    for backend in ("bwrap", "nono"):
+        _as_cold(world, service, backend)
+    assert service.text().count("started warm") == 14
+    assert "CANARY" not in service.text()  # no argv or environment in the log
+    _wait_for(lambda: _runs(service) == [], "the runs to be reaped", 30)
+    assert _own_leftovers(world, service) == []
+
+
+def _as_cold(world: World, service: Service, backend: str) -> None:
+    cfg = _config(world, f"w-{backend}.toml", env=["WARM_CANARY"])  # passed in: the config
     done = _run(world, cfg, backend, "sh", "-c", "echo out; echo err >&2; exit 3")
     assert done.returncode == 3, done.stderr
     assert WARM in done.stderr.decode() and done.stdout == b"out\n"
@@ -80,7 +85,7 @@ def test_a_warm_run_is_the_run_a_cold_one_would_be(
 
         assert done.stdout.split()[0].decode() == hashlib.sha256(data).hexdigest(), size
     # The environment (replaced), a working directory below the workdir, the umask.
-    sub = world.workdir / "sub"
+    sub = world.workdir / f"sub-{backend}"
     sub.mkdir()
     inner = 'echo "canary=$WARM_CANARY"; echo "cwd=$PWD"; echo "umask=$(umask)"'
     done = subprocess.run(
@@ -92,15 +97,17 @@ def test_a_warm_run_is_the_run_a_cold_one_would_be(
     assert WARM in done.stderr
     got = dict(line.split("=", 1) for line in done.stdout.splitlines())
     assert got == {"canary": "w-1", "cwd": str(sub), "umask": "0027"}, done.stdout
-    assert service.text().count("started warm") == 7
-    assert "CANARY" not in service.text()  # no argv or environment in the log
-    _wait_for(lambda: _runs(service) == [], "the runs to be reaped", 30)
-    assert _own_leftovers(world, service) == []
 
 
-def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
-    world: World, service: Service
-) -> None:
+def test_signals_deaths_refusals_and_cold_runs(world: World, service: Service) -> None:
+    """One service: what stays cold and what is refused (no warm start yet), then the
+    client's signals and death, then the launcher zygote's death (it must come last)."""
+    _cold_and_refused(world, service)  # and _stale_code
+    _signals_and_deaths(world, service)
+    _zygote_killed(world, service)
+
+
+def _signals_and_deaths(world: World, service: Service) -> None:
     cfg = _config(world, "s.toml")
     for sig in (signal.SIGTERM, signal.SIGKILL):
         up = world.workdir / f"up-{sig}"
@@ -129,8 +136,12 @@ def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
         _wait_for(lambda: _runs(service) == [], "the run and its session to end", 60)
         _wait_for(lambda: _own_leftovers(world, service) == [], "no leftovers", 60)
         assert not any(os.path.exists(f"/proc/{pid}/exe") for pid in runs)
-    # The launcher zygote killed under a run: the run goes on, and its client
-    # exits with the run's own code (its reaper is gone); later runs start cold.
+
+
+def _zygote_killed(world: World, service: Service) -> None:
+    """The launcher zygote killed under a run: the run goes on, and its client exits with
+    the run's own code (its reaper is gone); later runs start cold."""
+    cfg = _config(world, "z.toml")
     up, go = world.workdir / "up-z", world.workdir / "go-z"
     proc = subprocess.Popen(
         ["agent-sandbox", "run", f"--config={cfg}", "--sandbox=bwrap", "--", "sh", "-c",
@@ -151,7 +162,7 @@ def test_the_clients_signals_reach_the_run_and_its_death_ends_it(
     assert service.proc.poll() is None
 
 
-def test_terminals_off_and_hostile_requests_stay_cold(world: World, service: Service) -> None:
+def _cold_and_refused(world: World, service: Service) -> None:
     cfg = _config(world, "c.toml")
     # A terminal on stdin: the run needs it as its controlling terminal.
     primary, secondary = os.openpty()
@@ -201,8 +212,12 @@ def test_terminals_off_and_hostile_requests_stay_cold(world: World, service: Ser
     assert service.proc.poll() is None
     time.sleep(0.2)
     assert _runs(service) == []
-    # The code changed since the service imported it (an upgrade): the new code
-    # runs, cold.  (A nanosecond on the mtime: the .pyc, by seconds, stays valid.)
+    _stale_code(world, service, cfg)
+
+
+def _stale_code(world: World, service: Service, cfg: Path) -> None:
+    """The code changed since the service imported it (an upgrade): the new code runs,
+    cold.  (A nanosecond on the mtime: the .pyc, by seconds, stays valid.)"""
     source = Path(warm_request.__file__)
     st = source.stat()
     os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
