@@ -292,9 +292,15 @@ def _wait_for(path: Path, proc: subprocess.Popen[str], timeout: float = 60) -> N
 
 
 def _sleeper(world: World) -> list[str]:
-    """A command with a background child, both marked, that says when it runs."""
+    """A command with a background child, both marked, that says when it runs.
+
+    The foreground child says it, from its own code: a SIGINT that reached the
+    group before it existed would be held by ``sh -c`` (dash catches SIGINT then
+    and acts on it only once its foreground job ends: never, so the grace's
+    SIGKILL would end the test's command, 137 instead of 130)."""
     py = f"import time; time.sleep(300)  # {world.mark}"
-    return ["sh", "-c", f"python3 -c '{py}' & touch started; python3 -c '{py}'"]
+    say = f"import pathlib, time; pathlib.Path('started').touch(); time.sleep(300)  # {world.mark}"
+    return ["sh", "-c", f"python3 -c '{py}' & python3 -c \"{say}\""]
 
 
 def _gone(world: World, timeout: float = 15) -> list[str]:
