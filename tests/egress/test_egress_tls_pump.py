@@ -10,7 +10,8 @@ with the token by intercept.upstream_request), on a keep-alive connection:
   and several MiB, written in one send or with their first and last bytes one
   TLS record each; the bytes' digests compared, every request seen by the
   origin with the token, and a pump used exactly when the body is large enough;
-- several requests on one connection, large and small, each injected;
+- several requests on one connection, large and small, each injected; past
+  the cap on pumps at once, large bodies whole the ordinary way;
 - a client gone mid-upload, an origin resetting mid-download, a silent origin
   and one trickling a TLS record a byte at a time (504), a silent client (408)
   mid-body, and the proxy's task cancelled
@@ -439,3 +440,18 @@ def test_the_proxy_ending_mid_body_ends_its_pump(
     _, _, raised = run_through(contexts, script, cancel_after=1.0, **origin)
     assert len(pumps) == 1
     assert isinstance(raised, asyncio.CancelledError), raised
+
+
+def test_past_the_pumps_cap_bodies_go_the_ordinary_way(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bulk_body, "MAX_PUMPS", 0)
+
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        client.download(tls, 3 * MIB + 1, "edges")
+        client.upload(tls, 3 * MIB + 1, "one")
+
+    client, origin, raised = run_through(contexts, script)
+    assert client.error is None and raised is None
+    assert origin.seen == [TOKEN, TOKEN]
+    assert pumps == []
