@@ -152,6 +152,10 @@ def refusal(request: dict[str, object]) -> str:
     if request["ids"] != [os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
                           sorted(os.getgroups())]:
         return "the run's user or groups are not the service's"
+    own = warm_request.privs()
+    if request["privs"] != own or "?" in own:
+        return ("the run's privileges are not the service's (no_new_privs, seccomp or "
+                "capabilities)")
     return ""
 
 

@@ -109,6 +109,7 @@ def request(argv: list[str]) -> bytes:
         "signals": {"ignored": ignored,
                     "blocked": sorted(_signal.pthread_sigmask(_signal.SIG_BLOCK, []))},
         "install": warm_request.install(),
+        "privs": warm_request.privs(),
     }
     return dumps(frame) + b"\n"
 

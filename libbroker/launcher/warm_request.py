@@ -6,7 +6,8 @@ Pure: the shape of the ``launch`` request and its check, shared by the client
 
 ``{"op": "launch", "argv": [...], "env": {...}, "umask": N, "rlimits": [[R, SOFT,
 HARD], ...], "nice": N, "ids": [UID, EUID, GID, EGID, [GROUPS...]], "signals":
-{"ignored": [...], "blocked": [...]}, "install": [PYTHON, PREFIX, PROJECT]}`` with four
+{"ignored": [...], "blocked": [...]}, "install": [PYTHON, PREFIX, PROJECT],
+"privs": [...]}`` with four
 descriptors: the run's stdin, stdout, stderr and its working directory (an
 ``O_PATH`` descriptor: the child ``fchdir``s to it, never to a path the client
 wrote).  Everything a launcher reads from its own process is in it; what the
@@ -32,7 +33,12 @@ if TYPE_CHECKING:
 # ordinary user).  A run whose argv and environment are larger runs cold.
 MAX_REQUEST = 160 * 1024
 MAX_REPLY = 4096
-KEYS = {"op", "argv", "env", "umask", "rlimits", "nice", "ids", "signals", "install"}
+KEYS = {"op", "argv", "env", "umask", "rlimits", "nice", "ids", "signals", "install", "privs"}
+# What of /proc/self/status a fork cannot give back once the zygote has it (or
+# lacks it): no_new_privs, seccomp and the capability sets.  Under a systemd
+# unit with NoNewPrivileges=yes the zygote has no_new_privs: a run from a
+# shell, without it, is refused (setuid programs, a setuid bwrap, would fail).
+PRIVS = ("NoNewPrivs", "Seccomp", "CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb")
 N_FDS = 4  # stdin, stdout, stderr, the working directory
 _MAX_SIGNAL = 64
 _RLIM_INFINITY = (1 << 64) - 1  # resource.RLIM_INFINITY as an unsigned value
@@ -87,6 +93,10 @@ def check(frame: object) -> dict[str, Any]:
     if not (isinstance(install, list) and len(install) == 3
             and all(isinstance(p, str) for p in install)):
         raise ValueError("'install' must be [python, prefix, project directory]")
+    privs = frame["privs"]
+    if not (isinstance(privs, list) and len(privs) == len(PRIVS)
+            and all(isinstance(p, str) and len(p) <= 32 for p in privs)):
+        raise ValueError("'privs' must be the process's " + ", ".join(PRIVS))
     checked: dict[str, Any] = frame
     return checked
 
@@ -96,6 +106,17 @@ def install() -> list[str]:
     project's directory.  The client's and the zygote's must be the same, or the run is
     cold: a child of the zygote runs the zygote's code."""
     return [os.path.realpath(sys.executable), sys.prefix, project_dir()]
+
+
+def privs() -> list[str]:
+    """This process's no_new_privs, seccomp mode and capability sets, as /proc says them."""
+    try:
+        with open("/proc/self/status", "rb") as fh:
+            lines = fh.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ["?"] * len(PRIVS)  # a zygote that cannot tell either refuses: "?" != its own
+    found = dict(line.split(":", 1) for line in lines if ":" in line)
+    return [found.get(name, "?").strip() for name in PRIVS]
 
 
 def exit_code(status: int) -> int:

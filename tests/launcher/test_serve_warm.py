@@ -190,6 +190,7 @@ def _cold_and_refused(world: World, service: Service) -> None:
         (json.dumps({**good, "install": ["/usr/bin/python3", "/usr", "/elsewhere"]}).encode()
          + b"\n", 4),
         (json.dumps({**good, "ids": [0, 0, 12345, 0, []]}).encode() + b"\n", 4),
+        (json.dumps({**good, "privs": ["1", *good["privs"][1:]]}).encode() + b"\n", 4),
         (b'{"op":"launch","argv":["' + b"x" * warm_request.MAX_REQUEST + b'"]}\n', 4),
     ]
     for line, nfds in bad:
@@ -208,10 +209,20 @@ def _cold_and_refused(world: World, service: Service) -> None:
     assert text.count("refused a session") + text.count("refused a run") == len(bad), text
     assert "launcher zygote: refused a run: another installation" in text
     assert "launcher zygote: refused a run: the run's user or groups" in text
+    assert "launcher zygote: refused a run: the run's privileges" in text
     assert "Traceback" not in text and "started warm" not in text
     assert service.proc.poll() is None
     time.sleep(0.2)
     assert _runs(service) == []
+    # A client with no_new_privs, which the zygote lacks (a fork cannot drop it): cold.
+    if shutil.which("setpriv"):
+        done = subprocess.run(
+            ["setpriv", "--no-new-privs", "agent-sandbox", "run", f"--config={cfg}",
+             "--sandbox=bwrap", "--", "true"], capture_output=True, text=True, timeout=120,
+            check=False, stdin=subprocess.DEVNULL, cwd=str(world.workdir),
+            env=world.env(CANARY_TOKEN="tok-c", AGENT_SANDBOX_TRACE="1"))
+        assert done.returncode == 0, done.stderr
+        assert "warm launch not taken (refused: the run's privileges" in done.stderr
     _stale_code(world, service, cfg)
 
 

@@ -49,6 +49,8 @@ def test_the_clients_own_request_passes_the_check() -> None:
     ("signals", {"ignored": [65], "blocked": []}, "'signals'"),
     ("signals", {"ignored": []}, "'signals'"),
     ("install", [SECRET], "'install'"),
+    ("privs", ["0"], "'privs'"),
+    ("privs", [SECRET * 3] * 7, "'privs'"),
     ("extra", 1, "unknown key 'extra'"),
 ])
 def test_a_malformed_request_is_refused_without_quoting_it(
