@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from libegress.heads import HttpError, RequestReader, request_head
+from libegress.http1 import GATHER, gathered
 from libegress.limits import Limits
 
 LIMITS = Limits(max_head=256, max_request_line=64)
@@ -129,3 +130,54 @@ def test_a_stream_ending_inside_a_head_is_refused() -> None:
     with pytest.raises(HttpError, match="inside a request head"):
         read_all([b"GET / HTTP/1.1\r\nHost"])
     assert read_all([b"\r\n"]) == []
+
+
+# -- http1.gathered: a chunked body's pieces joined, what stopped them kept --------------
+
+
+def _chunked_server(chunks: list[bytes], tail: bytes) -> h11.Connection:
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"POST / HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n"
+                      + b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + tail)
+    assert isinstance(conn.next_event(), h11.Request)
+    return conn
+
+
+def _parsed(conn: h11.Connection) -> object:
+    try:
+        return conn.next_event()
+    except h11.RemoteProtocolError as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+@pytest.mark.parametrize("count", [1, 2, 16, 40])
+def test_gathered_joins_the_chunks_ready_and_keeps_the_end(count: int) -> None:
+    chunks = [bytes([65 + i % 26]) * (16 * 1024 - i) for i in range(count)]
+    conn = _chunked_server(chunks, b"0\r\nX-T: 1\r\n\r\n")
+    got = bytearray()
+    held = None
+    while held is None:
+        first = _parsed(conn)
+        assert isinstance(first, h11.Data)
+        piece, held = gathered(first, lambda: _parsed(conn))
+        assert len(piece.data) <= GATHER + 16 * 1024
+        got += piece.data
+    assert bytes(got) == b"".join(chunks)
+    assert isinstance(held, h11.EndOfMessage) and held.headers == [(b"x-t", b"1")]
+
+
+def test_gathered_gives_the_bytes_before_a_bad_chunk_then_its_error() -> None:
+    conn = _chunked_server([b"a" * 10, b"b" * 20], b"zz\r\n")
+    first = _parsed(conn)
+    assert isinstance(first, h11.Data)
+    piece, held = gathered(first, lambda: _parsed(conn))
+    assert piece.data == b"a" * 10 + b"b" * 20
+    assert isinstance(held, HttpError)
+
+
+def test_gathered_stops_where_h11_needs_data() -> None:
+    conn = _chunked_server([b"a" * 10], b"5\r\nbb")
+    first = _parsed(conn)
+    assert isinstance(first, h11.Data)
+    piece, held = gathered(first, lambda: _parsed(conn))
+    assert piece.data == b"a" * 10 + b"bb" and held is None
