@@ -70,10 +70,29 @@ def _discard_upload(tls: ssl.SSLSocket, head: bytes, sink: bytearray) -> None:
     tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
 
 
+CHUNK = 16 * 1024  # GET /chunked/N: the chunk size (as a streamed git pack might come)
+
+
+def _send_chunked(tls: ssl.SSLSocket, n: int, block: memoryview) -> None:
+    """N bytes as a chunked body of CHUNK-sized chunks, written 4 MiB of framing at a time."""
+    tls.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    frame = b"%x\r\n" % CHUNK + bytes(block[:CHUNK]) + b"\r\n"
+    batch = frame * (len(block) // len(frame))
+    per = len(batch) // len(frame)
+    while n >= CHUNK:
+        k = min(n // CHUNK, per)
+        tls.sendall(batch[:k * len(frame)])
+        n -= k * CHUNK
+    if n:
+        tls.sendall(b"%x\r\n" % n + bytes(block[:n]) + b"\r\n")
+    tls.sendall(b"0\r\n\r\n")
+
+
 def download_server(cert: str, key: str) -> int:
     """A TLS server answering GET /N with N bytes (4 MiB writes), one thread each.
 
-    A PUT or POST (Content-Length) is read into a scratch buffer and dropped.
+    GET /chunked/N answers them chunked (_send_chunked).  A PUT or POST
+    (Content-Length) is read into a scratch buffer and dropped.
     """
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(cert, key)
@@ -95,7 +114,11 @@ def download_server(cert: str, key: str) -> int:
                     if req.startswith((b"PUT ", b"POST ")):
                         _discard_upload(tls, req, sink)
                         continue
-                    n = int(req.split(b" ")[1].rsplit(b"/", 1)[1] or b"0")
+                    target = req.split(b" ")[1]
+                    n = int(target.rsplit(b"/", 1)[1] or b"0")
+                    if target.startswith(b"/chunked/"):
+                        _send_chunked(tls, n, block)
+                        continue
                     tls.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % n)
                     while n > 0:
                         k = min(n, len(block))
