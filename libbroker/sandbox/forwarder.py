@@ -83,6 +83,9 @@ def serve(control: int, own_group: bool, cmd: list[str]) -> int:
     """Wait for go, run ``cmd``, relay signals until it ends; its exit status."""
     if os.read(control, 1) != b"g":
         return 125  # the launcher gave up before the session started
+    # bwrap hands the pipe over inheritable; the command must not get it (it could
+    # read the signals meant for it, the grace's SIGKILL among them).
+    os.set_inheritable(control, False)
     # The SIGCHLD wake-up: a pipe the handler's C side writes (set_wakeup_fd).
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)

@@ -30,6 +30,7 @@ BACKENDS = ["bwrap", "nono"]
 PROBE = r"""
 exec 2>&1
 echo "tty=$(test -t 0 && echo yes || echo no)"
+echo "fds=$(ls /proc/self/fd | tr '\n' ' ')"
 echo "github=$(curl -sS --max-time 20 https://github.com/probe)"
 echo "api=$(curl -sS --max-time 20 https://api.github.com/user)"
 echo "denied_http=$(curl -s -o /dev/null --max-time 20 -w '%{http_code}' http://denied.invalid/)"
@@ -113,6 +114,13 @@ Probe = tuple[World, dict[str, list[str]]]
 def _one(result: dict[str, list[str]], key: str) -> str:
     assert key in result, result
     return result[key][0]
+
+
+def test_the_command_inherits_no_descriptor_but_its_stdio(probe: Probe) -> None:
+    """Nothing of bwrap's forwarder (its control pipe: the command could read the signals
+    meant for it) nor of the Landlock helper: 0-2, and ls's own directory."""
+    _, r = probe
+    assert _one(r, "fds") == "0 1 2 3 "
 
 
 def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
