@@ -79,6 +79,7 @@ LAUNCHER_WARM = (
     "libbroker.native.start_script",
     "libbroker.sandbox.bwrap_backend",
     "libbroker.sandbox.landlock_backend",
+    "libbroker.sandbox.landlock_helper",  # forked, not spawned, by a warm run
     "libbroker.sandbox.bridge",
     "libbroker.sandbox.cgroups",
     "libbroker.sandbox.holdlink",

@@ -24,7 +24,7 @@ import os
 import sys
 
 from libbroker.errors import LaunchError
-from libbroker.launcher import boot, serve_link
+from libbroker.launcher import boot, helper_fork, serve_link
 from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
@@ -131,9 +131,14 @@ def start_helper(own_group: bool) -> Helper:
     # must outlive even a launcher killed by SIGKILL long enough to kill
     # everything below it.  End of file on either pipe tells it.
     argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
+    path = os.environ.get("PATH", "/usr/bin:/bin")
     try:
-        child = spawn("sandbox", argv, env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
-                      pass_fds=[r, life_r], pipes=False)
+        if helper_fork.can_fork():  # a warm run has its code: no interpreter start
+            child = helper_fork.fork(r, life_r, path)
+            trace("Landlock helper forked, its code imported already")
+        else:
+            child = spawn("sandbox", argv, env={"PATH": path}, pass_fds=[r, life_r],
+                          pipes=False)
     except LaunchError:
         os.close(w)
         os.close(life_w)

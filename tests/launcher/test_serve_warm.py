@@ -87,7 +87,8 @@ def _as_cold(world: World, service: Service, backend: str) -> None:
     # The environment (replaced), a working directory below the workdir, the umask.
     sub = world.workdir / f"sub-{backend}"
     sub.mkdir()
-    inner = 'echo "canary=$WARM_CANARY"; echo "cwd=$PWD"; echo "umask=$(umask)"'
+    inner = ('echo "canary=$WARM_CANARY"; echo "cwd=$PWD"; echo "umask=$(umask)"; '
+             'echo "fds=$(ls /proc/self/fd | tr "\\n" " ")"')
     done = subprocess.run(
         ["sh", "-c", 'umask 027; exec "$@"', "sh", "agent-sandbox", "run", f"--config={cfg}",
          f"--sandbox={backend}", "--", "sh", "-c", inner],
@@ -96,7 +97,10 @@ def _as_cold(world: World, service: Service, backend: str) -> None:
     assert done.returncode == 0, done.stderr
     assert WARM in done.stderr
     got = dict(line.split("=", 1) for line in done.stdout.splitlines())
-    assert got == {"canary": "w-1", "cwd": str(sub), "umask": "0027"}, done.stdout
+    # Nothing of the launcher's, the zygote's or (under Landlock, forked from the run:
+    # no interpreter start) the helper's reaches the command: 0-2 and ls's own.
+    assert got == {"canary": "w-1", "cwd": str(sub), "umask": "0027", "fds": "0 1 2 3 "}, got
+    assert ("Landlock helper forked" in done.stderr) == (backend == "nono"), done.stderr
 
 
 def test_signals_deaths_refusals_and_cold_runs(world: World, service: Service) -> None:

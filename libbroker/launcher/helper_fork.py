@@ -1,0 +1,100 @@
+"""The Landlock helper forked, not spawned, where its code is imported already.
+
+A warm run (:mod:`.launcher_zygote`) has every module the helper needs in
+memory; spawning it anyway would pay a fresh interpreter and those imports
+(~40 ms of CPU) for nothing.  So when the helper's module is imported and
+this process runs one thread (a fork takes no lock half-held), the helper is
+a fork of the launcher that becomes :func:`libbroker.sandbox.landlock_helper.main`
+and nothing else, as the spawned one would:
+
+- only 0-2 and its two pipes stay open (a spawn's ``close_fds``): no
+  descriptor of the launcher's reaches the helper, nor through it the command;
+- its environment is ``PATH`` alone, as the spawn's (the command's own comes
+  in its spec);
+- every signal a Python handler of the launcher's catches is back to its
+  default (SIGINT to Python's), the wake-up descriptor dropped, so no launcher
+  code runs in it; SIGPIPE and SIGXFSZ to their defaults, as the spawn does;
+- it never returns into the launcher's code: ``os._exit`` on every path.
+
+Not used on the cold path, where the helper starts before the launcher has
+imported anything of it: there a spawn costs no more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+
+from libbroker.errors import LaunchError
+from libbroker.launcher.child import Child, Proc
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
+if TYPE_CHECKING:
+    import signal
+else:
+    import _signal as signal
+
+HELPER = "libbroker.sandbox.landlock_helper"
+
+
+def can_fork() -> bool:
+    """The helper's code is imported and nothing but this thread runs."""
+    threading = sys.modules.get("threading")
+    alone = threading is None or threading.active_count() == 1
+    return HELPER in sys.modules and alone
+
+
+def fork(spec: int, life: int, path: str) -> Child:
+    """The helper, forked; ``spec`` and ``life`` are its pipes' read ends.  LaunchError."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()  # nothing of ours written twice by the child
+    try:
+        pid = os.fork()
+    except OSError as exc:
+        raise LaunchError(f"cannot start sandbox: {exc.strerror}") from None
+    if pid == 0:
+        _become_helper(spec, life, path)  # never returns
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as exc:  # out of descriptors: end it rather than own it blind
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise LaunchError(f"cannot watch sandbox: {exc.strerror}") from None
+    return Child(name="sandbox", proc=Proc(pid, None, None, None), pidfd=pidfd)
+
+
+def _become_helper(spec: int, life: int, path: str) -> None:
+    code = 125
+    try:
+        signal.set_wakeup_fd(-1)
+        for sig in range(1, signal.NSIG):
+            handler = signal.getsignal(sig)
+            if callable(handler) and handler is not signal.default_int_handler:
+                signal.signal(sig, signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        for sig in (signal.SIGPIPE, signal.SIGXFSZ):
+            signal.signal(sig, signal.SIG_DFL)
+        _keep_only((0, 1, 2, spec, life))
+        os.environ.clear()
+        os.environ["PATH"] = path
+        from libbroker.sandbox import landlock_helper
+
+        code = landlock_helper.main([str(spec), str(life)])
+        sys.stderr.flush()
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(2, f"agent-sandbox: cannot start the Landlock sandbox: {exc!r}\n".encode())
+    finally:  # whatever was raised, the launcher's code never resumes here
+        os._exit(code)
+
+
+def _keep_only(keep: tuple[int, ...]) -> None:
+    """Close every descriptor but ``keep`` (as a spawn's close_fds)."""
+    low = 0
+    for fd in sorted(set(keep)):
+        if low < fd:  # closerange(n, n) would be close_range(n, ~0): all of them
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, 1 << 20)
