@@ -289,3 +289,30 @@ def test_a_copy_the_session_filled_with_directories_is_not_kept(
         (root / "claude" / f"d{i}").mkdir()
     agent_home.write_back(str(rt), keep=True)
     assert not root.exists() and not [n for n in os.listdir(root.parent)]
+
+
+def test_an_idle_copy_tampered_with_is_sanitized_when_taken(world: World) -> None:
+    """What the end's cleanup would have removed, planted in the idle copy itself: the
+    walk that takes it (agent_reuse.Old) removes it, never following a link."""
+    rt, root, _ = world.session()
+    agent_home.write_back(str(rt), keep=True)
+    c = root.parent / "idle-s1" / "claude"
+    key = world.home / ".ssh" / "id_rsa"
+    outside = world.tmp / "outside"
+    outside.write_text("the user's own")
+    (c / "CLAUDE.md").unlink()
+    (c / "CLAUDE.md").symlink_to(key)  # a link to a secret where a file is taken
+    (c / "history.jsonl").unlink()
+    os.link(outside, c / "history.jsonl")  # a hard link to a file outside
+    (c / "settings.json").unlink()
+    os.mkfifo(c / "settings.json")  # a fifo where the session settings go
+    (c / "projects" / "-w" / "t1.jsonl").chmod(0o4700)
+    (c / "projects" / "-v").symlink_to(world.home / ".ssh")  # a directory that is a link
+    (c / "commands").mkdir(mode=0o777)
+    (c / "commands" / "evil.md").write_text("planted")
+    (c / "projects" / "-w").chmod(0)
+    _, root2, second = world.session()
+    assert second.report.reused
+    assert tree(root2) == world.fresh()
+    assert key.read_text() == "SECRET-KEY" and outside.read_text() == "the user's own"
+    assert outside.stat().st_nlink == 1 and sorted(os.listdir(world.home / ".ssh")) == ["id_rsa"]
