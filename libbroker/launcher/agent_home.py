@@ -389,10 +389,15 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
     except (KeyError, TypeError, ValueError) as exc:
         return [f"unreadable manifest: {exc}"]
     entries = 0
+    # Only a built-in agent's copy is kept: which of a config table's files hold a
+    # login is not known, and a copy at rest holds none.
+    keep = keep and remove and profile.name in agents.PROFILES
     # fwalk's dir fds are open only while it yields them: iterate as it goes.
     for dirpath, dirs, files, dirfd in os.fwalk(root, follow_symlinks=False):
         entries += len(dirs) + len(files)
         below = dirpath[len(root) + 1:]  # fwalk's paths are root's joined with names
+        if keep:  # fwalk lists a link to a directory with them (never entered)
+            _unlink_links(dirs, dirfd)
         for name in files:
             rel = f"{below}/{name}" if below else name
             if _untouched(copied.get(rel), dirfd, name):
@@ -400,7 +405,7 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
             problem = _back(profile, home, rel, dirfd, name, copied.get(rel), claude_session)
             if problem:
                 problems.append(problem)
-            if remove and keep:  # a copy kept holds no more than the copy made: its bound
+            if keep:  # a copy kept holds no more than the copy made: its bound
                 with contextlib.suppress(OSError):
                     os.unlink(name, dir_fd=dirfd)
     if remove:
@@ -429,6 +434,19 @@ def _back(profile: Profile, home: str, rel: str, dirfd: int, name: str,
     except OSError as exc:
         return f"{target}: {exc.strerror or exc}"
     return ""
+
+
+def _unlink_links(dirs: list[str], dirfd: int) -> None:
+    for name in [d for d in dirs if stat.S_ISLNK(_lstat(d, dirfd))]:
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=dirfd)
+
+
+def _lstat(name: str, dirfd: int) -> int:
+    try:
+        return os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode
+    except OSError:
+        return 0
 
 
 def _untouched(before: list[int] | None, dirfd: int, name: str) -> bool:

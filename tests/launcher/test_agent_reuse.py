@@ -316,3 +316,25 @@ def test_an_idle_copy_tampered_with_is_sanitized_when_taken(world: World) -> Non
     assert tree(root2) == world.fresh()
     assert key.read_text() == "SECRET-KEY" and outside.read_text() == "the user's own"
     assert outside.stat().st_nlink == 1 and sorted(os.listdir(world.home / ".ssh")) == ["id_rsa"]
+
+
+def test_a_kept_copy_holds_no_link_and_a_config_tables_agent_is_not_kept(
+    tmp_path: Path,
+) -> None:
+    w = World(tmp_path)
+    rt, root, _ = w.session()
+    (root / "home").mkdir()
+    (root / "home" / "src").symlink_to(w.home)  # as Landlock's private home links grants
+    (root / "claude" / "dirlink").symlink_to(root / "claude" / "projects")
+    agent_home.write_back(str(rt), keep=True)
+    idle = root.parent / f"idle-{root.name}"
+    assert not [p for p in idle.rglob("*") if p.is_symlink()]
+    mine = agents.from_config("mine", {"config": ["~/.mine"]}, "[agents.mine]")
+    (w.home / ".mine").mkdir()
+    (w.home / ".mine" / "auth.json").write_text('{"token": "SECRET"}')
+    rt2 = tmp_path / "rt-mine"
+    rt2.mkdir()
+    made = agent_home.prepare(mine, home=str(w.home), workdir="/w", session="m",
+                              runtime=str(rt2), env=w.env)
+    agent_home.write_back(str(rt2), keep=True)
+    assert not Path(made.root).exists() and os.listdir(Path(made.root).parent) == []
