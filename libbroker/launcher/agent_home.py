@@ -397,7 +397,7 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
         entries += len(dirs) + len(files)
         below = dirpath[len(root) + 1:]  # fwalk's paths are root's joined with names
         if keep:  # fwalk lists a link to a directory with them (never entered)
-            _unlink_links(dirs, dirfd)
+            agent_reuse.unlink_links(dirs, dirfd)
         for name in files:
             rel = f"{below}/{name}" if below else name
             if _untouched(copied.get(rel), dirfd, name):
@@ -434,19 +434,6 @@ def _back(profile: Profile, home: str, rel: str, dirfd: int, name: str,
     except OSError as exc:
         return f"{target}: {exc.strerror or exc}"
     return ""
-
-
-def _unlink_links(dirs: list[str], dirfd: int) -> None:
-    for name in [d for d in dirs if stat.S_ISLNK(_lstat(d, dirfd))]:
-        with contextlib.suppress(OSError):
-            os.unlink(name, dir_fd=dirfd)
-
-
-def _lstat(name: str, dirfd: int) -> int:
-    try:
-        return os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode
-    except OSError:
-        return 0
 
 
 def _untouched(before: list[int] | None, dirfd: int, name: str) -> bool:

@@ -123,6 +123,15 @@ def renew(root: str) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
+def unlink_links(names: list[str], dirfd: int) -> None:
+    """Remove those of ``names`` (in ``dirfd``) that are links (fwalk lists a link to a
+    directory with the directories)."""
+    for name in names:
+        with contextlib.suppress(OSError):
+            if stat.S_ISLNK(os.stat(name, dir_fd=dirfd, follow_symlinks=False).st_mode):
+                os.unlink(name, dir_fd=dirfd)
+
+
 class Old:
     """What an old copy holds, sanitized: its directories and its plain files, by path."""
 
