@@ -10,6 +10,7 @@ with the token by intercept.upstream_request), on a keep-alive connection:
   and several MiB, written in one send or with their first and last bytes one
   TLS record each; the bytes' digests compared, every request seen by the
   origin with the token, and a pump used exactly when the body is large enough;
+- a body and its answer pumped at once (an origin echoing as it reads);
 - several requests on one connection, large and small, each injected; past
   the cap on pumps at once, large bodies whole the ordinary way;
 - a client gone mid-upload, an origin resetting mid-download, a silent origin
@@ -24,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import random
+import select
 import socket
 import ssl
 import struct
@@ -194,6 +196,17 @@ class Origin:
     def _answer(self, tls: ssl.SSLSocket, buf: bytearray, head: bytes) -> None:
         method, target = head.split(b" ")[:2]
         auth = b"X-Seen: " + (self.seen[-1] or b"none") + b"\r\n"
+        if method == b"POST":  # an echo: the answer streams while the body still comes
+            left = int(field(head, b"content-length") or 0)
+            tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (auth, left))
+            while left:
+                piece = bytes(buf[:left]) if buf else tls.recv(min(left, MIB))
+                del buf[:len(piece)]
+                if not piece:
+                    raise ConnectionResetError
+                tls.sendall(piece)
+                left -= len(piece)
+            return
         if method == b"PUT":
             body = read_body(tls, buf, int(field(head, b"content-length") or 0))
             answer = hashlib.sha256(body).hexdigest().encode()
@@ -357,6 +370,39 @@ def test_one_connection_carries_many_each_injected(
     assert client.error is None and raised is None
     assert origin.seen == [TOKEN] * 2 * len(sizes)
     pumped(pumps, [s for s in sizes for _ in "du"])
+
+
+def echo(tls: ssl.SSLSocket, client: Client, size: int) -> None:
+    """POST ``size`` bytes while reading the echo as it comes (one thread, non-blocking)."""
+    data = payload(size, 5)
+    out = memoryview(b"POST /echo HTTP/1.1\r\nHost: %s\r\nContent-Length: %d\r\n\r\n"
+                     % (HOST.encode(), size) + data)
+    got = bytearray()
+    tls.setblocking(False)
+    while b"\r\n\r\n" not in got or len(got.partition(b"\r\n\r\n")[2]) < size:
+        readable, writable, _ = select.select([tls], [tls] if out else [], [], 30)
+        assert readable or writable or tls.pending(), "the echo stalled"
+        if writable:
+            with contextlib.suppress(ssl.SSLWantWriteError, ssl.SSLWantReadError):
+                out = out[tls.send(out[:256 * 1024]):]
+        with contextlib.suppress(ssl.SSLWantReadError):
+            chunk = tls.recv(MIB)
+            assert chunk, "the proxy ended the connection"
+            got += chunk
+    head, _, body = bytes(got).partition(b"\r\n\r\n")
+    assert field(head, b"x-seen") == TOKEN
+    assert hashlib.sha256(body).digest() == hashlib.sha256(data).digest()
+
+
+@pytest.mark.parametrize("size", [2 * STEP + 1, 16 * MIB + 5])
+def test_a_body_and_its_answer_both_pumped_at_once(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], size: int) -> None:
+    """An origin echoing as it reads: the request's and the response's pumps run together
+    (neither can finish alone once the socket buffers are full)."""
+    client, origin, raised = run_through(contexts, lambda tls, c: echo(tls, c, size))
+    assert client.error is None and raised is None
+    assert origin.seen == [TOKEN]
+    assert len(pumps) == 2, pumps
 
 
 def upload_then(cut: Callable[[ssl.SSLSocket, Client], object]
