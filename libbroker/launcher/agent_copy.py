@@ -19,6 +19,8 @@ the next one, so what is copied is decided by rule:
   the files are copied shallowest first, then newest first (the config files
   at the top, then the latest transcripts), and what does not fit is left out.
 
+The copy is made anew only for an agent's first session: the next ones take
+the last one's and bring it up to date by its bytes (:mod:`.agent_reuse`).
 Entries the profile names as files (``~/.claude.json``) may be as large as
 :data:`MAX_NAMED`: the agent cannot start as the user's without them.
 What was left out is counted in a :class:`Report`, whose :meth:`Report.line`

@@ -11,7 +11,7 @@ by :mod:`.agent_copy`) instead of making it anew.
 The copy was the previous session's to write: whatever it left there is
 hostile.  Nothing of it is believed but its bytes, compared with the host's:
 
-- :func:`index` walks it with directory fds, never through a link, and
+- :class:`Old` walks it with directory fds, never through a link, and
   removes at once every link, every file with another name (a hard link),
   every socket, fifo or device and every entry not the user's own; the
   directories it keeps are made 0700 again;
@@ -26,7 +26,8 @@ hostile.  Nothing of it is believed but its bytes, compared with the host's:
   with more than twice its files and :data:`SLACK` is not kept at all).
 
 Only a copy whose session ended in order is kept (:func:`release`: the
-sandbox is gone, the write-back done); the janitor's removes it.
+sandbox is gone, the write-back done, and what the session made or changed
+in it removed by the write-back, and its logins here); the janitor's removes it.
 
 Standard library only (the janitor imports :mod:`.agent_home`).
 """
