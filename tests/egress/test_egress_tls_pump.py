@@ -30,6 +30,7 @@ import socket
 import ssl
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import cast
 
@@ -89,6 +90,16 @@ def pumps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return started
 
 
+def pumping(pumps: list[int]) -> Callable[[], None]:
+    """A gate for a misbehaving end: wait until a pump has started (then a little more)."""
+    def wait() -> None:
+        deadline = time.monotonic() + 30
+        while not pumps and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)
+    return wait
+
+
 def tcp_pair() -> tuple[socket.socket, socket.socket]:
     with socket.create_server(("127.0.0.1", 0)) as listener:
         near = socket.create_connection(listener.getsockname())
@@ -139,8 +150,9 @@ class Origin:
     """
 
     def __init__(self, sock: socket.socket, ctx: ssl.SSLContext, cut: int | None = None,
-                 stall: int | None = None, trickle: int | None = None) -> None:
-        self.sock, self.ctx, self.cut, self.stall = sock, ctx, cut, stall
+                 stall: int | None = None, trickle: int | None = None,
+                 gate: Callable[[], object] = lambda: None) -> None:
+        self.sock, self.ctx, self.cut, self.stall, self.gate = sock, ctx, cut, stall, gate
         self.seen: list[bytes | None] = []
         self.done = threading.Event()
         serve = self._serve if trickle is None else lambda: self._trickle(trickle)
@@ -219,6 +231,7 @@ class Origin:
         if self.cut is not None or self.stall is not None:
             tls.sendall(data[:self.cut or self.stall])
             if self.cut is not None:
+                self.gate()
                 reset(self.sock)
                 raise ConnectionResetError
             self.done.wait(30)  # silent until the test ends
@@ -275,34 +288,36 @@ async def proxy(near_client: socket.socket, near_origin: socket.socket,
                 contexts: tuple[ssl.SSLContext, ssl.SSLContext], limits: Limits,
                 response_timeout: float = 30.0) -> None:
     """The inject path between the two: each request rewritten with the token, then exchanged."""
-    for sock in (near_client, near_origin):
-        sock.setblocking(False)
-    tls_client = await TlsStream.server(SocketStream(near_client), contexts[0], b"")
-    tls_origin = await TlsStream.client(SocketStream(near_origin), contexts[1], HOST)
-    client = ClientSide(tls_client, limits)
-    upstream = UpstreamSide(tls_origin, response_timeout)
+    streams: list[TlsStream] = []
     try:
+        for sock in (near_client, near_origin):
+            sock.setblocking(False)
+        streams.append(await TlsStream.server(SocketStream(near_client), contexts[0], b""))
+        streams.append(await TlsStream.client(SocketStream(near_origin), contexts[1], HOST))
+        client = ClientSide(streams[0], limits)
+        upstream = UpstreamSide(streams[1], response_timeout)
         while (request := await client.next_request()) is not None:
             await exchange(client, upstream, upstream_request(
                 request, request.target, (b"Authorization", TOKEN)), trailers=False)
             if not client.next_cycle() or not upstream.reusable():
                 break
     finally:
-        for tls in (tls_client, tls_origin):
+        for tls in streams:
             with contextlib.suppress(OSError, ssl.SSLError, TimeoutError):
                 await asyncio.wait_for(tls.shutdown(), 1.0)
-            tls.raw.sock.close()
+        near_client.close()
+        near_origin.close()
 
 
 def run_through(contexts: tuple[ssl.SSLContext, ssl.SSLContext],
                 script: Callable[[ssl.SSLSocket, Client], None],
                 limits: Limits | None = None, cancel_when: Callable[[], bool] | None = None,
-                response_timeout: float = 30.0,
+                response_timeout: float = 30.0, gate: Callable[[], object] = lambda: None,
                 **origin: int) -> tuple[Client, Origin, BaseException | None]:
     """``script`` through the proxy to an Origin; what the proxy's task raised, if anything."""
     near_client, far_client = tcp_pair()
     near_origin, far_origin = tcp_pair()
-    far = Origin(far_origin, contexts[0], **origin)
+    far = Origin(far_origin, contexts[0], gate=gate, **origin)
     client = Client(far_client, contexts[1], script)
 
     async def main() -> BaseException | None:
@@ -420,7 +435,8 @@ def upload_then(cut: Callable[[ssl.SSLSocket, Client], object]
 
 def test_a_client_gone_mid_upload_leaves_nothing(
         contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
-    _, _, raised = run_through(contexts, upload_then(lambda tls, client: reset(tls)))
+    gate = pumping(pumps)
+    _, _, raised = run_through(contexts, upload_then(lambda tls, client: (gate(), reset(tls))))
     assert len(pumps) == 1
     # A reset reads as one (OSError); an end, as the body cut short (400).
     assert isinstance(raised, OSError | HttpError), raised
@@ -433,7 +449,7 @@ def test_an_origin_reset_mid_download_leaves_nothing(
         with contextlib.suppress(OSError, ssl.SSLError, AssertionError):
             client.response(tls)
 
-    _, _, raised = run_through(contexts, script, cut=MIB)
+    _, _, raised = run_through(contexts, script, gate=pumping(pumps), cut=MIB)
     assert len(pumps) == 1
     assert isinstance(raised, OSError | HttpError | ssl.SSLError), raised
 
