@@ -21,6 +21,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -40,6 +41,8 @@ class StandIn:
     port: int
     ca_file: Path
     seen: list[dict[str, Any]] = field(default_factory=list)
+    # Every TLS handshake the stand-in began: (time, SNI), for a failure's message.
+    handshakes: list[tuple[float, str | None]] = field(default_factory=list)
 
 
 @dataclass
@@ -185,10 +188,13 @@ def start_standin(tmp: Path) -> tuple[StandIn, ThreadingHTTPServer]:
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     cert.configure_cert(ctx)
     seen: list[dict[str, Any]] = []
+    handshakes: list[tuple[float, str | None]] = []
+    ctx.sni_callback = lambda _obj, name, _ctx: handshakes.append((time.time(), name))
     server = ThreadingHTTPServer(("127.0.0.1", 0), _echo_handler(seen))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
-    return StandIn(port=server.server_address[1], ca_file=ca_file, seen=seen), server
+    return StandIn(port=server.server_address[1], ca_file=ca_file, seen=seen,
+                   handshakes=handshakes), server

@@ -94,9 +94,12 @@ def probe(
     w = make_world(tmp_path_factory.mktemp(f"probe-{request.param}"), standin)
     subprocess.run(["git", "init", "-q", str(w.workdir)], check=True)
     shutil.rmtree(w.workdir / ".git" / "hooks")  # the launcher must make it to protect it
-    before = len(standin.seen)
+    before, shook = len(standin.seen), len(standin.handshakes)
+    started = time.time()
     result = _probe(w, request.param)
     result["_seen"] = [json.dumps(s) for s in standin.seen[before:]]
+    result["_handshakes"] = [f"{t - started:.3f}s after the start: SNI {name}"
+                             for t, name in standin.handshakes[shook:]]
     result["_backend"] = [request.param]
     # Which threads of this process could have accepted on the stand-in's port (a
     # one-off "unable to get local issuer certificate" seen here: the first request
@@ -125,7 +128,9 @@ def test_the_command_inherits_no_descriptor_but_its_stdio(probe: Probe) -> None:
 
 def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
     _, r = probe
-    assert _one(r, "github").startswith("{"), "\n".join([*r["github"], *r["_threads"]])
+    assert _one(r, "github").startswith("{"), "\n".join(
+        [*r["github"], *r["_threads"], "stand-in handshakes:", *r["_handshakes"],
+         "session stderr:", *r["_stderr"]])
     seen = json.loads(_one(r, "github"))
     want = "Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
     assert seen["authorization"] == [want]
@@ -134,6 +139,8 @@ def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
 
 def test_the_api_gets_a_bearer_token(probe: Probe) -> None:
     _, r = probe
+    assert _one(r, "api").startswith("{"), "\n".join(
+        [*r["api"], "stand-in handshakes:", *r["_handshakes"], "session stderr:", *r["_stderr"]])
     assert json.loads(_one(r, "api"))["authorization"] == [f"Bearer {TOKEN}"]
 
 
