@@ -62,26 +62,9 @@ class Zygote:
     async def fork(self, env: dict[str, str], cwd: str, umask: int, socket_fd: int,
                    fds: list[int]) -> tuple[int, int]:
         """A new broker on ``fds`` (stdin, stdout, stderr, its socket): its (pid, pidfd)."""
-        sock = self._sock
-        assert sock is not None
-        loop = asyncio.get_running_loop()
         request = json.dumps({"env": env, "cwd": cwd, "umask": umask,
                               "socket_fd": socket_fd}).encode()
-        async with self._lock:
-            sock.setblocking(True)
-            try:
-                socket.send_fds(sock, [request], fds)
-            finally:
-                sock.setblocking(False)
-            ready: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(sock.fileno(), _waker(ready))
-            try:
-                await ready
-            finally:
-                loop.remove_reader(sock.fileno())
-            data, got, _, _ = socket.recv_fds(sock, MAX_REPLY, 1)
-        if not data:
-            raise LaunchError("the broker zygote is gone")
+        data, got = await self._exchange(request, fds, 1)
         answer = json.loads(data)
         if not got or not isinstance(answer.get("pid"), int):
             for fd in got:
@@ -91,8 +74,20 @@ class Zygote:
 
     async def ask(self, request: bytes, fds: list[int]) -> dict[str, object]:
         """One request with ``fds`` and the zygote's answer (no descriptors: the launcher's)."""
+        if self.proc is None or self.proc.returncode is not None:
+            raise LaunchError(f"the {self.name} is gone")
+        data, _ = await self._exchange(request, fds, 0)
+        answer = json.loads(data)
+        if not isinstance(answer, dict):
+            raise LaunchError(f"the {self.name} answered no object")
+        return answer
+
+    async def _exchange(self, request: bytes, fds: list[int],
+                        nfds: int) -> tuple[bytes, list[int]]:
+        """Send ``request`` with ``fds``; the answer and up to ``nfds`` descriptors with it.
+        One exchange at a time (the lock): answers come in the order asked."""
         sock = self._sock
-        if sock is None or self.proc is None or self.proc.returncode is not None:
+        if sock is None:
             raise LaunchError(f"the {self.name} is gone")
         loop = asyncio.get_running_loop()
         async with self._lock:
@@ -107,13 +102,15 @@ class Zygote:
                 await ready
             finally:
                 loop.remove_reader(sock.fileno())
-            data = sock.recv(MAX_REPLY)
+            if nfds:
+                data, got, _, _ = socket.recv_fds(sock, MAX_REPLY, nfds)
+            else:
+                data, got = sock.recv(MAX_REPLY), []
         if not data:
+            for fd in got:
+                os.close(fd)
             raise LaunchError(f"the {self.name} is gone")
-        answer = json.loads(data)
-        if not isinstance(answer, dict):
-            raise LaunchError(f"the {self.name} answered no object")
-        return answer
+        return data, got
 
     async def close(self) -> None:
         if self._sock is not None:
