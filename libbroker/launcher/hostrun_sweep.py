@@ -419,3 +419,9 @@ def _finish(sweeper: Sweeper) -> None:
                      os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "wb") as log:
             log.write("".join(line + "\n" for line in sweeper.lines).encode())
+    else:
+        # The live watcher makes the session's quarantine at its start (both its threads
+        # move aside into it); one that nothing was moved to is not left behind, one a
+        # session: rmdir only ever removes it empty.
+        with contextlib.suppress(OSError):
+            os.rmdir(sweeper.quarantine)

@@ -225,6 +225,9 @@ def test_exit_status_comes_back_and_nothing_remains(world: World, backend: str) 
     assert done.stdout == "out\n"
     assert "err" in done.stderr
     assert world.leftovers() == []
+    # Nothing was moved aside: no quarantine of its own (one a session piled up, empty).
+    quarantine = world.home / ".local/state/agent-sandbox/quarantine"
+    assert (list(quarantine.iterdir()) if quarantine.exists() else []) == []
 
 
 def _escape_script(world: World, then: str) -> list[str]:
