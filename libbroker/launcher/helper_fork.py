@@ -1,11 +1,12 @@
-"""The Landlock helper forked, not spawned, where its code is imported already.
+"""The Landlock helper forked from the launcher, not spawned as a new interpreter.
 
-A warm run (:mod:`.launcher_zygote`) has every module the helper needs in
-memory; spawning it anyway would pay a fresh interpreter and those imports
-(~40 ms of CPU) for nothing.  So when the helper's module is imported and
-this process runs one thread (a fork takes no lock half-held), the helper is
-a fork of the launcher that becomes :func:`libbroker.sandbox.landlock_helper.main`
-and nothing else, as the spawned one would:
+A spawn pays a fresh interpreter's start (and, in a warm run, whose launcher
+zygote imported the helper's code already, those imports too: ~40 ms of CPU)
+while the launcher and the servers start on the same cores.  So when this
+process runs one thread (a fork takes no lock half-held: the launcher's
+prestart, before any thread of the session), the helper is a fork of the
+launcher that becomes :func:`libbroker.sandbox.landlock_helper.main` and
+nothing else, as the spawned one would:
 
 - only 0-2 and its two pipes stay open (a spawn's ``close_fds``): no
   descriptor of the launcher's reaches the helper, nor through it the command;
@@ -16,8 +17,11 @@ and nothing else, as the spawned one would:
   code runs in it; SIGPIPE and SIGXFSZ to their defaults, as the spawn does;
 - it never returns into the launcher's code: ``os._exit`` on every path.
 
-Not used on the cold path, where the helper starts before the launcher has
-imported anything of it: there a spawn costs no more.
+Its ``/proc`` entry shows the launcher's command line and first environment,
+which the launcher's own shows too: nothing new to a process of the same user,
+and nothing to the command (its own PID namespace, else Landlock's ptrace
+scoping, keeps both out of its reach).  Later, with threads running (a helper
+not prestarted), it is spawned.
 """
 
 from __future__ import annotations
@@ -35,14 +39,12 @@ if TYPE_CHECKING:
 else:
     import _signal as signal
 
-HELPER = "libbroker.sandbox.landlock_helper"
 
 
 def can_fork() -> bool:
-    """The helper's code is imported and nothing but this thread runs."""
+    """Nothing but this thread runs."""
     threading = sys.modules.get("threading")
-    alone = threading is None or threading.active_count() == 1
-    return HELPER in sys.modules and alone
+    return threading is None or threading.active_count() == 1
 
 
 def fork(spec: int, life: int, path: str) -> Child:

@@ -133,9 +133,9 @@ def start_helper(own_group: bool) -> Helper:
     argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
     path = os.environ.get("PATH", "/usr/bin:/bin")
     try:
-        if helper_fork.can_fork():  # a warm run has its code: no interpreter start
+        if helper_fork.can_fork():  # no interpreter start (a warm run: no imports either)
             child = helper_fork.fork(r, life_r, path)
-            trace("Landlock helper forked, its code imported already")
+            trace("Landlock helper forked")
         else:
             child = spawn("sandbox", argv, env={"PATH": path}, pass_fds=[r, life_r],
                           pipes=False)
