@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 
 from libbroker.launcher.hostrun_fingerprint import Snapshot
 from libbroker.launcher.hostrun_newrepo import sanitized_config
@@ -101,6 +102,23 @@ class Guard:
             with contextlib.suppress(OSError):
                 os.write(out, text.encode(errors="replace"))
         return lines
+
+
+def shared_workdir(workdir: str) -> str | None:
+    """One line when ``workdir`` is a directory every user may write to (world-writable
+    and sticky: /tmp, /var/tmp, /dev/shm): what other programs create there during the
+    session cannot be told from the agent's, so host-run files among it are swept too
+    (moved to the quarantine, never deleted).  None for a directory of one's own."""
+    try:
+        mode = os.stat(workdir).st_mode
+    except OSError:
+        return None
+    if not (mode & stat.S_IWOTH and mode & stat.S_ISVTX):
+        return None
+    return (f"agent-sandbox: the workdir {quote(workdir)} is shared with every user "
+            "(world-writable, sticky): host-run files (git hooks and config, .envrc, ...) "
+            "that any program makes there during the session are swept as the agent's; "
+            "run from a project directory of your own, or name one with --workdir")
 
 
 def janitor_sweep(runtime_dir: str) -> None:

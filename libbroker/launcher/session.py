@@ -250,6 +250,11 @@ class Session:
         if cfg.learn:
             os.write(2, b"agent-sandbox: LEARN MODE: every public host is allowed and recorded; "
                         b"agent-sandbox report --propose prints the domains line\n")
+        if cfg.protect_git and not cfg.workdir_read_only:  # the sweep's surprise, said first
+            from libbroker.launcher.hostrun_guard import shared_workdir
+
+            if (line := shared_workdir(cfg.workdir)) is not None:
+                os.write(2, f"{line}\n".encode(errors="replace"))
         import json  # after the servers' spawn: nothing before it that need not be
 
         runtime_dir.write_private(rt.profile, json.dumps(plan.command_profile(cfg, host)))

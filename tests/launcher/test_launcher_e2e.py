@@ -224,10 +224,27 @@ def test_exit_status_comes_back_and_nothing_remains(world: World, backend: str) 
     assert done.returncode == 7, done.stderr
     assert done.stdout == "out\n"
     assert "err" in done.stderr
+    assert "is shared with every user" not in done.stderr  # a workdir of its own
     assert world.leftovers() == []
     # Nothing was moved aside: no quarantine of its own (one a session piled up, empty).
     quarantine = world.home / ".local/state/agent-sandbox/quarantine"
     assert (list(quarantine.iterdir()) if quarantine.exists() else []) == []
+
+
+def test_a_shared_workdir_is_named_before_the_command_runs(world: World) -> None:
+    """A workdir like /tmp (world-writable, sticky): what others make there during the
+    session is swept as the agent's, so the person is told, once, before it starts."""
+    shared = world.root / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    done = world.run("true", config=world.config(workdir=str(shared)))
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "is shared with every user" in line]
+    assert said == [f"agent-sandbox: the workdir {shared} is shared with every user "
+                    "(world-writable, sticky): host-run files (git hooks and config, .envrc, "
+                    "...) that any program makes there during the session are swept as the "
+                    "agent's; run from a project directory of your own, or name one with "
+                    "--workdir"], done.stderr
 
 
 def _escape_script(world: World, then: str) -> list[str]:
