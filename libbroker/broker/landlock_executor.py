@@ -37,7 +37,7 @@ from libbroker.broker.executor import Child, Executor, restore_child_signals
 from libbroker.broker.profile import Profile, command_environment, command_shape
 from libbroker.errors import SandboxUnavailable, SpawnError
 from libbroker.sandbox import cgroups, enter, landlock, pidns, reaper, seccomp
-from libbroker.sandbox.exec import exec_or_exit, report_and_exit
+from libbroker.sandbox.exec import exec_or_exit, keep_only, report_and_exit
 from libbroker.sandbox.kinds import LANDLOCK
 from libbroker.sandbox.landlock_backend import ReaperLine
 
@@ -160,7 +160,7 @@ class LandlockExecutor(Executor):
             os.setsid()
             for target, fd in enumerate(stdio):
                 os.dup2(fd, target)
-            os.closerange(3, 65536)
+            keep_only((0, 1, 2))
             os.chdir(cwd)
             cgroups.join_self(self._joining)  # while /sys/fs/cgroup is still reachable
             self._apply(tmp)

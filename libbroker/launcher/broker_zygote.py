@@ -36,6 +36,7 @@ import sys
 
 from libbroker.launcher.prestart import BROKER_WARM
 from libbroker.sandbox import backends
+from libbroker.sandbox.exec import keep_only
 
 MAX_REQUEST = 1 << 20
 BROKER_FACE = "bin.broker_server"  # broker-server's console script's module
@@ -70,9 +71,7 @@ def _broker(request: dict[str, object], fds: list[int], zygote: int) -> None:
             os._exit(1)
         if fds[3] != keep:
             os.dup2(fds[3], keep)
-        top = min(os.sysconf("SC_OPEN_MAX"), 1 << 16)
-        os.closerange(3, keep)
-        os.closerange(keep + 1, max(top, keep + 1))
+        keep_only((0, 1, 2, keep))
         env = request.get("env")
         cwd = request.get("cwd")
         umask = request.get("umask")

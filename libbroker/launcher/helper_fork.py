@@ -78,7 +78,9 @@ def _become_helper(spec: int, life: int, path: str) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
         for sig in (signal.SIGPIPE, signal.SIGXFSZ):
             signal.signal(sig, signal.SIG_DFL)
-        _keep_only((0, 1, 2, spec, life))
+        from libbroker.sandbox.exec import keep_only  # in the child: not on prestart's path
+
+        keep_only((0, 1, 2, spec, life))
         os.environ.clear()
         os.environ["PATH"] = path
         from libbroker.sandbox import landlock_helper
@@ -91,12 +93,3 @@ def _become_helper(spec: int, life: int, path: str) -> None:
     finally:  # whatever was raised, the launcher's code never resumes here
         os._exit(code)
 
-
-def _keep_only(keep: tuple[int, ...]) -> None:
-    """Close every descriptor but ``keep`` (as a spawn's close_fds)."""
-    low = 0
-    for fd in sorted(set(keep)):
-        if low < fd:  # closerange(n, n) would be close_range(n, ~0): all of them
-            os.closerange(low, fd)
-        low = fd + 1
-    os.closerange(low, 1 << 20)

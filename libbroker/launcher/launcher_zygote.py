@@ -41,6 +41,7 @@ import socket
 import sys
 
 from libbroker.launcher import warm_request
+from libbroker.sandbox.exec import keep_only
 
 # What ``agent-sandbox run`` imports on its way to the session (its face and the
 # session's modules); the rest it imports as it goes.
@@ -201,10 +202,7 @@ def _child(request: dict[str, object], fds: list[int], ready: int) -> None:
             os.dup2(fd, target)  # dup2 makes them inheritable, as a process's 0-2 are
         conn = os.dup(fds[4])  # not inheritable: no command of the session gets it
         os.set_blocking(conn, True)
-        keep = sorted({0, 1, 2, conn, ready})
-        for low, high in zip(keep, [*keep[1:], min(os.sysconf("SC_OPEN_MAX"), 1 << 20)],
-                             strict=True):
-            os.closerange(low + 1, high)
+        keep_only((0, 1, 2, conn, ready))
         env = request["env"]
         assert isinstance(env, dict)
         os.environ.clear()

@@ -9,8 +9,21 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import NoReturn
+
+_TOP = 1 << 20  # the kernel's default nr_open: no descriptor lies above it
+
+
+def keep_only(keep: Iterable[int]) -> None:
+    """Close every descriptor of this process but ``keep``: a forked child's close_fds,
+    so that nothing of its parent's reaches it or what it runs."""
+    low = 0
+    for fd in sorted(set(keep)):
+        if low < fd:  # closerange(0, 0) would be close_range(0, ~0): every one
+            os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _TOP)
 
 
 def exec_or_exit(argv: Sequence[str], env: Mapping[str, str], prog: str = "") -> NoReturn:

@@ -35,6 +35,7 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from libbroker.sandbox import reaper
+from libbroker.sandbox.exec import keep_only
 from libbroker.sandbox.libc import check, libc
 
 CLONE_NEWNS = 0x00020000
@@ -169,12 +170,7 @@ def become_reaper(
     whoever forked us); else it stays Python.
     """
     try:
-        wanted = sorted({control, *keep})
-        low = 0
-        for fd in wanted:
-            os.closerange(low, fd)
-            low = fd + 1
-        os.closerange(low, 65536)
+        keep_only((control, *keep))
         if native_reaper is not None:
             os.set_inheritable(control, True)
             for fd in keep:
