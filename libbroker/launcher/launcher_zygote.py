@@ -151,8 +151,7 @@ def refusal(request: dict[str, object]) -> str:
     """Why the zygote cannot run ``request`` as the client would run it ("" when it can)."""
     if request["install"] != warm_request.install():
         return "another installation of agent-sandbox"
-    if request["ids"] != [os.getuid(), os.geteuid(), os.getgid(), os.getegid(),
-                          sorted(os.getgroups())]:
+    if request["ids"] != warm_request.ids():
         return "the run's user or groups are not the service's"
     own = warm_request.privs()
     if request["privs"] != own or "?" in own:

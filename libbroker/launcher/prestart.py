@@ -125,18 +125,18 @@ def start_helper(own_group: bool) -> Helper:
     life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
     os.set_inheritable(r, True)
     os.set_inheritable(life_r, True)
-    helper = "libbroker.sandbox.landlock_helper"
-    slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
     # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
     # must outlive even a launcher killed by SIGKILL long enough to kill
     # everything below it.  End of file on either pipe tells it.
-    argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
     path = os.environ.get("PATH", "/usr/bin:/bin")
     try:
         if helper_fork.can_fork():  # no interpreter start (a warm run: no imports either)
             child = helper_fork.fork(r, life_r, path)
             trace("Landlock helper forked")
         else:
+            helper = "libbroker.sandbox.landlock_helper"
+            slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
+            argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
             child = spawn("sandbox", argv, env={"PATH": path}, pass_fds=[r, life_r],
                           pipes=False)
     except LaunchError:

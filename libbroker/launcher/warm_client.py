@@ -105,7 +105,7 @@ def request(argv: list[str]) -> bytes:
         "op": "launch", "argv": argv, "env": dict(os.environ), "umask": umask,
         "rlimits": [[r, *resource.getrlimit(r)] for r in range(_NLIMITS)],
         "nice": os.getpriority(os.PRIO_PROCESS, 0),
-        "ids": [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())],
+        "ids": warm_request.ids(),
         "signals": {"ignored": ignored,
                     "blocked": sorted(_signal.pthread_sigmask(_signal.SIG_BLOCK, []))},
         "install": warm_request.install(),

@@ -108,6 +108,12 @@ def install() -> list[str]:
     return [os.path.realpath(sys.executable), sys.prefix, project_dir()]
 
 
+def ids() -> list[object]:
+    """This process's uid, euid, gid, egid and groups: the client's and the zygote's must
+    be the same, or the run is cold (a fork keeps the zygote's)."""
+    return [os.getuid(), os.geteuid(), os.getgid(), os.getegid(), sorted(os.getgroups())]
+
+
 def privs() -> list[str]:
     """This process's no_new_privs, seccomp mode and capability sets, as /proc says them."""
     try:
