@@ -34,6 +34,7 @@ import signal
 import socket
 import sys
 
+from libbroker.launcher import zygote_code
 from libbroker.launcher.prestart import BROKER_WARM
 from libbroker.sandbox import backends
 from libbroker.sandbox.exec import keep_only
@@ -120,6 +121,7 @@ def serve(sock: socket.socket) -> int:
     """Fork one broker per request until the service closes the socket."""
     signal.signal(signal.SIGCHLD, _reap)
     me = os.getpid()
+    imported = zygote_code.sources()  # the code as it was imported
     while True:
         try:
             data, fds, _, _ = socket.recv_fds(sock, MAX_REQUEST, 4)
@@ -131,6 +133,9 @@ def serve(sock: socket.socket) -> int:
             request = json.loads(data)
             if len(fds) != 4 or not isinstance(request, dict):
                 raise ValueError("four descriptors and a JSON object expected")
+            stale = zygote_code.stale_refusal(imported)
+            if stale:  # the launcher spawns a broker of its own, of the new code
+                raise ValueError(stale)
             pid = os.fork()
             if pid == 0:
                 sock.close()
@@ -151,11 +156,7 @@ def serve(sock: socket.socket) -> int:
 
 
 def main() -> int:
-    fd = int(sys.argv[1])  # argv[2]: the service's pid (PR_SET_PDEATHSIG is set by the boot)
-    _warm()
-    sock = socket.socket(fileno=fd)
-    sock.send(b'{"ready": true}')
-    return serve(sock)
+    return zygote_code.main(_warm, serve)
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ import signal
 import socket
 import sys
 
-from libbroker.launcher import warm_request
+from libbroker.launcher import warm_request, zygote_code
 from libbroker.sandbox.exec import keep_only
 
 # What ``agent-sandbox run`` imports on its way to the session (its face and the
@@ -115,36 +115,6 @@ def _warm() -> None:
     for name in LAUNCHER_WARM:
         with contextlib.suppress(ImportError):
             __import__(name)
-
-
-def _sources() -> dict[str, tuple[int, int, int]]:
-    """Each imported module's file and its (inode, size, mtime): the code a run would get."""
-    out: dict[str, tuple[int, int, int]] = {}
-    for module in list(sys.modules.values()):
-        path = getattr(module, "__file__", None)
-        if isinstance(path, str):
-            try:
-                st = os.stat(path)
-            except OSError:
-                continue
-            out[path] = (st.st_ino, st.st_size, st.st_mtime_ns)
-    return out
-
-
-def changed(seen: dict[str, tuple[int, int, int]]) -> str:
-    """A file of the code imported at the start that is not the same any more ("" if none).
-
-    A zygote that has imported the code before an upgrade would run the old
-    code: such a run is refused, and the client runs the new code cold.
-    """
-    for path, was in seen.items():
-        try:
-            st = os.stat(path)
-        except OSError:
-            return path
-        if (st.st_ino, st.st_size, st.st_mtime_ns) != was:
-            return path
-    return ""
 
 
 def refusal(request: dict[str, object]) -> str:
@@ -261,17 +231,16 @@ class Zygote:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.runs: dict[int, int] = {}  # child pid -> its client's connection
-        self.sources = _sources()  # the code as it was imported
+        self.sources = zygote_code.sources()  # the code as it was imported
 
     def launch(self, request: dict[str, object], fds: list[int]) -> dict[str, object]:
         """Fork the run; the client's answer sent; the service's returned."""
         why = refusal(request)
         if why:
             raise ValueError(why)
-        stale = changed(self.sources)
+        stale = zygote_code.stale_refusal(self.sources)
         if stale:
-            raise ValueError(f"{stale} changed since the service started (an upgrade? "
-                             "restart agent-sandbox serve)")
+            raise ValueError(stale)
         ready_r, ready_w = os.pipe()
         try:
             pid = os.fork()
@@ -364,11 +333,7 @@ def serve(sock: socket.socket) -> int:
 
 
 def main() -> int:
-    fd = int(sys.argv[1])  # argv[2]: the service's pid (PR_SET_PDEATHSIG is set by the boot)
-    _warm()
-    sock = socket.socket(fileno=fd)
-    sock.send(b'{"ready": true}')
-    return serve(sock)
+    return zygote_code.main(_warm, serve)
 
 
 if __name__ == "__main__":

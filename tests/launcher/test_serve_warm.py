@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from launcher_world import World
 from test_serve import Service, _config, _descendants, _own_leftovers, _wait_for, service
 
+from libbroker.broker import server as broker_server
 from libbroker.launcher import warm_request
 
 __all__ = ["service"]  # the fixture, shared with test_serve
@@ -232,17 +233,23 @@ def _cold_and_refused(world: World, service: Service) -> None:
 
 def _stale_code(world: World, service: Service, cfg: Path) -> None:
     """The code changed since the service imported it (an upgrade): the new code runs,
-    cold.  (A nanosecond on the mtime: the .pyc, by seconds, stays valid.)"""
-    source = Path(warm_request.__file__)
-    st = source.stat()
-    os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+    cold, with a broker of its own (both zygotes refuse).  (A nanosecond on the mtime:
+    the .pyc, by seconds, stays valid.)"""
+    sources = [Path(warm_request.__file__), Path(broker_server.__file__)]
+    stats = [source.stat() for source in sources]
     try:
-        done = _run(world, cfg, "bwrap", "true")
+        for source, st in zip(sources, stats, strict=True):
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns + 1))
+        done = _run(world, cfg, "bwrap", "sh", "-c", "broker-client -- echo brokered")
     finally:
-        os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
+        for source, st in zip(sources, stats, strict=True):
+            os.utime(source, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert done.returncode == 0, done.stderr
+    assert done.stdout == b"brokered\n"
     assert "warm_request.py changed since the service started" in done.stderr.decode()
     assert "started warm" not in service.text()
+    assert re.search(r"the zygote gave no broker: .*/server\.py changed since the service "
+                     r"started", service.text()), service.text()
 
 
 def _request(world: World) -> str:
