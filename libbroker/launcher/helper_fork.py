@@ -8,7 +8,7 @@ prestart, before any thread of the session), the helper is a fork of the
 launcher that becomes :func:`libbroker.sandbox.landlock_helper.main` and
 nothing else, as the spawned one would:
 
-- only 0-2 and its two pipes stay open (a spawn's ``close_fds``): no
+- only 0-2 and its three pipes stay open (a spawn's ``close_fds``): no
   descriptor of the launcher's reaches the helper, nor through it the command;
 - its environment is ``PATH`` alone, as the spawn's (the command's own comes
   in its spec);
@@ -47,8 +47,8 @@ def can_fork() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def fork(spec: int, life: int, path: str) -> Child:
-    """The helper, forked; ``spec`` and ``life`` are its pipes' read ends.  LaunchError."""
+def fork(fds: tuple[int, int, int], path: str) -> Child:
+    """The helper, forked; ``fds`` are its pipes' read ends (prep, spec, life).  LaunchError."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()  # nothing of ours written twice by the child
@@ -57,7 +57,7 @@ def fork(spec: int, life: int, path: str) -> Child:
     except OSError as exc:
         raise LaunchError(f"cannot start sandbox: {exc.strerror}") from None
     if pid == 0:
-        _become_helper(spec, life, path)  # never returns
+        _become_helper(fds, path)  # never returns
     try:
         pidfd = os.pidfd_open(pid)
     except OSError as exc:  # out of descriptors: end it rather than own it blind
@@ -67,7 +67,7 @@ def fork(spec: int, life: int, path: str) -> Child:
     return Child(name="sandbox", proc=Proc(pid, None, None, None), pidfd=pidfd)
 
 
-def _become_helper(spec: int, life: int, path: str) -> None:
+def _become_helper(fds: tuple[int, int, int], path: str) -> None:
     code = 125
     try:
         signal.set_wakeup_fd(-1)
@@ -80,12 +80,12 @@ def _become_helper(spec: int, life: int, path: str) -> None:
             signal.signal(sig, signal.SIG_DFL)
         from libbroker.sandbox.exec import keep_only  # in the child: not on prestart's path
 
-        keep_only((0, 1, 2, spec, life))
+        keep_only((0, 1, 2, *fds))
         os.environ.clear()
         os.environ["PATH"] = path
         from libbroker.sandbox import landlock_helper
 
-        code = landlock_helper.main([str(spec), str(life)])
+        code = landlock_helper.main([str(fd) for fd in fds])
         sys.stderr.flush()
     except BaseException as exc:
         with contextlib.suppress(OSError):

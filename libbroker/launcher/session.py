@@ -279,6 +279,7 @@ class Session:
         # The live guard and its gate while the proxy starts, not after: they need the
         # scan's snapshot, not its ports.  Go still follows them (:meth:`_ready`).
         self.box.ready(self.guards.wait())
+        self.box.prepare(host)  # CMD's process as far as it goes without the proxy's ports
         if fixed:
             runtime_dir.write_private(rt.policy, plan.policy_json(self.cfg, rt, *fixed))
         found = session_poll.wait_listening(self)

@@ -13,6 +13,8 @@ each step; only here do bwrap and Landlock differ (:data:`BOXES`, keyed by
   bwrap and the forwarder, waiting for the go byte);
 - :meth:`Box.ready`: every host-run file fingerprinted (Landlock: the live
   guard begins, its git configs swapped where the helper can mount);
+- :meth:`Box.prepare`: while the proxy starts, CMD's process made as far as
+  it can be without the proxy's ports (Landlock: its namespaces, its group);
 - :meth:`Box.go`: CMD runs (bwrap: the go byte; Landlock: the spec);
 - :meth:`Box.signal`: a signal number for CMD (both: a byte on a pipe);
 - :meth:`Box.cut`, :meth:`Box.stop`, :meth:`Box.release`: the children's end
@@ -46,6 +48,7 @@ if TYPE_CHECKING:
     from libbroker.sandbox.backend import Started
     from libbroker.sandbox.bwrap_backend import BwrapStart
     from libbroker.sandbox.cgroups import Group
+    from libbroker.sandbox.shape import Shape
 else:
     import _signal as signal  # the C module: see supervise.py
 
@@ -90,6 +93,9 @@ class Box:
 
     def ready(self, snap: hostrun_guard.Snapshot) -> None:
         """Every host-run file is fingerprinted (``snap``); the live guard runs from here."""
+
+    def prepare(self, host: Host) -> None:
+        """After :meth:`ready`, while the proxy starts: what of CMD's start needs no port."""
 
     def go(self, host: Host, found: plan.Listening) -> None:
         raise NotImplementedError
@@ -264,7 +270,10 @@ class LandlockBox(Box):
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        self.spec = -1  # write end of the helper's spec
+        self.prep = -1  # write end of the helper's first part (namespaces, group)
+        self.spec = -1  # write end of the spec, read by the command's process at go
+        self.links: tuple[str, ...] = ()  # the config links held in its namespace (prepare)
+        self.hold: tuple[str, ...] | None = None  # what it holds read-only (prepare: _hold)
         self.door: Door | None = None
         self.ns_probe = 0  # the mount namespace probe's pid (pidns.probe)
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
@@ -294,7 +303,7 @@ class LandlockBox(Box):
         s.servers.helper = None
         if helper is None:
             helper = prestart.start_helper(own_group=not s.signals.tty)
-        self.spec = helper.spec
+        self.prep, self.spec = helper.prep, helper.spec
         self.started = ReaperLine(helper.life)  # then signal numbers for CMD, to its reaper
         self.door = Door(s.rt.broker_socket)
         s.crew.adopt(helper.child)
@@ -332,43 +341,51 @@ class LandlockBox(Box):
             hold += gitdir_guard.bwrap_holds(guards.gitdirs)[1]
         return tuple(p for p in hold if p not in elsewhere)
 
+    def _shape(self, host: Host, env: dict[str, str], write: tuple[str, ...] = (),
+               ports: tuple[int, ...] = (), tmpdir: str = "") -> Shape:
+        s = self.s
+        assert s.rt is not None
+        return agent_sandbox.landlock_shape(
+            s.cfg._replace(write=(*s.cfg.write, *write)), s.rt, host, env, tty=s.signals.tty,
+            ports=ports, tmpdir=tmpdir, binds=self.binds, links=self.links, hold=self.hold,
+        )  # fmt: skip
+
+    def prepare(self, host: Host) -> None:
+        """The helper makes the command's namespaces and process now, and the process
+        joins the sandbox's group: only Landlock's rules and the exec wait for go."""
+        live = self.s.guards.live
+        self.links = tuple(sorted(live.configs.held_elsewhere())) if live else ()
+        self.hold = self._hold()
+        prep: dict[str, object] = {"shape": self._shape(host, {}).early().to_json()}
+        if self.limits is not None:  # joined by the command's process itself (not the reaper)
+            prep["limits"] = self.limits.entry()
+        fd, self.prep = self.prep, -1
+        # A helper gone meanwhile: the wait for the proxy, or go, reports its status.
+        with contextlib.suppress(BrokenPipeError):
+            _send(fd, prep)
+
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
         assert s.rt is not None and self.door is not None
+        if self.prep >= 0:
+            self.prepare(host)
         tmpdir = os.path.join(s.rt.root, "tmp")
         os.mkdir(tmpdir, 0o700)
         env = s.env(host, found.http_port, found.socks_port, tmpdir)
         env[agent_sandbox.DOOR_ENV_VAR] = str(self.door.port)
         # The real home is not granted: every command gets a writable one of its own.
         env["HOME"] = home = agent_session.landlock_home(s.agent, s.cfg, s.rt)
-        shape = agent_sandbox.landlock_shape(
-            s.cfg._replace(write=(*s.cfg.write, home)),
-            s.rt,
-            host,
-            env,
-            tty=s.signals.tty,
-            ports=(found.http_port, found.socks_port, self.door.port),
-            tmpdir=tmpdir,
-            binds=self.binds,
-            links=tuple(sorted(s.guards.live.configs.held_elsewhere())) if s.guards.live else (),
-            hold=self._hold(),
-        )
-        import json
-
-        spec: dict[str, object] = {"shape": shape.to_json(), "argv": s.cmd}
-        if self.limits is not None:  # joined by the command itself before it execs
-            spec["limits"] = self.limits.entry()
-        data = json.dumps(spec).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.spec, view) :]
-        os.close(self.spec)
-        self.spec = -1
+        ports = (found.http_port, found.socks_port, self.door.port)
+        # Its namespaces are the prepared ones (the helper's command checks it).
+        shape = self._shape(host, env, (home,), ports, tmpdir)
+        fd, self.spec = self.spec, -1
+        _send(fd, {"shape": shape.to_json(), "argv": s.cmd})
 
     def cut(self) -> None:
-        if self.spec >= 0:  # a helper still waiting for its spec: end of file ends it
-            os.close(self.spec)
-            self.spec = -1
+        for fd in (self.prep, self.spec):  # a helper still waiting for a part: EOF ends it
+            if fd >= 0:
+                os.close(fd)
+        self.prep = self.spec = -1
 
     def release(self) -> None:
         super().release()
@@ -382,6 +399,18 @@ class LandlockBox(Box):
             with contextlib.suppress(OSError):
                 os.waitpid(self.ns_probe, 0)
             self.ns_probe = 0
+
+
+def _send(fd: int, part: dict[str, object]) -> None:
+    """One part for the Landlock helper, as JSON, then its end of file (``fd`` closed)."""
+    import json
+
+    view = memoryview(json.dumps(part).encode())
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
 
 
 BOXES: dict[str, type[Box]] = {BWRAP: BwrapBox, LANDLOCK: LandlockBox}

@@ -79,6 +79,12 @@ class Shape:
     binds: tuple[tuple[str, str], ...] = ()
     links: tuple[str, ...] = ()  # symlinks made mount points (Landlock; bwrap: the launcher)
 
+    def early(self) -> Shape:
+        """What the Landlock session's helper makes before go, and nothing else: the
+        session flag and the mount namespace's binds, links and holds (the rest default)."""
+        return Shape(new_session=self.new_session, binds=self.binds, links=self.links,
+                     protect=self.protect)
+
     def to_json(self) -> str:
         body = asdict(self)
         body["env"] = dict(self.env)
