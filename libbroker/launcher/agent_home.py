@@ -238,41 +238,6 @@ def _session_settings(
     seen[os.path.relpath(path, root)] = [st.st_size, st.st_mtime_ns]
 
 
-def private_home(root: str, home: str, grants: Sequence[str]) -> str:
-    """``<root>/home``: a HOME for a Landlock session, holding only links to ``grants``.
-
-    Under Landlock the real home stays where it is, unreadable but for the
-    grants, so every shell the agent starts tried to source ``~/.bashrc`` (and
-    ``~/.profile``) and printed "Permission denied" before each command's
-    output.  This home is what bwrap's empty home tmpfs is: nothing of the
-    user's but the config's read and write paths under the real home, here as
-    symlinks to them (Landlock checks the target: the grants hold as before).
-    It lies in the private copy, so it is writable and removed with it; the
-    write-back never follows a link.
-    """
-    out = os.path.join(root, "home")
-    os.makedirs(out, mode=0o700, exist_ok=True)
-    def nests(a: str, b: str) -> bool:  # one is the other or beneath it
-        return a == b or a.startswith(b + "/") or b.startswith(a + "/")
-
-    prefix = home.rstrip("/") + "/"
-    if prefix == "/":  # no home of the user's: nothing of it to link
-        return out
-    inside = sorted(g for g in grants if g.startswith(prefix) and not nests(g, root))
-    done: list[str] = []
-    for grant in inside:
-        if any(grant.startswith(d + "/") for d in done):
-            continue  # a link to an ancestor already reaches it
-        rel = os.path.relpath(grant, home)
-        link = os.path.join(out, rel)
-        with contextlib.suppress(OSError):
-            os.makedirs(os.path.dirname(link), mode=0o700, exist_ok=True)
-            if not os.path.lexists(link):
-                os.symlink(grant, link)
-        done.append(grant)
-    return out
-
-
 # --- write-back --------------------------------------------------------------
 
 

@@ -100,6 +100,8 @@ def kill_below(root: int, keep: frozenset[int] = frozenset()) -> None:
                 pass  # reap what has ended already
         except ChildProcessError:
             return  # no child at all, so nothing below us: the usual end, no /proc scan
+        if keep and _children_kept(root, keep):
+            return  # the launcher's usual end (its janitor alone): no /proc scan either
         parents = process_parents()
         found = [pid for pid in descendants(root, parents) if not _kept(pid, keep, parents)]
         if not found:
@@ -119,6 +121,26 @@ def kill_below(root: int, keep: frozenset[int] = frozenset()) -> None:
                 os.close(fd)
         with contextlib.suppress(ChildProcessError):
             os.waitpid(-1, 0)  # one of ours has died (orphans below are ours now)
+
+
+def _children_kept(root: int, keep: frozenset[int]) -> bool:
+    """Whether every child of ``root`` (this process, its zombies reaped) is in ``keep``.
+
+    Then nothing below us is left to kill but what is kept: a descendant's chain
+    of parents ends at a child of ours, and an orphan becomes our child (we are a
+    subreaper) before its parent can be reaped; a parent dying while we read is
+    still our child, not kept, so the scan runs.  Each thread's ``children`` file
+    (a child is listed under the thread that forked it); False if one is unreadable.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{root}/task")
+        children: set[int] = set()
+        for task in tasks:
+            with open(f"/proc/{root}/task/{task}/children", "rb") as fh:
+                children.update(int(p) for p in fh.read().split())
+    except (OSError, ValueError):
+        return False
+    return children <= keep
 
 
 def _kept(pid: int, keep: frozenset[int], parents: Mapping[int, int]) -> bool:

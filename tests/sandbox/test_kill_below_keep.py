@@ -31,6 +31,8 @@ def alive(pid):
     except OSError:
         return False
 print("kept", alive(kept.pid), "tree", alive(tree.pid), "orphan", alive(orphan))
+reaper.kill_below(os.getpid(), frozenset({kept.pid}))  # the kept one alone: no scan
+print("again", alive(kept.pid))
 kept.kill(); kept.wait()
 reaper.kill_below(os.getpid())
 print("after", alive(kept.pid))
@@ -41,4 +43,5 @@ def test_kill_below_spares_the_kept_and_ends_the_rest() -> None:
     done = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
                           timeout=60, check=False)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == ["kept True tree False orphan False", "after False"]
+    assert done.stdout.splitlines() == [
+        "kept True tree False orphan False", "again True", "after False"]
