@@ -8,7 +8,7 @@ prestart, before any thread of the session), the helper is a fork of the
 launcher that becomes :func:`libbroker.sandbox.landlock_helper.main` and
 nothing else, as the spawned one would:
 
-- only 0-2 and its three pipes stay open (a spawn's ``close_fds``): no
+- only 0-2 and its two pipes stay open (a spawn's ``close_fds``): no
   descriptor of the launcher's reaches the helper, nor through it the command;
 - its environment is ``PATH`` alone, as the spawn's (the command's own comes
   in its spec);
@@ -47,8 +47,8 @@ def can_fork() -> bool:
     return threading is None or threading.active_count() == 1
 
 
-def fork(fds: tuple[int, int, int], path: str) -> Child:
-    """The helper, forked; ``fds`` are its pipes' read ends (prep, spec, life).  LaunchError."""
+def fork(fds: tuple[int, int], path: str) -> Child:
+    """The helper, forked; ``fds`` are its pipes' read ends (spec, life).  LaunchError."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):
             stream.flush()  # nothing of ours written twice by the child
@@ -67,7 +67,7 @@ def fork(fds: tuple[int, int, int], path: str) -> Child:
     return Child(name="sandbox", proc=Proc(pid, None, None, None), pidfd=pidfd)
 
 
-def _become_helper(fds: tuple[int, int, int], path: str) -> None:
+def _become_helper(fds: tuple[int, int], path: str) -> None:
     code = 125
     try:
         signal.set_wakeup_fd(-1)

@@ -95,22 +95,19 @@ class Servers:
 class Helper:
     """The Landlock session's helper, started and waiting for its parts (:func:`start_helper`).
 
-    ``prep``: the write end of its first part's pipe (the command's namespaces and
-    group, made before go); ``spec``: of the spec's (read by the command's process
-    itself, at go); ``life``: of its signal pipe, whose end of file ends the command.
-    End of file on a part before it is written ends the helper itself: a launcher
-    that dies leaves nothing running.
+    ``spec``: the write end of the pipe of its three parts
+    (:mod:`libbroker.sandbox.landlock_helper`); ``life``: of its signal pipe, whose
+    end of file ends the command.  End of file on the first before a part is
+    written ends the helper itself: a launcher that dies leaves nothing running.
     """
 
-    def __init__(self, child: Child, prep: int, spec: int, life: int) -> None:
+    def __init__(self, child: Child, spec: int, life: int) -> None:
         self.child = child
-        self.prep = prep
         self.spec = spec
         self.life = life
 
     def drop(self) -> None:
         """Not used (another backend, or no session): it ends, and is reaped."""
-        os.close(self.prep)
         os.close(self.spec)
         os.close(self.life)
         _end(self.child)
@@ -125,32 +122,33 @@ def start_helper(own_group: bool) -> Helper:
     Landlock (or ``auto`` picks it here).  ``own_group``: the helper calls
     setsid() (no terminal on stdin).  LaunchError if it cannot start.
     """
-    pipes = [os.pipe() for _ in range(3)]  # prep, then the spec (at go), then signal numbers
-    reads = tuple(r for r, _ in pipes)
-    for r in reads:
-        os.set_inheritable(r, True)
+    r, w = os.pipe()  # its parts: the first once the session's group exists, the last at go
+    life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
+    os.set_inheritable(r, True)
+    os.set_inheritable(life_r, True)
     # No PR_SET_PDEATHSIG: the helper becomes the command's reaper, which
     # must outlive even a launcher killed by SIGKILL long enough to kill
-    # everything below it.  End of file on each pipe tells it.
+    # everything below it.  End of file on either pipe tells it.
     path = os.environ.get("PATH", "/usr/bin:/bin")
     try:
         if helper_fork.can_fork():  # no interpreter start (a warm run: no imports either)
-            child = helper_fork.fork((reads[0], reads[1], reads[2]), path)
+            child = helper_fork.fork((r, life_r), path)
             trace("Landlock helper forked")
         else:
             helper = "libbroker.sandbox.landlock_helper"
             slow = [os.path.realpath(sys.executable), "-I", "-m", helper]
-            argv = [*boot.python_argv("agent-sandbox", helper, slow), *map(str, reads)]
-            child = spawn("sandbox", argv, env={"PATH": path}, pass_fds=list(reads), pipes=False)
+            argv = [*boot.python_argv("agent-sandbox", helper, slow), str(r), str(life_r)]
+            child = spawn("sandbox", argv, env={"PATH": path}, pass_fds=[r, life_r],
+                          pipes=False)
     except LaunchError:
-        for _, w in pipes:
-            os.close(w)
+        os.close(w)
+        os.close(life_w)
         raise
     finally:
-        for r in reads:
-            os.close(r)
+        os.close(r)
+        os.close(life_r)
     child.own_group = own_group
-    return Helper(child, pipes[0][1], pipes[1][1], pipes[2][1])
+    return Helper(child, w, life_w)
 
 
 def drop_helper(servers: Servers | None) -> None:

@@ -14,7 +14,8 @@ each step; only here do bwrap and Landlock differ (:data:`BOXES`, keyed by
 - :meth:`Box.ready`: every host-run file fingerprinted (Landlock: the live
   guard begins, its git configs swapped where the helper can mount);
 - :meth:`Box.prepare`: while the proxy starts, CMD's process made as far as
-  it can be without the proxy's ports (Landlock: its namespaces, its group);
+  it can be without the proxy's ports (Landlock: its mount namespace; its
+  process, in the sandbox's group, was made at :meth:`Box.open`);
 - :meth:`Box.go`: CMD runs (bwrap: the go byte; Landlock: the spec);
 - :meth:`Box.signal`: a signal number for CMD (both: a byte on a pipe);
 - :meth:`Box.cut`, :meth:`Box.stop`, :meth:`Box.release`: the children's end
@@ -29,6 +30,7 @@ process (a :class:`~.supervise.Child`), and the session the shared steps.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from typing import TYPE_CHECKING
 
@@ -270,8 +272,8 @@ class LandlockBox(Box):
 
     def __init__(self, session: Session) -> None:
         super().__init__(session)
-        self.prep = -1  # write end of the helper's first part (namespaces, group)
-        self.spec = -1  # write end of the spec, read by the command's process at go
+        self.spec = -1  # write end of the helper's parts (the last, the spec, at go)
+        self.parts = 0  # how many of them were sent
         self.links: tuple[str, ...] = ()  # the config links held in its namespace (prepare)
         self.hold: tuple[str, ...] | None = None  # what it holds read-only (prepare: _hold)
         self.door: Door | None = None
@@ -291,6 +293,12 @@ class LandlockBox(Box):
 
             self.ns_probe = pidns.probe()
         self._start_helper()
+        # The command's process now, in the sandbox's group (made before open): the
+        # migration's grace period passes while the session starts, not after go.
+        first: dict[str, object] = {"new_session": not self.s.signals.tty}
+        if self.limits is not None:  # joined by the command's process itself (not the reapers)
+            first["limits"] = self.limits.entry()
+        self._part(first)
 
     def _start_helper(self) -> None:
         """The helper, started with the servers (:func:`.prestart.start_helper`: its
@@ -303,7 +311,7 @@ class LandlockBox(Box):
         s.servers.helper = None
         if helper is None:
             helper = prestart.start_helper(own_group=not s.signals.tty)
-        self.prep, self.spec = helper.prep, helper.spec
+        self.spec = helper.spec
         self.started = ReaperLine(helper.life)  # then signal numbers for CMD, to its reaper
         self.door = Door(s.rt.broker_socket)
         s.crew.adopt(helper.child)
@@ -351,23 +359,40 @@ class LandlockBox(Box):
         )  # fmt: skip
 
     def prepare(self, host: Host) -> None:
-        """The helper makes the command's namespaces and process now, and the process
-        joins the sandbox's group: only Landlock's rules and the exec wait for go."""
+        """The init makes its mount namespace now (after the live gate's binds, which its
+        copy of the host's mounts holds) and the command's process enters it: only
+        Landlock's rules and the exec wait for go."""
         live = self.s.guards.live
         self.links = tuple(sorted(live.configs.held_elsewhere())) if live else ()
         self.hold = self._hold()
-        prep: dict[str, object] = {"shape": self._shape(host, {}).early().to_json()}
-        if self.limits is not None:  # joined by the command's process itself (not the reaper)
-            prep["limits"] = self.limits.entry()
-        fd, self.prep = self.prep, -1
-        # A helper gone meanwhile: the wait for the proxy, or go, reports its status.
-        with contextlib.suppress(BrokenPipeError):
-            _send(fd, prep)
+        self._part({"shape": self._shape(host, {}).early().to_json()})
+
+    def _part(self, part: dict[str, object], *, last: bool = False) -> None:
+        """The helper's next part (:mod:`libbroker.sandbox.landlock_helper`); the spec last.
+
+        A helper gone meanwhile: the wait for the proxy, or go, reports its status
+        (a BrokenPipeError for go's part, which the session turns into that report)."""
+        if self.spec < 0:
+            return
+        from libbroker.sandbox.parts import frame
+
+        view = memoryview(frame(json.dumps(part).encode()))
+        self.parts += 1
+        try:
+            while view:
+                view = view[os.write(self.spec, view) :]
+        except BrokenPipeError:
+            if last:
+                raise
+        finally:
+            if last:
+                fd, self.spec = self.spec, -1
+                os.close(fd)
 
     def go(self, host: Host, found: plan.Listening) -> None:
         s = self.s
         assert s.rt is not None and self.door is not None
-        if self.prep >= 0:
+        if self.parts < 2:
             self.prepare(host)
         tmpdir = os.path.join(s.rt.root, "tmp")
         os.mkdir(tmpdir, 0o700)
@@ -378,14 +403,12 @@ class LandlockBox(Box):
         ports = (found.http_port, found.socks_port, self.door.port)
         # Its namespaces are the prepared ones (the helper's command checks it).
         shape = self._shape(host, env, (home,), ports, tmpdir)
-        fd, self.spec = self.spec, -1
-        _send(fd, {"shape": shape.to_json(), "argv": s.cmd})
+        self._part({"shape": shape.to_json(), "argv": s.cmd}, last=True)
 
     def cut(self) -> None:
-        for fd in (self.prep, self.spec):  # a helper still waiting for a part: EOF ends it
-            if fd >= 0:
-                os.close(fd)
-        self.prep = self.spec = -1
+        if self.spec >= 0:  # a helper still waiting for a part: end of file ends it
+            os.close(self.spec)
+            self.spec = -1
 
     def release(self) -> None:
         super().release()
@@ -399,18 +422,6 @@ class LandlockBox(Box):
             with contextlib.suppress(OSError):
                 os.waitpid(self.ns_probe, 0)
             self.ns_probe = 0
-
-
-def _send(fd: int, part: dict[str, object]) -> None:
-    """One part for the Landlock helper, as JSON, then its end of file (``fd`` closed)."""
-    import json
-
-    view = memoryview(json.dumps(part).encode())
-    try:
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
 
 
 BOXES: dict[str, type[Box]] = {BWRAP: BwrapBox, LANDLOCK: LandlockBox}

@@ -1,14 +1,16 @@
-"""The Landlock session's helper, driven through its three pipes as the launcher drives it.
+"""The Landlock session's helper, driven through its pipes as the launcher drives it.
 
-Its first part (PREP_FD) makes the command's namespaces and process, which
-waits; the spec (SPEC_FD) is read by that process itself at go.  Nothing of
-the command runs before the spec, a spec whose namespaces are not the
-prepared ones never runs, and an end of file where a part was due ends it all
-with 125.  Real processes, real Landlock (skipped where the kernel has none).
+Its three parts come on one pipe (libbroker.sandbox.parts): the first makes the
+command's process (in its group), the second its mount namespace, the third,
+the spec, is read by that process itself at go.  Nothing of the command runs
+before the spec, a spec whose namespaces are not the prepared ones never runs,
+and an end of file where a part was due ends it all with 125.  Real processes,
+real Landlock (skipped where the kernel has none).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -19,6 +21,7 @@ import pytest
 
 from libbroker.errors import SandboxUnavailable
 from libbroker.sandbox import landlock
+from libbroker.sandbox.parts import LIMIT, frame
 from libbroker.sandbox.shape import SYSTEM_READ, Shape
 
 try:
@@ -29,9 +32,9 @@ except SandboxUnavailable as exc:
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _start() -> tuple[subprocess.Popen[bytes], int, int, int]:
-    """The helper, spawned as the launcher spawns it; the write ends of its three pipes."""
-    pipes = [os.pipe() for _ in range(3)]
+def _start() -> tuple[subprocess.Popen[bytes], int, int]:
+    """The helper, spawned as the launcher spawns it; the write ends of its two pipes."""
+    pipes = [os.pipe() for _ in range(2)]
     reads = [r for r, _ in pipes]
     proc = subprocess.Popen(
         [sys.executable, "-m", "libbroker.sandbox.landlock_helper", *map(str, reads)],
@@ -40,12 +43,7 @@ def _start() -> tuple[subprocess.Popen[bytes], int, int, int]:
     )  # fmt: skip
     for r in reads:
         os.close(r)
-    return proc, pipes[0][1], pipes[1][1], pipes[2][1]
-
-
-def _send(fd: int, text: str) -> None:
-    os.write(fd, text.encode())
-    os.close(fd)
+    return proc, pipes[0][1], pipes[1][1]
 
 
 def _shape(work: Path) -> Shape:
@@ -54,45 +52,40 @@ def _shape(work: Path) -> Shape:
                  env={"PATH": "/usr/bin:/bin"}, tcp_connect=(9,))
 
 
-def _spec(shape: Shape, marker: Path) -> str:
-    import json
-
-    return json.dumps({"shape": shape.to_json(), "argv": ["sh", "-c", f"echo ran > {marker}"]})
-
-
-def _prep(shape: Shape) -> str:
-    import json
-
-    return json.dumps({"shape": shape.early().to_json()})
+def _parts(shape: Shape, spec: Shape | None, marker: Path, count: int) -> bytes:
+    """The first ``count`` parts: the start, the namespaces (``shape``'s), the spec."""
+    whole = [
+        {"new_session": shape.new_session},
+        {"shape": shape.early().to_json()},
+        {"shape": (spec or shape).to_json(), "argv": ["sh", "-c", f"echo ran > {marker}"]},
+    ]
+    return b"".join(frame(json.dumps(p).encode()) for p in whole[:count])
 
 
 @pytest.mark.timeout(60)
-def test_the_two_parts_run_the_command_and_nothing_runs_without_a_matching_spec(
+def test_the_three_parts_run_the_command_and_nothing_runs_without_a_matching_spec(
     tmp_path: Path,
 ) -> None:
-    """One helper per way: prep then the spec (it runs, 0); prep then end of file; prep
-    then a spec whose namespaces differ (a session flag, a hold); end of file first.
-    Each but the first exits 125 with nothing of the command run."""
+    """One helper per way: the three parts (it runs, 0); end of file after none, one and
+    two of them; a spec whose namespaces differ (the session flag, a hold); a length
+    over the limit.  Each but the first exits 125 with nothing of the command run."""
     shape = _shape(tmp_path)
-    cases = {
-        "runs": (_prep(shape), shape),
-        "no spec": (_prep(shape), None),
-        "other session": (_prep(shape), replace(shape, new_session=False)),
-        "other holds": (_prep(shape), replace(shape, protect=(str(tmp_path),))),
-        "no prep": (None, None),
+    cases: dict[str, tuple[Shape | None, int | bytes]] = {
+        "runs": (None, 3),
+        "nothing": (None, 0),
+        "first only": (None, 1),
+        "no spec": (None, 2),
+        "other session": (replace(shape, new_session=False), 3),
+        "other holds": (replace(shape, protect=(str(tmp_path),)), 3),
+        "too long": (None, (LIMIT + 1).to_bytes(4, "big")),
     }
     started = {}
-    for name, (prep, spec) in cases.items():
-        proc, prep_w, spec_w, life_w = _start()
-        if prep is not None:
-            _send(prep_w, prep)
-        else:
-            os.close(prep_w)
+    for name, (spec, count) in cases.items():
+        proc, spec_w, life_w = _start()
         marker = tmp_path / name.replace(" ", "-")
-        if spec is not None:
-            _send(spec_w, _spec(spec, marker))
-        else:
-            os.close(spec_w)
+        data = count if isinstance(count, bytes) else _parts(shape, spec, marker, count)
+        os.write(spec_w, data)
+        os.close(spec_w)
         started[name] = (proc, life_w, marker)
     for name, (proc, life_w, marker) in started.items():
         _, err = proc.communicate(timeout=30)
