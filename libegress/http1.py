@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 
 import h11
 
-from libegress.bulk_body import bulk_left, move
+from libegress.bulk_body import bulk_left, chunked_ready, move, move_chunked
 from libegress.heads import Headers, RequestReader, forward_headers
 from libegress.heads import HttpError as HttpError  # re-exported: its old home
 from libegress.limits import Limits as Limits  # re-exported: its old home
@@ -178,6 +178,10 @@ class ClientSide:
         """Serialise ``events`` with h11 and send them."""
         await self.stream.send(serialised(self.conn, events))
 
+    def nothing_held(self) -> bool:
+        """Whether no event parsed ahead waits to be given (a pump may go first)."""
+        return self._held is None
+
     async def refuse(self, error: HttpError) -> None:
         """Answer ``error`` if a response can still be sent, then let the client finish."""
         if self.conn.our_state in (h11.IDLE, h11.SEND_RESPONSE):
@@ -229,6 +233,10 @@ class UpstreamSide:
 
     async def send(self, *events: h11.Event) -> None:
         await self.stream.send(serialised(self.conn, events))
+
+    def nothing_held(self) -> bool:
+        """Whether no event parsed ahead waits to be given (a pump may go first)."""
+        return self._held is None
 
     async def next_event(self) -> h11.Event:
         """The next event of the response; body pieces a read's worth (see gathered)."""
@@ -299,12 +307,18 @@ async def keep_alive(client: ClientSide, exchanges: Exchanges) -> None:
 
 async def _pump_request_body(client: ClientSide, upstream: UpstreamSide,
                              moved: list[int], trailers: bool) -> None:
+    stalled = HttpError(408, "the request body stalled")
+    chunk_pumps = True  # until one moves too little to be worth its threads
     while True:
+        # Then the ordinary step below reads the end of the body, or what cut it short.
         if bulk_left(client.conn, upstream.conn, client.stream, upstream.stream):
-            # Then the ordinary step below reads the end of the body, or what cut it short.
             await move(client.conn, upstream.conn, client.stream, upstream.stream,
-                       client.limits.idle_timeout, HttpError(408, "the request body stalled"),
-                       moved)
+                       client.limits.idle_timeout, stalled, moved)
+        elif chunk_pumps and (scan := chunked_ready(
+                client.conn, upstream.conn, client.stream, upstream.stream, moved[0])) and (
+                client.nothing_held()):
+            chunk_pumps = await move_chunked(client.conn, client.stream, upstream.stream, scan,
+                                             client.limits.idle_timeout, stalled, moved)
         event = await client.body_event()
         if isinstance(event, h11.EndOfMessage):
             await upstream.send(event if trailers else h11.EndOfMessage())
@@ -340,13 +354,19 @@ async def exchange(client: ClientSide, upstream: UpstreamSide, request: h11.Requ
         withheld = status < 0
         if moved is not None:
             moved.status = abs(status)
+        stalled = HttpError(504, "the upstream did not answer in time")
+        chunk_pumps = True  # until one moves too little to be worth its threads
         while True:
+            # Then the ordinary step below reads the end of the body, or what cut it short.
             if bulk_left(upstream.conn, client.conn, upstream.stream, client.stream):
-                # Then the ordinary step below reads the end of the body, or what cut it short.
                 await _race(move(upstream.conn, client.conn, upstream.stream, client.stream,
-                                 upstream.timeout,
-                                 HttpError(504, "the upstream did not answer in time"), down),
-                            body)
+                                 upstream.timeout, stalled, down), body)
+            elif chunk_pumps and (scan := chunked_ready(
+                    upstream.conn, client.conn, upstream.stream, client.stream, down[0])) and (
+                    upstream.nothing_held()):
+                chunk_pumps = await _race(move_chunked(
+                    upstream.conn, upstream.stream, client.stream, scan, upstream.timeout,
+                    stalled, down), body)
             event = await _race(upstream.next_event(), body)
             if isinstance(event, h11.Data):
                 down[0] += len(event.data)

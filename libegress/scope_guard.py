@@ -88,6 +88,7 @@ class ReadBody(ClientSide):
         self.stream = client.stream
         self.limits = client.limits
         self.reader = client.reader
+        self._held = None  # nothing parsed ahead: the events below are all
         self.body = body
         self._events: list[h11.Data | h11.EndOfMessage] = [h11.EndOfMessage()]
         if body:

@@ -25,13 +25,19 @@ What the pump may touch, and why that is safe:
   left, so what follows the body (a pipelined request) stays in the SSL
   object for the HTTP code.
 
-It ends after ``count`` bytes; early, returning what it moved, when the
-source ends (EOF, close_notify: the caller's HTTP code then reads the end and
-says what is wrong, as without a pump); with :class:`Stalled` when no whole
-TLS record comes from the source for ``timeout`` seconds; with the socket's
-or TLS's error; and with :class:`Stopped` when its owner, cancelled, asks it
-to (an eventfd in every wait).  :meth:`Pump.run` returns only once the thread has ended, on
-every path: no thread outlives its exchange.
+A chunked body's data goes the same way through a :class:`ChunkedPump`,
+which reads the framing with :class:`~libegress.chunks.ChunkScan` (decrypting
+past where it stops: those bytes are handed back to h11, with its state) and
+sends each step's data as one chunk.
+
+A pump ends after ``count`` bytes (a chunked one, where its scan stops);
+early, returning what it moved, when the source ends (EOF, close_notify: the
+caller's HTTP code then reads the end and says what is wrong, as without a
+pump); with :class:`Stalled` when no whole TLS record comes from the source
+for ``timeout`` seconds; with the socket's or TLS's error; and with
+:class:`Stopped` when its owner, cancelled, asks it to (an eventfd in every
+wait).  :meth:`Pump.run` returns only once the thread has ended, on every
+path: no thread outlives its exchange.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import ssl
 import threading
 import time
 
+from libegress.chunks import HEADER_MAX, ChunkScan, framed
 from libegress.streams import READ_SIZE, TlsStream
 
 STEP = READ_SIZE  # the most plaintext decrypted before it is encrypted and sent
@@ -99,11 +106,7 @@ class Pump:
     def _move(self) -> int:
         plain = memoryview(bytearray(min(STEP, self.count)))
         cipher = memoryview(bytearray(STEP))
-        readable, writable = select.poll(), select.poll()
-        readable.register(self.src.raw.sock.fileno(), _WAKE)
-        writable.register(self.dst.raw.sock.fileno(), select.POLLOUT)
-        for poller in (readable, writable):
-            poller.register(self._stop, select.POLLIN)
+        readable, writable = self._pollers()
         while self.moved < self.count:
             n = self._decrypt(plain[:self.count - self.moved], cipher, readable)
             if not n:
@@ -111,6 +114,14 @@ class Pump:
             self._send(plain[:n], writable)
             self.moved += n
         return self.moved
+
+    def _pollers(self) -> tuple[select.poll, select.poll]:
+        readable, writable = select.poll(), select.poll()
+        readable.register(self.src.raw.sock.fileno(), _WAKE)
+        writable.register(self.dst.raw.sock.fileno(), select.POLLOUT)
+        for poller in (readable, writable):
+            poller.register(self._stop, select.POLLIN)
+        return readable, writable
 
     def _decrypt(self, into: memoryview, cipher: memoryview, readable: select.poll) -> int:
         """Plaintext into ``into`` (every record ready, at least one); 0 at the source's end.
@@ -156,6 +167,45 @@ class Pump:
             raise Stalled
         if any(fd == self._stop for fd, _ in ready):
             raise Stopped
+
+
+class ChunkedPump(Pump):
+    """A chunked body's data from ``src`` to ``dst``, as far as ``scan`` reads it.
+
+    Each step's data goes out as one chunk, framed as h11 frames one (chunk
+    boundaries are hop-by-hop).  It ends where ``scan`` stops (the last chunk,
+    or anything only h11 reads) or where the source ends; ``rest`` is then
+    what it decrypted and did not read, for h11, and ``scan`` h11's state.
+    ``moved`` counts data bytes.
+    """
+
+    def __init__(self, src: TlsStream, dst: TlsStream, scan: ChunkScan, timeout: float) -> None:
+        super().__init__(src, dst, 0, timeout)
+        self.scan = scan
+        self.rest = b""
+
+    def _move(self) -> int:
+        plain = memoryview(bytearray(STEP + HEADER_MAX))
+        cipher = memoryview(bytearray(STEP))
+        readable, writable = self._pollers()
+        held = 0  # a chunk header not yet whole, at plain[:held]
+        while True:
+            n = self._decrypt(plain[held:], cipher, readable)
+            end = held + n
+            if not n:  # the source ended: h11 gets the header begun, then reads that end
+                self.rest = bytes(plain[:held])
+                return self.moved
+            spans: list[tuple[int, int]] = []
+            read = self.scan.scan(plain, 0, end, spans)
+            if spans:
+                chunk = framed(plain, spans)
+                self._send(memoryview(chunk), writable)
+                self.moved += sum(stop - begin for begin, stop in spans)
+            if self.scan.stopped:
+                self.rest = bytes(plain[read:end])
+                return self.moved
+            held = end - read
+            plain[:held] = plain[read:end]
 
 
 def _settle(done: asyncio.Future[int], result: int | BaseException) -> None:

@@ -54,7 +54,7 @@ PURE = {
     *(f"libegress.{m}" for m in (
         "hosts", "allowlist", "addresses", "heads", "der", "limits", "route", "secrets", "scope",
         "graphql", "oauth_login", "proxyauth", "control_frames", "outcome", "placeholders",
-        "token_endpoint",
+        "token_endpoint", "chunks",
     )),
 }  # fmt: skip
 IMPURE_IN_LIBPOLICY = {"libpolicy.hook"}  # the rest of libpolicy is pure

@@ -13,6 +13,13 @@ with the token by intercept.upstream_request), on a keep-alive connection:
 - a body and its answer pumped at once (an origin echoing as it reads);
 - several requests on one connection, large and small, each injected; past
   the cap on pumps at once, large bodies whole the ordinary way;
+- chunked bodies both ways (libegress.chunks: a ChunkedPump takes them up once
+  BULK bytes went the ordinary way): sizes around the threshold and the step,
+  chunks of 1000 B, 16 KiB and one whole, in one write or edges; after the
+  data, the last chunk with and without trailers, chunks only h11 reads (an
+  extension, whitespace) and hostile ones (bad hex, 21 digits, a bare LF, a
+  footer that is not CRLF, the origin's end mid-chunk): the client gets the
+  same bytes and the proxy ends the same way as with no pump at all;
 - a client gone mid-upload, an origin resetting mid-download, a silent origin
   and one trickling a TLS record a byte at a time (504), a silent client (408)
   mid-body, and the proxy's task cancelled
@@ -43,7 +50,7 @@ from libegress.http1 import ClientSide, HttpError, UpstreamSide, exchange
 from libegress.intercept import upstream_request
 from libegress.limits import Limits
 from libegress.streams import READ_SIZE, SocketStream, TlsStream
-from libegress.tls_pump import STEP, Pump
+from libegress.tls_pump import STEP, ChunkedPump, Pump
 
 MIB = 1 << 20
 HOST = "pump.test"
@@ -86,7 +93,13 @@ def pumps(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             started.append(self.count)
             return await super().run()
 
+    class CountedChunks(ChunkedPump):
+        async def run(self) -> int:
+            started.append(-1)  # a chunked body's pump: no count known
+            return await super().run()
+
     monkeypatch.setattr(bulk_body, "Pump", Counted)
+    monkeypatch.setattr(bulk_body, "ChunkedPump", CountedChunks)
     return started
 
 
@@ -124,6 +137,55 @@ def field(head: bytes, name: bytes) -> bytes | None:
         if key.strip().lower() == name:
             return value.strip()
     return None
+
+
+# What follows a chunked body's data chunks, and the data it adds when whole.
+TAILS: dict[str, tuple[bytes, bytes | None]] = {
+    "end": (b"0\r\n\r\n", b""),
+    "trailers": (b"0\r\nX-Trailer: 1\r\n\r\n", b""),
+    "ext": (b"5;name=value\r\nhello\r\n0\r\n\r\n", b"hello"),  # h11 reads these
+    "space": (b"5 \r\nhello\r\n0\r\n\r\n", b"hello"),
+    "badhex": (b"zz\r\nhello\r\n0\r\n\r\n", None),  # and refuses these
+    "digits": (b"1" * 21 + b"\r\nhello\r\n0\r\n\r\n", None),
+    "lf": (b"5\nhello\r\n0\r\n\r\n", None),
+    "footer": (b"5\r\nhelloXX0\r\n\r\n", None),
+    "cut": (b"10\r\nhello", None),  # then the origin closes
+}
+
+
+def chunked(data: bytes, size: int, tail: str) -> bytes:
+    """``data`` as chunks of ``size`` (0: one chunk), then TAILS[tail]."""
+    size = size or max(len(data), 1)
+    out = [b"%x\r\n%s\r\n" % (len(data[i:i + size]), data[i:i + size])
+           for i in range(0, len(data), size)]
+    return b"".join(out) + TAILS[tail][0]
+
+
+def read_chunked(tls: ssl.SSLSocket, buf: bytearray) -> tuple[bytes, bool]:
+    """A chunked body as it comes (written apart from the proxy's reader); whether whole."""
+    data = bytearray()
+
+    def line() -> bytes | None:
+        while b"\r\n" not in buf:
+            more = tls.recv(65536)
+            if not more:
+                return None
+            buf.extend(more)
+        got, _, rest = bytes(buf).partition(b"\r\n")
+        buf[:] = rest
+        return got
+
+    while (size_line := line()) is not None:
+        size = int(size_line, 16)
+        if not size:
+            while line():  # trailers, up to the empty line
+                pass
+            return bytes(data), True
+        try:
+            data += read_body(tls, buf, size + 2)[:size]
+        except (ConnectionResetError, ssl.SSLError):
+            break
+    return bytes(data), False
 
 
 def read_body(tls: ssl.SSLSocket, buf: bytearray, length: int) -> bytes:
@@ -220,13 +282,29 @@ class Origin:
                 left -= len(piece)
             return
         if method == b"PUT":
-            body = read_body(tls, buf, int(field(head, b"content-length") or 0))
+            if field(head, b"transfer-encoding") == b"chunked":
+                body, whole = read_chunked(tls, buf)
+                assert whole
+            else:
+                body = read_body(tls, buf, int(field(head, b"content-length") or 0))
             answer = hashlib.sha256(body).hexdigest().encode()
             tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n%s"
                         % (auth, len(answer), answer))
             return
-        _, size, mode = target.decode().split("/")
+        _, size, mode, *chunking = target.decode().split("/")
         data = payload(int(size), 9)
+        if chunking:  # /SIZE/MODE/CHUNK/TAIL
+            tls.sendall(b"HTTP/1.1 200 OK\r\n%sTransfer-Encoding: chunked\r\n\r\n" % auth)
+            framing = chunked(data, int(chunking[0]), chunking[1])
+            if self.stall is not None:
+                tls.sendall(framing[:self.stall])
+                self.done.wait(30)  # silent until the test ends
+                return
+            for piece in pieces(framing, mode):
+                tls.sendall(piece)
+            if chunking[1] == "cut":
+                raise ConnectionResetError
+            return
         tls.sendall(b"HTTP/1.1 200 OK\r\n%sContent-Length: %d\r\n\r\n" % (auth, len(data)))
         if self.cut is not None or self.stall is not None:
             tls.sendall(data[:self.cut or self.stall])
@@ -272,6 +350,26 @@ class Client:
         seen, body = self.response(tls)
         assert seen == TOKEN
         assert hashlib.sha256(body).digest() == hashlib.sha256(payload(size, 9)).digest()
+
+    def download_chunked(self, tls: ssl.SSLSocket, size: int, mode: str, chunk: int,
+                         tail: str) -> tuple[bytes, bool]:
+        tls.sendall(b"GET /%d/%s/%d/%s HTTP/1.1\r\nHost: %s\r\n\r\n"
+                    % (size, mode.encode(), chunk, tail.encode(), HOST.encode()))
+        head = read_head(tls, self.buf)
+        assert head is not None and head.startswith(b"HTTP/1.1 200 "), head
+        assert field(head, b"x-seen") == TOKEN
+        assert field(head, b"transfer-encoding") == b"chunked"
+        return read_chunked(tls, self.buf)
+
+    def upload_chunked(self, tls: ssl.SSLSocket, size: int, mode: str, chunk: int) -> None:
+        data = payload(size, 13)
+        tls.sendall(b"PUT /sink HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n"
+                    % HOST.encode())
+        for piece in pieces(chunked(data, chunk, "trailers"), mode):
+            tls.sendall(piece)
+        seen, answer = self.response(tls)
+        assert seen == TOKEN
+        assert answer.decode() == hashlib.sha256(data).hexdigest()
 
     def upload(self, tls: ssl.SSLSocket, size: int, mode: str) -> None:
         data = payload(size, 11)
@@ -337,7 +435,8 @@ def run_through(contexts: tuple[ssl.SSLContext, ssl.SSLContext],
         return None
 
     raised = asyncio.run(main())
-    assert not [t for t in threading.enumerate() if t.name == "egress-pump"], "a pump was left"
+    left = [t for t in threading.enumerate() if t.name.startswith("egress-pump")]
+    assert not left, "a pump was left"
     client.released.set()
     far_client.close()
     far.done.set()
@@ -454,14 +553,20 @@ def test_an_origin_reset_mid_download_leaves_nothing(
     assert isinstance(raised, OSError | HttpError | ssl.SSLError), raised
 
 
+@pytest.mark.parametrize("framing", ["", "/16384/end"])
 def test_a_silent_origin_mid_download_is_504_and_leaves_nothing(
-        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int]) -> None:
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], framing: str) -> None:
+    """Content-Length, then chunked (a ChunkedPump waiting in the middle of a chunk)."""
     def script(tls: ssl.SSLSocket, client: Client) -> None:
-        tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
         with contextlib.suppress(OSError, ssl.SSLError, AssertionError):
+            if framing:
+                client.download_chunked(tls, 4 * MIB, "one", 16384, "end")
+                return
+            tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
             client.response(tls)
 
-    _, _, raised = run_through(contexts, script, response_timeout=0.5, stall=MIB)
+    _, _, raised = run_through(contexts, script, response_timeout=0.5,
+                               stall=3 * MIB if framing else MIB)
     assert pumps
     assert isinstance(raised, HttpError) and raised.status == 504, raised
     assert str(raised) == "the upstream did not answer in time"
@@ -489,7 +594,7 @@ def test_a_silent_client_mid_upload_is_408_and_leaves_nothing(
     assert str(raised) == "the request body stalled"
 
 
-@pytest.mark.parametrize("way", ["download", "upload"])
+@pytest.mark.parametrize("way", ["download", "download-chunked", "upload"])
 def test_the_proxy_ending_mid_body_ends_its_pump(
         contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], way: str) -> None:
     """Cancelled as on the proxy's shutdown, while a pump waits: it ends, nothing is left."""
@@ -497,10 +602,13 @@ def test_the_proxy_ending_mid_body_ends_its_pump(
         script = upload_then(lambda tls, client: client.released.wait(30))
         origin: dict[str, int] = {}
     else:
+        framing = b"/16384/end" if way == "download-chunked" else b""
+
         def script(tls: ssl.SSLSocket, client: Client) -> None:
-            tls.sendall(b"GET /%d/one HTTP/1.1\r\nHost: %s\r\n\r\n" % (4 * MIB, HOST.encode()))
+            tls.sendall(b"GET /%d/one%s HTTP/1.1\r\nHost: %s\r\n\r\n"
+                        % (4 * MIB, framing, HOST.encode()))
             client.released.wait(30)
-        origin = {"stall": MIB}
+        origin = {"stall": 3 * MIB if framing else MIB}
     _, _, raised = run_through(contexts, script, cancel_when=lambda: bool(pumps), **origin)
     assert len(pumps) == 1
     assert isinstance(raised, asyncio.CancelledError), raised
@@ -519,3 +627,63 @@ def test_past_the_pumps_cap_bodies_go_the_ordinary_way(
     assert client.error is None and raised is None
     assert origin.seen == [TOKEN, TOKEN]
     assert pumps == []
+
+
+CHUNKED_SIZES = sorted({0, 1, BULK - 1, BULK, BULK + 1, 2 * BULK + 1, 3 * MIB + 3})
+
+
+@pytest.mark.parametrize(("mode", "chunk"), [("one", 16384), ("edges", 1000), ("one", 0)])
+@pytest.mark.parametrize("size", CHUNKED_SIZES)
+def test_chunked_bodies_arrive_whole_both_ways(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int], size: int, mode: str,
+        chunk: int) -> None:
+    """Both ways on one connection; a chunked pump once BULK went the ordinary way."""
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        data, whole = client.download_chunked(tls, size, mode, chunk, "trailers")
+        assert whole and hashlib.sha256(data).digest() == hashlib.sha256(payload(size, 9)).digest()
+        client.upload_chunked(tls, size, mode, chunk)
+
+    client, origin, raised = run_through(contexts, script)
+    assert client.error is None and raised is None
+    assert origin.seen == [TOKEN, TOKEN]
+    if size >= 3 * MIB:  # far past BULK: a pump took up the rest each way
+        assert pumps.count(-1) >= 2, pumps
+    if size < BULK:
+        assert pumps == []
+
+
+def chunked_outcome(contexts: tuple[ssl.SSLContext, ssl.SSLContext], tail: str,
+                    mode: str) -> tuple[bytes, bool, str]:
+    """What the client got of a 2 MiB chunked download ending in TAILS[tail], and how
+    the proxy ended."""
+    got: list[tuple[bytes, bool]] = []
+
+    def script(tls: ssl.SSLSocket, client: Client) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError):
+            got.append(client.download_chunked(tls, 2 * MIB, mode, 16384, tail))
+
+    client, _, raised = run_through(contexts, script)
+    assert client.error is None and got
+    ended = "" if raised is None else f"{type(raised).__name__} {raised}"
+    if isinstance(raised, HttpError):
+        ended += f" {raised.status}"
+    return got[0][0], got[0][1], ended
+
+
+@pytest.mark.parametrize("tail", list(TAILS))
+def test_a_chunked_pump_ends_as_h11_would(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int],
+        monkeypatch: pytest.MonkeyPatch, tail: str) -> None:
+    """After 2 MiB of plain chunks, what only h11 reads: the same bytes reach the client and
+    the proxy ends the same way with a pump as with none."""
+    mode = "edges" if tail in ("badhex", "footer") else "one"
+    pumped_outcome = chunked_outcome(contexts, tail, mode)
+    assert pumps.count(-1) >= 1
+    monkeypatch.setattr(bulk_body, "MAX_PUMPS", 0)
+    assert pumped_outcome == chunked_outcome(contexts, tail, mode)
+    data, whole, ended = pumped_outcome
+    expected = TAILS[tail][1]
+    assert data.startswith(payload(2 * MIB, 9))
+    assert whole == (expected is not None) and (expected is None or data[2 * MIB:] == expected)
+    if expected is None:
+        assert "502" in ended or "Reset" in ended or "ended" in ended, ended
