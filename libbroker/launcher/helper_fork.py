@@ -1,12 +1,13 @@
 """The Landlock helper forked from the launcher, not spawned as a new interpreter.
 
-A spawn pays a fresh interpreter's start (and, in a warm run, whose launcher
-zygote imported the helper's code already, those imports too: ~40 ms of CPU)
-while the launcher and the servers start on the same cores.  So when this
-process runs one thread (a fork takes no lock half-held: the launcher's
-prestart, before any thread of the session), the helper is a fork of the
-launcher that becomes :func:`libbroker.sandbox.landlock_helper.main` and
-nothing else, as the spawned one would:
+A spawn pays a fresh interpreter's start and the helper's imports (~40 ms of
+CPU) while the launcher and the servers start on the same cores.  So when this
+process runs one thread (a fork takes no lock half-held: the session's start,
+before its first thread, :meth:`.session_box.Box.begin`), the helper is a fork
+of the launcher, whose imports are done by then (most of the helper's too,
+shared rather than imported again), that becomes
+:func:`libbroker.sandbox.landlock_helper.main` and nothing else, as the
+spawned one would:
 
 - only 0-2 and its two pipes stay open (a spawn's ``close_fds``): no
   descriptor of the launcher's reaches the helper, nor through it the command;
@@ -18,10 +19,11 @@ nothing else, as the spawned one would:
 - it never returns into the launcher's code: ``os._exit`` on every path.
 
 Its ``/proc`` entry shows the launcher's command line and first environment,
-which the launcher's own shows too: nothing new to a process of the same user,
-and nothing to the command (its own PID namespace, else Landlock's ptrace
+and its memory is a copy of the launcher's at the session's start (its config),
+all of which the launcher's own shows too: nothing new to a process of the same
+user, and nothing to the command (its own PID namespace, else Landlock's ptrace
 scoping, keeps both out of its reach).  Later, with threads running (a helper
-not prestarted), it is spawned.
+not forked at the start), it is spawned.
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ stay light: every ms spent importing before the spawn delays the session.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 
@@ -29,7 +28,7 @@ from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, choose_backend, starts_before_shape
+from libbroker.sandbox.kinds import AUTO, choose_backend
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
 if TYPE_CHECKING:
@@ -84,8 +83,8 @@ class Servers:
         self.sockets = sockets
         self.service = service
         self.taken = False  # a session owns them from then on
-        # The Landlock helper, started with them when the command line's backend
-        # is Landlock (:func:`start_helper`); the session's box takes it.
+        # The Landlock helper, forked by the session's box once the launcher has
+        # its imports (:func:`start_helper`, :meth:`.session_box.Box.begin`).
         self.helper: Helper | None = None
         # The session's, once it owns them:
         self.tenant = False  # its egress is a tenant of the service's gateway
@@ -116,11 +115,13 @@ class Helper:
 def start_helper(own_group: bool) -> Helper:
     """The Landlock session's helper (:mod:`libbroker.sandbox.landlock_helper`), started now.
 
-    It imports what it needs (~50 ms of CPU), then waits for its parts: it needs
-    nothing of the session to start, so the launcher starts it with the
-    servers, before its own imports and config, when the command line names
-    Landlock (or ``auto`` picks it here).  ``own_group``: the helper calls
-    setsid() (no terminal on stdin).  LaunchError if it cannot start.
+    It waits for its parts.  A fork of the launcher while it runs one thread
+    (:mod:`.helper_fork`), at the session's start (:meth:`.session_box.Box.begin`),
+    once the launcher has imported most of what the helper needs: those pages are
+    shared, not imported again (~25 ms of CPU less than a fork at the prestart,
+    on cores the proxy and the launcher need then); else a new interpreter.
+    ``own_group``: the helper calls setsid() (no terminal on stdin).  LaunchError
+    if it cannot start.
     """
     r, w = os.pipe()  # its parts: the first once the session's group exists, the last at go
     life_r, life_w = os.pipe()  # then signal numbers; its end of file ends the command
@@ -285,10 +286,6 @@ def try_start(argv: list[str]) -> Servers | None:
         servers = start(backend)
     except LaunchError:
         return None
-    if starts_before_shape(backend):
-        # If it cannot start, the session's box starts it and says what goes wrong.
-        with contextlib.suppress(LaunchError):
-            servers.helper = start_helper(own_group=not os.isatty(0))
     trace("servers spawned")
     # Where the repository is: git answers while the launcher parses and reads
     # its config (libbroker.launcher.gitfacts; config_file.load takes it).

@@ -118,6 +118,7 @@ class Session:
             raise LaunchError(f"workdir {cfg.workdir} is not a directory")
         self.box.check()
         _trace("session starts (interpreter, imports, config before this)")
+        self.box.begin()  # before the first thread of the session (guards.begin)
         rt = self._make_runtime(ends)
         ends.callback(self.guards.end)  # after the limits' end: the sweep is the last
         # The host-run files' scan runs in a thread while the servers start

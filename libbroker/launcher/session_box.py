@@ -5,6 +5,8 @@ each step; only here do bwrap and Landlock differ (:data:`BOXES`, keyed by
 :mod:`libbroker.sandbox.kinds`).  The steps, in the session's order:
 
 - :meth:`Box.check`: refuse before anything starts when the backend cannot run;
+- :meth:`Box.begin`: while the launcher still runs one thread (Landlock: its
+  helper forked, the launcher's imports done and shared);
 - :meth:`Box.open`: right after the servers' spawn (Landlock: the helper,
   whose interpreter starts meanwhile, and the broker's door);
 - :meth:`Box.fixed_ports`: the proxy's ports inside, when they are known
@@ -71,6 +73,9 @@ class Box:
         reason = backends.of(self.kind).unavailable()
         if reason is not None:
             raise SandboxUnavailable(reason)
+
+    def begin(self) -> None:
+        """Right after :meth:`check`, while this process runs one thread (a fork is safe)."""
 
     def open(self) -> None:
         """Right after the servers' spawn, before the session's own work.
@@ -281,6 +286,15 @@ class LandlockBox(Box):
         self.binds: tuple[tuple[str, str], ...] = ()  # the private git configs, when mounted
         self.mounts = False  # the helper gets a mount namespace (pidns.probe said so)
 
+    def begin(self) -> None:
+        """The helper, a fork of the launcher now that its imports are done (most of the
+        helper's too: shared, not imported again); it waits for its parts."""
+        s = self.s
+        if s.servers is not None and s.servers.helper is None:
+            # If it cannot start here, open starts it and says what goes wrong.
+            with contextlib.suppress(LaunchError):
+                s.servers.helper = prestart.start_helper(own_group=not s.signals.tty)
+
     def open(self) -> None:
         # What the command leaves behind (setsid(), double forks) ends with
         # its PID namespace where one can be made, else the helper reaps and
@@ -301,13 +315,12 @@ class LandlockBox(Box):
         self._part(first)
 
     def _start_helper(self) -> None:
-        """The helper, started with the servers (:func:`.prestart.start_helper`: its
-        import overlaps the launcher's own), or now; it waits for its spec."""
+        """The helper, forked at :meth:`begin`, or now; it waits for its parts."""
         s = self.s
         assert s.rt is not None and s.servers is not None
         from libbroker.launcher.door import Door
 
-        helper = s.servers.helper  # started with the servers (prestart), else now
+        helper = s.servers.helper  # forked at begin, else now
         s.servers.helper = None
         if helper is None:
             helper = prestart.start_helper(own_group=not s.signals.tty)

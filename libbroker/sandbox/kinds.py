@@ -8,7 +8,7 @@ starts, by bwrap being installed (:func:`choose_backend`); the broker by buildin
 each backend's executor in turn (``libbroker.broker.executor_choice``).
 Beside the names, what a caller must know of a backend before its
 :class:`~.backend.Backend` object is at hand (pure, and light enough for the
-launcher's prestart): :func:`denies_inside_grants`, :func:`starts_before_shape`.
+launcher's prestart): :func:`denies_inside_grants`.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ _PROGRAM = {BWRAP: "bwrap"}  # a backend that needs a program on PATH; Landlock 
 # Whether a backend can hide a path inside a tree it grants: bwrap mounts over
 # it; Landlock grants a tree whole (libbroker.sandbox.landlock refuses the deny).
 _DENIES_INSIDE_GRANTS = {BWRAP: True, LANDLOCK: False}
-# Whether a session's sandbox process can start before its shape is known: Landlock's
-# helper waits for its spec (libbroker.sandbox.landlock_helper); bwrap's argv is the shape.
-_STARTS_BEFORE_SHAPE = {BWRAP: False, LANDLOCK: True}
 
 
 def not_a_kind(kind: str) -> str | None:
@@ -51,10 +48,3 @@ def denies_inside_grants(backend: str) -> bool:
     """Whether ``backend`` (not ``auto``: :func:`choose_backend` first) can deny a path
     inside a tree it grants."""
     return _DENIES_INSIDE_GRANTS[backend]
-
-
-def starts_before_shape(backend: str) -> bool:
-    """Whether ``backend``'s session sandbox (a chosen backend, not ``auto``) can be
-    started before its shape is known, with the servers (the launcher's prestart).
-    False for a name that is no backend: the command line is checked after."""
-    return _STARTS_BEFORE_SHAPE.get(backend, False)

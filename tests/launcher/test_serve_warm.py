@@ -183,6 +183,10 @@ def _cold_and_refused(world: World, service: Service) -> None:
     assert "warm launch not taken (a terminal)" in done.stderr and WARM not in done.stderr
     done = _run(world, cfg, "bwrap", "true", AGENT_SANDBOX_SERVE="off")
     assert done.returncode == 0 and WARM not in done.stderr.decode()
+    # Cold under Landlock: the helper is a fork of the launcher at the session's start
+    # (its imports done, one thread), not a new interpreter.
+    done = _run(world, cfg, "nono", "true", AGENT_SANDBOX_SERVE="off")
+    assert done.returncode == 0 and b"Landlock helper forked" in done.stderr, done.stderr
     assert "warm launch not taken (no service answers)" in done.stderr.decode()
     assert "started warm" not in service.text()
     # Hostile or malformed requests: one refusal line to the peer, one log line.

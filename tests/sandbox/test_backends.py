@@ -8,7 +8,7 @@ import importlib
 import pytest
 
 from libbroker.sandbox import backends
-from libbroker.sandbox.kinds import AUTO, AUTO_ORDER, choose_backend, starts_before_shape
+from libbroker.sandbox.kinds import AUTO, AUTO_ORDER, choose_backend
 from libbroker.sandbox.shape import Shape
 
 
@@ -23,5 +23,3 @@ def test_names_resolve_once() -> None:
     assert tuple(b.name for b in backends.each()) == AUTO_ORDER
     assert backends.of(AUTO).name == choose_backend(AUTO)
     assert [backends.of(name).name for name in AUTO_ORDER] == list(AUTO_ORDER)
-    # The launcher's prestart asks before the command line is checked: no backend, no helper.
-    assert not starts_before_shape("vm")
