@@ -82,6 +82,7 @@ class Report:
     cut_short: bool = False  # MAX_SECONDS reached
     reused: bool = False  # the last session's copy, brought up to date (agent_reuse)
     unchanged: int = 0  # of the files copied: equal to the host's already
+    known: int = 0  # of those: known so by both files' identities, unread (agent_reuse)
     pruned: int = 0  # entries of the last session's copy the host no longer has
     named: list[str] = field(default_factory=list)  # the first few links out and large files
 
@@ -139,6 +140,19 @@ class _File(NamedTuple):
     dst: str
     rel: str
     named: bool = False
+    host: os.stat_result | None = None  # as the walk saw it (never compared: src is unique)
+
+
+def identity(st: os.stat_result) -> list[int]:
+    """What a file's bytes are known by without reading them (agent_reuse.Record)."""
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns]
+
+
+def fs_now(path: str) -> int:
+    """The time (ns) by the clock that stamps ctimes on ``path``'s filesystem (a chmod to
+    what it is moves the ctime on): a file there changed later gets a later ctime."""
+    os.chmod(path, 0o700)  # the copy's root: a directory of ours (agent_home.make_root)
+    return os.lstat(path).st_ctime_ns
 
 
 class Copier:
@@ -154,14 +168,21 @@ class Copier:
         self._files: list[_File] = []
         self._made: set[str] = set()  # directories of the copy made so far
         self._t0 = time.monotonic()
+        self._start_ns = 0  # fs_now() before any host file is read (0: nothing recorded)
         self._deadline = self._t0 + MAX_SECONDS
         self._old: agent_reuse.Old | None = None  # the last session's copy, sanitized
         self._spared: list[str] = []
+        # Files whose bytes are known equal to the host's by their identities alone
+        # (agent_reuse.Record): the last session's, to trust; this copy's, to keep.
+        self._trusted = agent_reuse.Record()
+        self.verified = agent_reuse.Record()
 
-    def reuse(self, root: str) -> None:
+    def reuse(self, root: str, trusted: agent_reuse.Record | None = None) -> None:
         """Before anything is gathered: ``root`` may hold the last session's copy
         (:func:`.agent_reuse.claim`); it is sanitized now and brought up to date by
-        :meth:`finish`, or emptied when it cannot be."""
+        :meth:`finish`, or emptied when it cannot be.  ``trusted``: its record of the
+        files it held equal to the host's (:func:`.agent_reuse.take_record`)."""
+        self._start_ns = fs_now(root)
         try:
             old = agent_reuse.Old(root)
         except (OSError, agent_reuse.Unusable):
@@ -169,7 +190,16 @@ class Copier:
             return
         if old.files or old.dirs:
             self._old = old
+            self._trusted = trusted or agent_reuse.Record()
             self.report.reused = True
+
+    def seal(self, root: str) -> None:
+        """After :meth:`finish`, before anything else writes the copy: only a file whose
+        ctime is older than now stays recorded, so that any later change to it (ours
+        or the session's) shows as a later ctime."""
+        now = fs_now(root)
+        self.verified = agent_reuse.Record(
+            {rel: ids for rel, ids in self.verified.items() if ids[9] < now})
 
     def file(self, src: str, dst: str, rel: str) -> None:
         """An entry the profile names as a file (the user's own link there is followed)."""
@@ -178,7 +208,7 @@ class Copier:
         except OSError:
             return
         if stat.S_ISREG(st.st_mode):
-            self._files.append(_File(0, -st.st_mtime_ns, st.st_size, src, dst, rel, True))
+            self._files.append(_File(0, -st.st_mtime_ns, st.st_size, src, dst, rel, True, st))
 
     def spare(self, path: str) -> None:
         """The file at ``path``, which the caller writes after :meth:`finish`, is not
@@ -229,7 +259,7 @@ class Copier:
                 elif entry.is_file(follow_symlinks=False):
                     st = entry.stat(follow_symlinks=False)
                     self._files.append(_File(depth, -st.st_mtime_ns, st.st_size, entry.path,
-                                             d, sub))
+                                             d, sub, False, st))
                 else:
                     self.report.special += 1
             except OSError:
@@ -266,6 +296,18 @@ class Copier:
             os.makedirs(path, mode=0o700, exist_ok=True)
             self._made.add(path)
 
+    def _known(self, f: _File, old: os.stat_result | None, cap: int) -> _Done | None:
+        """The last session's file at ``f.dst``, kept unread: its identity and the
+        host's are those recorded when the bytes were last found equal (neither
+        changed since: a write, a truncate, a chmod or a utime moves the ctime on,
+        which nothing unprivileged can set back).  Else None: the bytes decide."""
+        if old is None or f.host is None or f.size > cap:
+            return None
+        ids = [*identity(f.host), *identity(old)]
+        if self._trusted.get(f.rel) != ids or stat.S_IMODE(old.st_mode) != _mode(f.host):
+            return None
+        return _Done(old.st_size, old.st_mtime_ns, True, ids)
+
     def finish(self) -> Report:
         """Copy what was gathered: shallowest, then newest first, within the bounds."""
         total = 0
@@ -289,19 +331,25 @@ class Copier:
                 old = self._old.take(f.dst) if self._old is not None else None
             except OSError:
                 continue
-            done = _copy_file(f.src, f.dst, cap, old)
-            if done is None or done[0] < 0:
+            done = self._known(f, old, cap)
+            if done is not None:
+                self.report.known += 1
+            else:
+                done = _copy_file(f.src, f.dst, cap, old)
+            if done is None or done.size < 0:
                 if old is not None:  # the last session's file goes with the host's
                     _unlink(f.dst)
                 if done is not None:
                     self.report.programs += 1
                     self.report.programs_bytes += f.size
                 continue
-            if done[2]:
+            if done.unchanged:
                 self.report.unchanged += 1
-            total += done[0]
-            self.copied[f.rel] = list(done[:2])  # the write-back's baseline: size, mtime
+            total += done.size
+            self.copied[f.rel] = [done.size, done.mtime_ns]  # the write-back's baseline
             self.report.files += 1
+            if done.ids and done.ids[4] < self._start_ns:  # not changed while it was read
+                self.verified[f.rel] = done.ids
         if self._old is not None:  # what a fresh copy would not hold
             for path in self._spared:
                 self._old.empty(path)
@@ -316,10 +364,26 @@ def _unlink(path: str) -> None:
         os.unlink(path)
 
 
+class _Done(NamedTuple):
+    """A file copied: the copy's size and mtime, whether the last session's was kept,
+    and both files' identities once its bytes are the host's whole (else [])."""
+
+    size: int
+    mtime_ns: int
+    unchanged: bool
+    ids: list[int]
+
+
+def _mode(st: os.stat_result) -> int:
+    """The copy's mode: the owner's bits of the host file's, and always read-write."""
+    return stat.S_IMODE(st.st_mode) & 0o700 | 0o600
+
+
 def _copy_file(
     src: str, dst: str, cap: int, old: os.stat_result | None = None
-) -> tuple[int, int, bool] | None:
-    """Copy one regular file, never through a link: the copy's (size, mtime_ns, unchanged).
+) -> _Done | None:
+    """Copy one regular file, never through a link: the copy's (size, mtime_ns, unchanged,
+    identities).
 
     ``old``: the last session's plain file at ``dst`` (:class:`.agent_reuse.Old`),
     kept when its bytes are the host's, else rewritten in place.
@@ -334,8 +398,8 @@ def _copy_file(
         if not stat.S_ISREG(st.st_mode):
             return None
         if os.pread(fd, 4, 0) == _ELF:
-            return -1, 0, False
-        mode = stat.S_IMODE(st.st_mode) & 0o700 | 0o600
+            return _Done(-1, 0, False, [])
+        mode = _mode(st)
         want = min(st.st_size, cap)  # as it was when opened, at most the cap
         try:
             out = _reopen(dst, old) if old is not None else -1
@@ -350,7 +414,7 @@ def _copy_file(
                 if stat.S_IMODE(ost.st_mode) != mode:
                     os.fchmod(out, mode)
                 if ost.st_size == want and agent_reuse.same(fd, out, want):
-                    return want, ost.st_mtime_ns, True
+                    return _Done(want, ost.st_mtime_ns, True, _ids(st, os.fstat(out), want))
                 os.ftruncate(out, 0)
             done = 0
             while done < want:
@@ -358,13 +422,19 @@ def _copy_file(
                 if n == 0:
                     break
                 done += n
-            return done, os.fstat(out).st_mtime_ns, False
+            cst = os.fstat(out)
+            return _Done(done, cst.st_mtime_ns, False, _ids(st, cst, done))
         finally:
             os.close(out)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def _ids(host: os.stat_result, copy: os.stat_result, done: int) -> list[int]:
+    """Both identities, when the copy holds the host file whole (else [])."""
+    return [*identity(host), *identity(copy)] if done == host.st_size == copy.st_size else []
 
 
 def _reopen(dst: str, old: os.stat_result) -> int:

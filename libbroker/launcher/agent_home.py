@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import stat
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
@@ -128,7 +127,8 @@ def prepare(
     _write_manifest(runtime, {"root": root, "partial": True})
     copier = agent_copy.Copier(_skipper(profile, _workdir_only(profile, home, workdir)),
                                frozenset(profile.per_workdir))
-    copier.reuse(root)  # the last session's copy, if make_root took one
+    # The last session's copy, if make_root took one, and its record of what equals the host's.
+    copier.reuse(root, agent_reuse.take_record(root))
     edit = profile.session_settings(claude_session)
     if edit is not None:  # rewritten below in any case: not removed to be made again
         copier.spare(os.path.join(root, edit.rel))
@@ -143,6 +143,8 @@ def prepare(
             os.makedirs(os.path.dirname(dst), mode=0o700, exist_ok=True)
             copier.file(host, dst, entry.copy)
     report = copier.finish()
+    copier.seal(root)  # before the settings below are written
+    agent_reuse.write_record(root, copier.verified)
     trace(report.line(profile.name))
     seen = copier.copied
     _session_settings(profile, root, claude_session, seen)
@@ -340,7 +342,7 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
         return []
     if manifest.get("partial"):  # the copy was never whole: nothing in it is the session's
         if remove and isinstance(manifest.get("root"), str):
-            shutil.rmtree(manifest["root"], ignore_errors=True)
+            agent_reuse.remove(manifest["root"])
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(runtime, MANIFEST))
         return []
@@ -377,7 +379,7 @@ def write_back(runtime: str, *, remove: bool = True, keep: bool = False) -> list
         if keep:
             agent_reuse.release(root, entries, len(copied), _AT_REST)
         else:
-            shutil.rmtree(root, ignore_errors=True)
+            agent_reuse.remove(root)
         with contextlib.suppress(OSError):
             os.unlink(os.path.join(runtime, MANIFEST))
     return problems

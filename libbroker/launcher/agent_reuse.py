@@ -25,6 +25,21 @@ hostile.  Nothing of it is believed but its bytes, compared with the host's:
   entries, is not reused: a fresh one is made (and one the session filled
   with more than twice its files and :data:`SLACK` is not kept at all).
 
+Reading both files to compare them was most of a reuse (Codex's 151 files: ~300
+opens and ~1,500 system calls).  So the launcher records, beside the idle copy
+and where no session reaches (``<agent>/idle-<session>.ids``, :class:`Record`),
+each file it found or made equal to the host's, by both files' identities
+(device, inode, size, mtime, ctime), and the next session keeps such a file
+unread when neither identity changed.  Sound because the ctime is the kernel's:
+any write, truncate, chmod, utime or hard link moves it on to the clock's now,
+and nothing unprivileged can set it back; and a file is recorded only when its
+ctime is older than a time read from the same filesystem's clock before the host's
+file was read (:func:`.agent_copy.fs_now`) and after the copy was made: a change
+made later, inside the session or on the host, cannot keep it.  The record is
+written with the copy, before its sandbox starts, where no sandbox reaches, and
+read before the next one starts; a record that is missing or malformed, or
+names a file whose identity differs, leaves the bytes to decide, as before.
+
 Only a copy whose session ended in order is kept (:func:`release`: the
 sandbox is gone, the write-back done, and what the session made or changed
 in it removed by the write-back, and its logins here); the janitor's removes it.
@@ -36,12 +51,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import stat
 
 POOL = 2  # idle copies kept per agent: as many concurrent sessions start without a walk
 IDLE = "idle-"
+IDS = ".ids"  # an idle copy's Record, beside it (agents/<agent>/idle-<session>.ids)
+_MAX_RECORD = 8 << 20  # a record larger than this is not read (a copy holds <= 20000 files)
 MAX_ENTRIES = 20000  # a copy with more is never walked again, but removed
 SLACK = 500  # entries a session may add to its copy (beyond twice its files) and it is kept
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -49,6 +67,34 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 class Unusable(Exception):
     """The old copy cannot be brought up to date: a fresh one is made instead."""
+
+
+class Record(dict[str, list[int]]):
+    """Per file of a copy (its path in it): the host file's identity and the copy's,
+    ``[dev, ino, size, mtime_ns, ctime_ns]`` each, when their bytes were equal."""
+
+    @classmethod
+    def parse(cls, data: object) -> Record:
+        """A record read back; anything malformed in it is left out (its bytes decide)."""
+        if not isinstance(data, dict):
+            return cls()
+        return cls({k: v for k, v in data.items() if isinstance(k, str) and isinstance(v, list)
+                    and len(v) == 10 and all(type(i) is int for i in v)})
+
+
+def take_record(root: str) -> Record:
+    """The record :func:`claim` moved beside ``root`` with it, read and removed."""
+    path = root + IDS
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return Record()
+    try:
+        os.unlink(path)
+        with os.fdopen(fd, "rb") as fh:
+            return Record.parse(json.loads(fh.read(_MAX_RECORD)))
+    except (OSError, ValueError):
+        return Record()
 
 
 def claim(parent: str, root: str) -> bool:
@@ -67,6 +113,8 @@ def claim(parent: str, root: str) -> bool:
             os.rename(idle, root)
         except OSError:
             continue  # another session took it first
+        with contextlib.suppress(OSError):  # its record goes with it (none: bytes decide)
+            os.rename(idle + IDS, root + IDS)
         if os.path.samestat(os.lstat(root), st):
             return True
         renew(root)  # replaced meanwhile (the parent is ours alone: never seen)
@@ -81,19 +129,42 @@ def release(root: str, entries: int, copied: int, logins: tuple[str, ...]) -> No
     ``copied`` files; a copy the session filled with many more (empty
     directories cost the next start a system call each) is removed here, as
     it always was, rather than at the next start.  ``logins`` (paths in it)
-    are removed first: a copy at rest holds no login.
+    are removed first: a copy at rest holds no login.  Its :class:`Record`
+    (:func:`write_record`) goes with it, or is removed with it.
     """
     parent, session = os.path.split(root)
+    idle = os.path.join(parent, IDLE + session)
     try:
-        idle = [n for n in os.listdir(parent) if n.startswith(IDLE)]
-        if entries <= min(MAX_ENTRIES, 2 * copied + SLACK) and len(idle) < POOL:
+        idles = [n for n in os.listdir(parent) if n.startswith(IDLE) and not n.endswith(IDS)]
+        if entries <= min(MAX_ENTRIES, 2 * copied + SLACK) and len(idles) < POOL:
             for rel in logins:
                 _unlink_below(root, rel)
-            os.rename(root, os.path.join(parent, IDLE + session))
+            os.rename(root, idle)
+            with contextlib.suppress(OSError):  # none: the next session's bytes decide
+                os.rename(root + IDS, idle + IDS)
             return
     except OSError:
         pass
+    remove(root)
+
+
+def remove(root: str) -> None:
+    """A copy that is not kept: it and its record."""
     shutil.rmtree(root, ignore_errors=True)
+    with contextlib.suppress(OSError):
+        os.unlink(root + IDS)
+
+
+def write_record(root: str, record: Record) -> None:
+    """``root``'s record, beside it (``<agent>/<session>.ids``, where no session reaches),
+    once its copy is made: a file of the copy changed since moves its ctime on, so the
+    record needs no update at the session's end."""
+    tmp = root + ".new" + IDS
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(json.dumps(record))
+    os.replace(tmp, root + IDS)
 
 
 def _unlink_below(root: str, rel: str) -> None:

@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import threading
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -120,7 +119,9 @@ class Agent:
         self._copy.join()
         self._copy = None
         if self._error is not None:
-            shutil.rmtree(self.root, ignore_errors=True)  # no manifest: nothing comes back
+            from libbroker.launcher import agent_reuse
+
+            agent_reuse.remove(self.root)  # no manifest: nothing comes back
             error, self._error = self._error, None
             raise self._failed(error)
         if self._report is not None:

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import stat
+import time
 from pathlib import Path
 
 import pytest
 
-from libbroker.launcher import agent_home, agent_reuse, agents
+from libbroker.launcher import agent_copy, agent_home, agent_reuse, agents
 
 SESSION = {"hooks": {"PreToolUse": []}, "permissions": {"deny": []}}
 
@@ -92,13 +93,56 @@ def test_the_next_session_takes_the_last_copy_unchanged(world: World) -> None:
     assert not root.exists()
     idle = list((Path(world.env["XDG_STATE_HOME"]) / "agent-sandbox" / "agents" / "claude")
                 .iterdir())
-    assert [p.name for p in idle] == ["idle-s1"]
+    assert sorted(p.name for p in idle) == ["idle-s1", "idle-s1.ids"]  # and its record
     _, root2, second = world.session()
     # All unchanged but the logins, which a copy at rest does not hold.
     assert second.report.reused and second.report.unchanged == second.report.files - 2
     assert "unchanged" in second.report.line("claude")
     assert not (root.parent / "idle-s1").exists()  # taken, not shared
     assert tree(root2) == world.fresh()
+
+
+def tick(root: Path, scratch: Path) -> None:
+    """Until the filesystem's clock has moved past every ctime below ``root`` (a few ms
+    at most): the files made now are recorded by the next session's copy."""
+    last = max(p.lstat().st_ctime_ns for p in [root, *root.rglob("*")])
+    scratch.mkdir(exist_ok=True)
+    while agent_copy.fs_now(str(scratch)) <= last:
+        time.sleep(0.001)
+
+
+def test_unchanged_files_are_kept_unread_and_any_change_is_still_caught(world: World) -> None:
+    """The record of what equals the host's (agent_reuse.Record): once the bytes were
+    found equal, the next session keeps those files without reading either; bytes
+    changed under the same size and time, in the copy (the inside) or on the host,
+    move the ctime on and are caught; a record tampered with is ignored."""
+    for _ in range(2):  # the first copy's files are new; the second finds them equal
+        rt, root, _ = world.session()
+        tick(root, world.tmp / "clock")
+        agent_home.write_back(str(rt), keep=True)
+    rt, root, third = world.session()
+    # All but the logins (never at rest) known by their identities, none read.
+    assert third.report.known == third.report.unchanged == third.report.files - 2 > 0
+    c = root / "claude"
+    for path in (c / "CLAUDE.md", world.home / ".claude" / "history.jsonl"):
+        st = path.stat()  # other bytes, same size, its times put back
+        path.write_bytes(path.read_bytes().swapcase())
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    tick(root, world.tmp / "clock")
+    agent_home.write_back(str(rt), keep=True)
+    rt, root, fourth = world.session()
+    assert fourth.report.known == third.report.known - 2
+    assert tree(root) == world.fresh()
+    assert (root / "claude" / "CLAUDE.md").read_text() == "be brief"
+    # A record that is not the launcher's: the bytes decide, as before.
+    for forged in ("not json", json.dumps({"claude/CLAUDE.md": [0] * 10}), "[1, 2]"):
+        tick(root, world.tmp / "clock")
+        agent_home.write_back(str(rt), keep=True)
+        for p in root.parent.glob("*.ids"):
+            p.write_text(forged)
+        rt, root, nth = world.session()
+        assert nth.report.reused and nth.report.known == 0
+        assert tree(root) == world.fresh()
 
 
 def test_what_the_inside_left_is_undone(world: World) -> None:
@@ -169,7 +213,7 @@ def test_concurrent_sessions_never_share_a_copy(world: World) -> None:
     a = agent_home.make_root(agents.CLAUDE, str(world.home), world.env, "a")
     b = agent_home.make_root(agents.CLAUDE, str(world.home), world.env, "b")
     assert os.listdir(a) and not os.listdir(b)  # one took the idle copy, the other a new one
-    assert sorted(os.listdir(parent)) == ["a", "b"]
+    assert sorted(os.listdir(parent)) == ["a", "a.ids", "b"]  # its record went with it
 
 
 def test_the_pool_is_bounded_and_the_janitor_keeps_nothing(
@@ -179,9 +223,10 @@ def test_the_pool_is_bounded_and_the_janitor_keeps_nothing(
     for rt, _, _ in sessions[:3]:
         agent_home.write_back(str(rt), keep=True)
     parent = sessions[0][1].parent
-    assert len([n for n in os.listdir(parent) if n.startswith("idle-")]) == agent_reuse.POOL
-    agent_home.write_back(str(sessions[3][0]))  # the janitor's: removed
-    assert not sessions[3][1].exists()
+    idle = [n for n in os.listdir(parent) if n.startswith("idle-")]
+    assert len([n for n in idle if not n.endswith(".ids")]) == agent_reuse.POOL
+    agent_home.write_back(str(sessions[3][0]))  # the janitor's: removed, and its record
+    assert not sessions[3][1].exists() and not Path(f"{sessions[3][1]}.ids").exists()
     # A copy the session filled past the bound is removed, not kept.
     monkeypatch.setattr(agent_reuse, "POOL", 5)
     monkeypatch.setattr(agent_reuse, "MAX_ENTRIES", 50)
@@ -190,6 +235,7 @@ def test_the_pool_is_bounded_and_the_janitor_keeps_nothing(
         (root / f"junk{i}").write_text("x")
     agent_home.write_back(str(rt), keep=True)
     assert not root.exists() and not (parent / f"idle-{root.name}").exists()
+    assert not Path(f"{root}.ids").exists() and not (parent / f"idle-{root.name}.ids").exists()
 
 
 def test_an_idle_entry_that_is_no_directory_of_ours_is_never_taken(world: World) -> None:
