@@ -95,8 +95,9 @@ def test_codex_as_an_ordinary_user(user: OrdinaryUser, base: Path, backend: str)
     listed = done.stdout.split("\n")[3].split()
     assert "config.toml" in listed and "rules" not in listed and "shadow" not in listed, listed
     # Written back, and kept idle for the next session: none in use.
-    assert [p.name[:5] for p in (base / "home" / ".local" / "state" / "agent-sandbox"
-                                 / "agents" / "codex").iterdir()] == ["idle-"]
+    idle = sorted((base / "home" / ".local" / "state" / "agent-sandbox" / "agents"
+                   / "codex").iterdir())  # the copy, and its record beside it (agent_reuse)
+    assert [p.name[:5] for p in idle] == ["idle-", "idle-"] and idle[1].suffix == ".ids"
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -181,8 +181,11 @@ def test_a_session_plants_nothing_that_runs_on_the_host(
     # The private copy is kept for the next session (agent_reuse), not in use, less
     # what the session changed (the plants); the next one takes it: a fresh copy.
     state = w.home / ".local" / "state" / "agent-sandbox" / "agents" / agent
-    assert [p.name.startswith("idle-") for p in state.iterdir()] == [True]
-    assert str(canary) not in "".join(_texts(next(state.iterdir())))
+    # (beside it, its record of the files equal to the host's: agent_reuse.Record)
+    idle = sorted(state.iterdir())
+    assert [p.name.startswith("idle-") for p in idle] == [True, True], idle
+    assert idle[1].name == idle[0].name + ".ids" and str(canary) not in idle[1].read_text()
+    assert str(canary) not in "".join(_texts(idle[0]))
     assert _next_copy(w, agent) == _next_copy(w, agent, fresh=True)
     # The login came back; the planted keys did not.
     h = w.home
