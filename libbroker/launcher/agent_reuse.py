@@ -38,7 +38,10 @@ file was read (:func:`.agent_copy.fs_now`) and after the copy was made: a change
 made later, inside the session or on the host, cannot keep it.  The record is
 written with the copy, before its sandbox starts, where no sandbox reaches, and
 read before the next one starts; a record that is missing or malformed, or
-names a file whose identity differs, leaves the bytes to decide, as before.
+names a file whose identity differs, leaves the bytes to decide, as before.  (A
+host file on another filesystem whose clock runs behind the state dir's, changed
+in the very tick it was read, could be kept stale until it changes again: the
+user's own bytes, never the session's.)
 
 Only a copy whose session ended in order is kept (:func:`release`: the
 sandbox is gone, the write-back done, and what the session made or changed
