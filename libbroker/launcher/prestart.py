@@ -28,7 +28,6 @@ from libbroker.launcher.child import Child, spawn
 from libbroker.launcher.handoff import Sockets
 from libbroker.launcher.serve_link import Link
 from libbroker.launcher.trace import trace
-from libbroker.sandbox.kinds import AUTO, choose_backend
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (the per-call budget)
 if TYPE_CHECKING:
@@ -106,7 +105,7 @@ class Helper:
         self.life = life
 
     def drop(self) -> None:
-        """Not used (another backend, or no session): it ends, and is reaped."""
+        """Not used (the session ended before its box took it): it ends, and is reaped."""
         os.close(self.spec)
         os.close(self.life)
         _end(self.child)
@@ -153,7 +152,8 @@ def start_helper(own_group: bool) -> Helper:
 
 
 def drop_helper(servers: Servers | None) -> None:
-    """A prestarted helper no box took (the session's backend is another): it ends."""
+    """A helper forked at the session's start that no box took (the start ended before
+    the box's open): it ends."""
     if servers is not None and servers.helper is not None:
         helper, servers.helper = servers.helper, None
         helper.drop()
@@ -230,12 +230,6 @@ def run_args(argv: list[str]) -> dict[str, object] | None:
     }
 
 
-def backend_hint(argv: list[str]) -> str:
-    """The backend the command line names, else the one ``auto`` picks here."""
-    named = [value for opt, value in _words(argv) if opt == "--sandbox"]
-    return choose_backend(named[-1] if named else AUTO)
-
-
 def start_proxy(sockets: Sockets) -> Child:
     """egress-proxy in its deferred boot, with its listeners (LaunchError if it cannot start)."""
     proxy = spawn(
@@ -248,7 +242,7 @@ def start_proxy(sockets: Sockets) -> Child:
     return proxy
 
 
-def start(backend: str) -> Servers:
+def start() -> Servers:
     """egress-proxy in its deferred boot, and the servers' sockets (LaunchError if not).
 
     The proxy gets its listeners at the spawn (:mod:`.handoff`); our own
@@ -281,9 +275,8 @@ def try_start(argv: list[str]) -> Servers | None:
     """
     if not wants_servers(argv):
         return None
-    backend = backend_hint(argv)
     try:
-        servers = start(backend)
+        servers = start()
     except LaunchError:
         return None
     trace("servers spawned")

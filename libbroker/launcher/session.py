@@ -131,7 +131,6 @@ class Session:
         self._make_limits(ends, rt)
         ends.callback(self.box.reap)  # what the command left, once the children are gone
         self.box.open()
-        prestart.drop_helper(self.servers)  # prestarted for Landlock, the config chose another
         host, record_dir = self._broker_arguments(rt, sockets, git)
         self._write_gpg_program(host)
         found = self._build(rt, host)
@@ -199,7 +198,7 @@ class Session:
         """The servers (started now if they were not), the janitor watching them; the
         broker's socket at its path: connections wait in its backlog from now on."""
         if self.servers is None:
-            self.servers = prestart.start(self.box.kind)
+            self.servers = prestart.start()
             self._take(self.servers)
         self.crew.watch_all()
         sockets = self.servers.sockets

@@ -10,7 +10,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libbroker.launcher import boot, install, prestart
-from libbroker.sandbox.kinds import choose_backend
 
 
 def test_only_run_starts_the_servers_early() -> None:
@@ -22,14 +21,6 @@ def test_only_run_starts_the_servers_early() -> None:
     assert not prestart.wants_servers(["render-settings", "--", "run"])
     assert not prestart.wants_servers(["--version"])
     assert not prestart.wants_servers([])
-
-
-def test_the_backend_hint_follows_the_command_line() -> None:
-    assert prestart.backend_hint(["run", "--sandbox=nono", "--", "true"]) == "nono"
-    assert prestart.backend_hint(["run", "--sandbox", "bwrap", "true"]) == "bwrap"
-    # After "--" it is the command's own argument.
-    assert prestart.backend_hint(["run", "--sandbox=nono", "--", "x", "--sandbox=bwrap"]) == "nono"
-    assert prestart.backend_hint(["run", "--", "true"]) == choose_backend("auto")
 
 
 def _boot(tmp_path: Path, warm: tuple[str, ...] = ()) -> list[str]:
