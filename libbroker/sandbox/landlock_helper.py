@@ -32,8 +32,8 @@ whatever it left running, setsid() or not, is killed before the helper exits
 with the command's status.  End of file where a part was due (the launcher
 gave up, or died) ends it all with 125, before anything of the command ran.
 Where the kernel refuses a user namespace, the command's process is the
-helper's child and reads the second part itself: binds or holds are refused
-there (125), as :func:`.pidns.spawn_below` refuses them.
+helper's child and reads the second part itself: binds, holds or links are
+refused there (125: the paths would name the host's own files).
 
 Exit 125 when it cannot sandbox (fail closed: the command never runs bare).
 """

@@ -106,8 +106,6 @@ def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (
 
 def spawn_below(
     run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None,
-    binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (),
-    holds: tuple[str, ...] = (),
 ) -> tuple[int, int, bool]:
     """In a reaper: start the command (``run``, in a forked child) below us.
 
@@ -115,13 +113,10 @@ def spawn_below(
     Without a namespace that is the command itself with ``control``.  With
     one it is the init, watched through a pipe that closes when it ends
     (group False: the init is signalled by pipe, never by a signal); the
-    init supervises the command with ``control``.  ``binds`` need the
-    namespace (:func:`own_proc`): without one, OSError, and nothing runs.
+    init supervises the command with ``control``.  (The Landlock session's
+    helper makes its own, the mount namespace later: :mod:`.landlock_helper`.)
     """
     if not unshare_pids():
-        if binds or holds:  # the paths would name the host's own files: fail closed
-            raise OSError(errno.EPERM, "the kernel refuses the mount namespace the session's "
-                          "private git configs need")
         command = os.fork()
         if command == 0:
             os.close(control)
@@ -131,8 +126,7 @@ def spawn_below(
     init = os.fork()
     if init == 0:
         os.close(watch_r)
-        _init(run, control, watch_w, group=group, native_reaper=native_reaper, binds=binds,
-              links=links, holds=holds)
+        _init(run, control, watch_w, group=group, native_reaper=native_reaper)
     os.close(watch_w)
     os.close(control)
     return init, watch_r, False
@@ -140,12 +134,11 @@ def spawn_below(
 
 def _init(
     run: Callable[[], NoReturn], control: int, watch: int, *, group: bool,
-    native_reaper: str | None, binds: tuple[tuple[str, str], ...] = (),
-    links: tuple[str, ...] = (), holds: tuple[str, ...] = (),
+    native_reaper: str | None,
 ) -> NoReturn:  # fmt: skip
     """Pid 1 of the new namespace: its own /proc, the command, then the reaper's job."""
     try:
-        own_proc(binds, links, holds)
+        own_proc()
         command = os.fork()
     except BaseException as exc:
         with contextlib.suppress(OSError):

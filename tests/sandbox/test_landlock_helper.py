@@ -32,12 +32,18 @@ except SandboxUnavailable as exc:
 ROOT = str(Path(__file__).resolve().parents[2])
 
 
-def _start() -> tuple[subprocess.Popen[bytes], int, int]:
+# The helper where the kernel refuses user namespaces (pidns.unshare_pids says so).
+NO_USERNS = ("import sys; from libbroker.sandbox import landlock_helper, pidns; "
+             "pidns.unshare_pids = lambda: False; sys.exit(landlock_helper.main(sys.argv[1:]))")
+
+
+def _start(userns: bool = True) -> tuple[subprocess.Popen[bytes], int, int]:
     """The helper, spawned as the launcher spawns it; the write ends of its two pipes."""
     pipes = [os.pipe() for _ in range(2)]
     reads = [r for r, _ in pipes]
+    how = ["-m", "libbroker.sandbox.landlock_helper"] if userns else ["-c", NO_USERNS]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "libbroker.sandbox.landlock_helper", *map(str, reads)],
+        [sys.executable, *how, *map(str, reads)],
         pass_fds=reads, cwd=ROOT, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
         env={"PATH": os.environ["PATH"], "PYTHONPATH": ROOT},
     )  # fmt: skip
@@ -70,27 +76,33 @@ def test_the_three_parts_run_the_command_and_nothing_runs_without_a_matching_spe
     two of them; a spec whose namespaces differ (the session flag, a hold); a length
     over the limit.  Each but the first exits 125 with nothing of the command run."""
     shape = _shape(tmp_path)
-    cases: dict[str, tuple[Shape | None, int | bytes]] = {
-        "runs": (None, 3),
-        "nothing": (None, 0),
-        "first only": (None, 1),
-        "no spec": (None, 2),
-        "other session": (replace(shape, new_session=False), 3),
-        "other holds": (replace(shape, protect=(str(tmp_path),)), 3),
-        "too long": (None, (LIMIT + 1).to_bytes(4, "big")),
+    cases: dict[str, tuple[Shape | None, int | bytes, bool]] = {
+        "runs": (None, 3, True),
+        "nothing": (None, 0, True),
+        "first only": (None, 1, True),
+        "no spec": (None, 2, True),
+        "other session": (replace(shape, new_session=False), 3, True),
+        "other holds": (replace(shape, protect=(str(tmp_path),)), 3, True),
+        "too long": (None, (LIMIT + 1).to_bytes(4, "big"), True),
+        # No user namespace: the command's process reads the second part itself; it runs,
+        # but never with holds (they would be the host's own paths).
+        "runs without userns": (None, 3, False),
+        "holds without userns": (None, 3, False),
     }
     started = {}
-    for name, (spec, count) in cases.items():
-        proc, spec_w, life_w = _start()
+    held = replace(shape, protect=(str(tmp_path),))
+    for name, (spec, count, userns) in cases.items():
+        proc, spec_w, life_w = _start(userns)
         marker = tmp_path / name.replace(" ", "-")
-        data = count if isinstance(count, bytes) else _parts(shape, spec, marker, count)
+        start = held if name.startswith("holds") else shape
+        data = count if isinstance(count, bytes) else _parts(start, spec, marker, count)
         os.write(spec_w, data)
         os.close(spec_w)
         started[name] = (proc, life_w, marker)
     for name, (proc, life_w, marker) in started.items():
         _, err = proc.communicate(timeout=30)
         os.close(life_w)
-        if name == "runs":
+        if name.startswith("runs"):
             assert proc.returncode == 0, err
             assert marker.read_text() == "ran\n"
             continue
@@ -98,3 +110,5 @@ def test_the_three_parts_run_the_command_and_nothing_runs_without_a_matching_spe
         assert not marker.exists(), name
         if name.startswith("other"):
             assert b"the spec's namespaces are not the ones prepared" in err, err
+        if name.startswith("holds"):
+            assert b"the kernel refuses the mount namespace" in err, err
