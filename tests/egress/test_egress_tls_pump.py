@@ -19,7 +19,8 @@ with the token by intercept.upstream_request), on a keep-alive connection:
   data, the last chunk with and without trailers, chunks only h11 reads (an
   extension, whitespace) and hostile ones (bad hex, 21 digits, a bare LF, a
   footer that is not CRLF, the origin's end mid-chunk): the client gets the
-  same bytes and the proxy ends the same way as with no pump at all;
+  same bytes and the proxy ends the same way as with no pump at all; a
+  client's hostile chunk mid-upload is refused (400) in h11's words either way;
 - a client gone mid-upload, an origin resetting mid-download, a silent origin
   and one trickling a TLS record a byte at a time (504), a silent client (408)
   mid-body, and the proxy's task cancelled
@@ -284,7 +285,8 @@ class Origin:
         if method == b"PUT":
             if field(head, b"transfer-encoding") == b"chunked":
                 body, whole = read_chunked(tls, buf)
-                assert whole
+                if not whole:
+                    raise ConnectionResetError
             else:
                 body = read_body(tls, buf, int(field(head, b"content-length") or 0))
             answer = hashlib.sha256(body).hexdigest().encode()
@@ -361,12 +363,16 @@ class Client:
         assert field(head, b"transfer-encoding") == b"chunked"
         return read_chunked(tls, self.buf)
 
-    def upload_chunked(self, tls: ssl.SSLSocket, size: int, mode: str, chunk: int) -> None:
+    def upload_chunked(self, tls: ssl.SSLSocket, size: int, mode: str, chunk: int,
+                       tail: str = "trailers") -> None:
         data = payload(size, 13)
         tls.sendall(b"PUT /sink HTTP/1.1\r\nHost: %s\r\nTransfer-Encoding: chunked\r\n\r\n"
                     % HOST.encode())
-        for piece in pieces(chunked(data, chunk, "trailers"), mode):
+        for piece in pieces(chunked(data, chunk, tail), mode):
             tls.sendall(piece)
+        if TAILS[tail][1] is None:
+            self.released.wait(30)  # refused: hold on until the proxy has ended
+            return
         seen, answer = self.response(tls)
         assert seen == TOKEN
         assert answer.decode() == hashlib.sha256(data).hexdigest()
@@ -687,3 +693,20 @@ def test_a_chunked_pump_ends_as_h11_would(
     assert whole == (expected is not None) and (expected is None or data[2 * MIB:] == expected)
     if expected is None:
         assert "502" in ended or "Reset" in ended or "ended" in ended, ended
+
+
+@pytest.mark.parametrize("tail", ["badhex", "lf", "footer"])
+def test_a_chunked_upload_refused_as_h11_would(
+        contexts: tuple[ssl.SSLContext, ssl.SSLContext], pumps: list[int],
+        monkeypatch: pytest.MonkeyPatch, tail: str) -> None:
+    """A client's hostile chunk after 2 MiB: refused in h11's words with a pump as with none."""
+    def ended() -> str:
+        _, _, raised = run_through(contexts, lambda tls, client: client.upload_chunked(
+            tls, 2 * MIB, "one", 16384, tail))
+        assert isinstance(raised, HttpError) and raised.status == 400, raised
+        return str(raised)
+
+    with_pump = ended()
+    assert pumps.count(-1) == 1
+    monkeypatch.setattr(bulk_body, "MAX_PUMPS", 0)
+    assert with_pump == ended() and with_pump.startswith("bad request: ")
