@@ -168,7 +168,7 @@ class Copier:
         self._files: list[_File] = []
         self._made: set[str] = set()  # directories of the copy made so far
         self._t0 = time.monotonic()
-        self._start_ns = 0  # fs_now() before any host file is read (0: nothing recorded)
+        self._start_ns = 0  # before any host file is read (0: nothing recorded)
         self._deadline = self._t0 + MAX_SECONDS
         self._old: agent_reuse.Old | None = None  # the last session's copy, sanitized
         self._spared: list[str] = []
@@ -182,7 +182,9 @@ class Copier:
         (:func:`.agent_reuse.claim`); it is sanitized now and brought up to date by
         :meth:`finish`, or emptied when it cannot be.  ``trusted``: its record of the
         files it held equal to the host's (:func:`.agent_reuse.take_record`)."""
-        self._start_ns = fs_now(root)
+        # A time by the filesystem's clock before any host file is read: root's ctime
+        # (made or renamed just now; an older one only records fewer files).
+        self._start_ns = os.lstat(root).st_ctime_ns
         try:
             old = agent_reuse.Old(root)
         except (OSError, agent_reuse.Unusable):

@@ -67,6 +67,7 @@ class AgentHome(NamedTuple):
     root: str
     env: dict[str, str]
     report: agent_copy.Report  # what the copy took and left out (its one line)
+    record: agent_reuse.Record  # what of it equals the host's (written, or the caller's to)
 
 
 def state_dir(home: str, env: Mapping[str, str]) -> str:
@@ -116,10 +117,13 @@ def prepare(
     opted: Sequence[str] = (),
     claude_session: Mapping[str, Any] | None = None,
     root: str = "",
+    record_later: bool = False,
 ) -> AgentHome:
     """Make the session's private copy of the agent's config; write the manifest.
 
-    ``root``: made already (:func:`make_root`), else made here.
+    ``root``: made already (:func:`make_root`), else made here.  ``record_later``:
+    its :class:`.agent_reuse.Record` is the caller's to write (after the start:
+    :mod:`.agent_session`), not written here.
     """
     root = root or make_root(profile, home, env, session)
     # Until the copy is whole, a launcher killed now leaves only this: the
@@ -144,7 +148,8 @@ def prepare(
             copier.file(host, dst, entry.copy)
     report = copier.finish()
     copier.seal(root)  # before the settings below are written
-    agent_reuse.write_record(root, copier.verified)
+    if not record_later:
+        agent_reuse.write_record(root, copier.verified)
     trace(report.line(profile.name))
     seen = copier.copied
     _session_settings(profile, root, claude_session, seen)
@@ -159,7 +164,7 @@ def prepare(
         "claude_session": claude_session or {},
     }
     _write_manifest(runtime, manifest)
-    return AgentHome(root, home_env(profile, root), report)
+    return AgentHome(root, home_env(profile, root), report, copier.verified)
 
 
 def _skipper(profile: Profile, only: Mapping[str, str]) -> Callable[[str, str], bool]:

@@ -33,11 +33,13 @@ each file it found or made equal to the host's, by both files' identities
 unread when neither identity changed.  Sound because the ctime is the kernel's:
 any write, truncate, chmod, utime or hard link moves it on to the clock's now,
 and nothing unprivileged can set it back; and a file is recorded only when its
-ctime is older than a time read from the same filesystem's clock before the host's
-file was read (:func:`.agent_copy.fs_now`) and after the copy was made: a change
-made later, inside the session or on the host, cannot keep it.  The record is
-written with the copy, before its sandbox starts, where no sandbox reaches, and
-read before the next one starts; a record that is missing or malformed, or
+ctime is older than a time by the same filesystem's clock: for the host's file,
+the copy root's ctime, made or renamed before anything was read; for the copy's,
+:func:`.agent_copy.fs_now` once the copy was made, before anything of the session
+ran.  A change made later, inside the session or on the host, cannot keep it.
+The record is made with the copy and written beside it while the session runs
+(where no sandbox reaches; the write-back waits for it), and read before the next
+session starts; a record that is missing or malformed, or
 names a file whose identity differs, leaves the bytes to decide, as before.  (A
 host file on another filesystem whose clock runs behind the state dir's, changed
 in the very tick it was read, could be kept stale until it changes again: the
@@ -154,8 +156,9 @@ def release(root: str, entries: int, copied: int, logins: tuple[str, ...]) -> No
 def remove(root: str) -> None:
     """A copy that is not kept: it and its record."""
     shutil.rmtree(root, ignore_errors=True)
-    with contextlib.suppress(OSError):
-        os.unlink(root + IDS)
+    for path in (root + IDS, root + ".new" + IDS):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def write_record(root: str, record: Record) -> None:

@@ -53,7 +53,9 @@ class Agent:
         self.env: dict[str, str] = {}
         self.root = ""  # the private copy, once prepared
         self.copy_line = ""  # what the copy took and left out, in one line
-        self._copy: threading.Thread | None = None  # the copy, until wait()
+        self._copy: threading.Thread | None = None  # the copy, until join()
+        self._ready = threading.Event()  # the copy made (its record may still be written)
+        self._waited = False
         self._report: agent_copy.Report | None = None
         self._error: Exception | None = None
         self.login: logins.Login | None = None  # an OAuth login held on the host
@@ -102,6 +104,7 @@ class Agent:
                 opted=agents.opted_keys(self.profile, cfg.agent_write_back),
                 claude_session=claude,
                 root=self.root,
+                record_later=True,
             )
             if self.login is not None:  # before anything of the session runs
                 from libbroker.launcher import logins
@@ -110,15 +113,24 @@ class Agent:
             self._report = home.report
         except Exception as exc:  # said, as the session's failure, by wait()
             self._error = exc
+            return
+        finally:
+            self._ready.set()
+        # While the session goes on (no sandbox reaches it): none, and the bytes decide.
+        from libbroker.launcher import agent_reuse
+
+        with contextlib.suppress(OSError):
+            agent_reuse.write_record(self.root, home.record)
 
     def wait(self) -> None:
-        """Join the copy (before go): its failure ends the start; what it left out of the
+        """The copy made (before go): its failure ends the start; what it left out of the
         user's own is said in one line."""
-        if self._copy is None:
+        if self._copy is None or self._waited:
             return
-        self._copy.join()
-        self._copy = None
+        self._ready.wait()
+        self._waited = True
         if self._error is not None:
+            self.join()
             from libbroker.launcher import agent_reuse
 
             agent_reuse.remove(self.root)  # no manifest: nothing comes back
@@ -128,6 +140,12 @@ class Agent:
             self.copy_line = self._report.line(self.profile.name)
             if self._report.notable():  # the user's own files the agent will not see
                 os.write(2, f"agent-sandbox: {self.copy_line}\n".encode())
+
+    def join(self) -> None:
+        """The copy's thread over, its record written (before the write-back keeps it)."""
+        if self._copy is not None:
+            self._copy.join()
+            self._copy = None
 
     def _failed(self, exc: BaseException) -> LaunchError:
         if isinstance(exc, OSError):

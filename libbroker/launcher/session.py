@@ -450,6 +450,7 @@ class Session:
 
         with contextlib.suppress(LaunchError):  # a start cut short: the copy ends first
             agent.wait()
+        agent.join()  # its record written
         for problem in agent_home.write_back(rt.root, keep=True):
             os.write(2, f"agent-sandbox: not written back: {problem}\n".encode())
         _trace(f"{agent.profile.name}'s config written back")
