@@ -170,6 +170,16 @@ STRATEGIES = {
     "socks": socks_messages() | st.binary(max_size=40),
     "hook": hook_inputs() | st.binary(max_size=40),
     "kubeconfig": kubeconfigs() | st.binary(max_size=60),
+    # A byte picking the reads, then chunks with odd sizes, extensions, footers and ends.
+    "chunks": st.tuples(st.binary(min_size=1, max_size=1), st.lists(st.tuples(
+        st.sampled_from([b"1", b"10", b"0010", b"F", b"f" * 16, b"1" * 17, b"1" * 21, b"0", b"zz",
+                         b""]),
+        st.sampled_from([b"", b";x=y", b" ", b"\t", b";\r"]),
+        st.sampled_from([b"\r\n", b"\n", b"\r", b""]),
+        st.binary(max_size=20),
+        st.sampled_from([b"\r\n", b"\n", b"XX", b""])), max_size=6)).map(
+        lambda t: t[0] + b"".join(h + e + c + d + f for h, e, c, d, f in t[1]))
+        | st.binary(max_size=80),
 }
 
 # Inputs picked by hand: the deep, the huge and the odd, for every target.
@@ -198,6 +208,8 @@ def nasty(name: str) -> list[bytes]:
                              {"file_path": home + "/proj/" + "../" * 5000 + home[1:] + "/.ssh/id"}
                              }).encode(),
                  b'{"tool_name":"Read","cwd":"/","tool_input":' + b"[" * DEEP + b"}"],
+        "chunks": [b"\x01" + b"4\r\nabcd\r\n" * 5000 + b"0\r\n\r\n",
+                   b"\x06" + b"1" * 70000 + b"\r\n", b"\x02" + b"1;" + b"x" * 70000 + b"\r\n"],
         "kubeconfig": [b"clusters:\n" + b"- " * 5000 + b"x\n",
                        b"a: &a [" + b"*a," * 1000 + b"]\nclusters: [{name: a, cluster: *a}]\n",
                        b"clusters:\n- name: x\n  cluster:\n    server: " + b"\\" * 5000 + b"\n"],
