@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import ssl
 import time
 from urllib.parse import urlsplit
@@ -195,8 +196,11 @@ async def _open_upstream(services: Services, host: str, port: int) -> UpstreamSi
         sock.close()
         raise HttpError(504, f"TLS with {host} timed out") from None
     except (ssl.SSLError, OSError) as exc:
+        # Where it was dialled (the pin's or the resolver's address) says which server
+        # answered: a certificate that does not verify is most often the wrong server.
+        where = _peer(sock)
         sock.close()
-        raise HttpError(502, f"TLS with {host} failed: {_why(exc)}") from None
+        raise HttpError(502, f"TLS with {host}{where} failed: {_why(exc)}") from None
     return UpstreamSide(stream, limits.response_timeout)
 
 
@@ -206,6 +210,15 @@ async def _close(upstream: UpstreamSide) -> None:
     stream = upstream.stream
     if isinstance(stream, TlsStream):
         stream.raw.sock.close()
+
+
+def _peer(sock: socket.socket) -> str:
+    """" at ADDRESS port N": the server a connected socket reached ("" once it is gone)."""
+    try:
+        address, port = sock.getpeername()[:2]
+    except OSError:
+        return ""
+    return f" at {address} port {port}"
 
 
 def _why(exc: BaseException) -> str:
