@@ -117,7 +117,8 @@ class Report:
         if self.cut_short:
             out.append(f"the rest after {MAX_SECONDS:g} s")
         left = "; left out: " + ", ".join(out) if out else ""
-        kept = (f", {self.unchanged} unchanged and {self.pruned} removed since the last "
+        unread = f" ({self.known} unread)" if self.known else ""
+        kept = (f", {self.unchanged} unchanged{unread} and {self.pruned} removed since the last "
                 "session" if self.reused else "")
         return (f"{agent}'s private config: {self.files} files ({_size(self.bytes)}{kept}) "
                 f"in {self.seconds * 1000:.0f} ms{left}")

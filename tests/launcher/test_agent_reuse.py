@@ -123,6 +123,7 @@ def test_unchanged_files_are_kept_unread_and_any_change_is_still_caught(world: W
     rt, root, third = world.session()
     # All but the logins (never at rest) known by their identities, none read.
     assert third.report.known == third.report.unchanged == third.report.files - 2 > 0
+    assert f"({third.report.known} unread)" in third.report.line("claude")
     c = root / "claude"
     for path in (c / "CLAUDE.md", world.home / ".claude" / "history.jsonl"):
         st = path.stat()  # other bytes, same size, its times put back
