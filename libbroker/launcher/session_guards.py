@@ -144,16 +144,16 @@ class Guards:
         # gate's teardown waits for its grace periods (measured: 15 ms less at the end);
         # without one, in a thread while the configs go back and the sweep runs.
         keep = self.gate is not None
-        if live is not None:  # configs merged and files again, before the sweep
-            from libbroker.launcher import hostrun_live
-
-            # Through the gate's own way beneath its binds: its opens do not wait on it.
-            under = self.gate.under if self.gate is not None else None
-            say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
-                                 under, trace, keep_group=keep))
-            quiet = live.quiet_dirs()
-            self.live = None
         try:
+            if live is not None:  # configs merged and files again, before the sweep
+                from libbroker.launcher import hostrun_live
+
+                # Through the gate's own way beneath its binds: its opens do not wait on it.
+                under = self.gate.under if self.gate is not None else None
+                say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
+                                     under, trace, keep_group=keep))
+                quiet = live.quiet_dirs()
+                self.live = None
             if self.hostrun is not None:  # last: nothing of the session is alive to race it
                 self.hostrun.finish(quiet=quiet)
                 self.hostrun = None
@@ -163,9 +163,12 @@ class Guards:
         finally:
             if live is not None:
                 live.close_group()
-        if self.gate is not None:  # last: it guarded the host's opens through the sweep
-            say(self.gate.stop())
-            self.gate = None
-            trace("live gate stopped")
+            # Last: it guarded the host's opens through the sweep.  On every path: a
+            # failed sweep must not leave its binds on the workdir (its record goes with
+            # the runtime dir after this).
+            if self.gate is not None:
+                say(self.gate.stop())
+                self.gate = None
+                trace("live gate stopped")
         if live is not None:
             live.closed()

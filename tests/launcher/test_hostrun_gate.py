@@ -15,6 +15,7 @@ watcher guards alone.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import stat
@@ -301,6 +302,29 @@ def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
         lines = gate.stop()
         hostrun_live.end(watcher, snap)
     assert any("the live gate stopped during the session" in line for line in lines), lines
+    assert _mounts(work) == []
+    assert not (record / "binds.json").exists()
+
+
+def test_a_failed_sweep_still_unbinds(world: World) -> None:
+    """The end's sweep fails (a disk error, say): the gate still goes, binds and record,
+    before the error goes on (the runtime dir, the record's home, is removed after)."""
+    from libbroker.launcher.session_guards import Guards
+
+    work, snap, watcher, record, gate = _gated(world)
+
+    class FailingSweep:  # the workdir's guard, whose end sweep fails
+        def __init__(self) -> None:
+            self.snap = snap
+
+        def finish(self, quiet: object = None) -> None:
+            raise OSError(errno.EIO, "the sweep failed")
+
+    guards = Guards()
+    guards.live, guards.gate, guards.hostrun = watcher, gate, FailingSweep()  # type: ignore[assignment]
+    with pytest.raises(OSError, match="the sweep failed"):
+        guards.end()
+    assert guards.gate is None
     assert _mounts(work) == []
     assert not (record / "binds.json").exists()
 
