@@ -9,7 +9,10 @@ The hot paths, and why they are hot:
 - **gpg-shim's signing path** runs once per signature git asks for (each
   ``commit -S``, each commit of a rebase);
 - **the launcher's prestart** runs before a session's two servers are spawned:
-  everything it imports delays both of them (libbroker/launcher/prestart.py).
+  everything it imports delays both of them (libbroker/launcher/prestart.py);
+- **egress-proxy between its arguments and its ``listening`` line**: the
+  session waits for that line, so everything on the way is imported before the
+  arguments arrive (prestart's PROXY_WARM), and this stretch imports nothing.
 
 Their start-up is most of what they cost, so none of them may load
 cryptography, psutil, nono_py, h11, asyncio, yaml or docopt (each costs from
@@ -210,3 +213,57 @@ def test_warm_run_client(tmp_path: Path) -> None:
 def test_the_budget_check_catches_a_forbidden_module(forbidden: str) -> None:
     with pytest.raises(AssertionError, match=forbidden):
         check_budget({"sys", forbidden + ".sub"}, ceiling=100)
+
+
+# egress-proxy's deferred boot (libbroker/launcher/boot.py) up to its arguments,
+# then the session's command line to its ``listening`` lines, which stop it.
+PROXY_DRIVER = """\
+import sys, posix, json
+sys.path[:0] = {paths!r}
+for warm in {warm!r}:
+    __import__(warm)
+from bin.egress_proxy import main
+import libegress.app as app
+warmed = set(sys.modules)
+def announce_lines(listeners):
+    def announce():
+        out = sorted(set(sys.modules) - warmed)
+        fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
+        posix.write(fd, json.dumps(out).encode())
+        posix._exit(0)
+    return announce
+app.announce_lines = announce_lines
+sys.argv = {argv!r}
+main()
+"""
+
+
+def test_egress_proxy_loads_nothing_between_its_arguments_and_listening(tmp_path: Path) -> None:
+    """A session waits for egress-proxy's ``listening`` from the moment its arguments
+    are written (libbroker/launcher/prestart.py): all that path imports is warmed
+    before them (PROXY_WARM), where it overlaps the launcher's own start."""
+    from libbroker.launcher import boot, prestart
+
+    out = tmp_path / "loaded.json"
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    token = tmp_path / "token"
+    token.write_text("#!/bin/sh\necho t0ken\n")
+    token.chmod(0o700)
+    argv = ["egress-proxy", f"--listen-fd={listeners[0].fileno()}",
+            f"--socks-fd={listeners[1].fileno()}",
+            "--allow=pypi.org,*.pythonhosted.org,registry.npmjs.org:443,xn--bcher-kva.example",
+            "--inject=github.com,api.github.com", f"--egress-dir={tmp_path / 'egress'}",
+            "--token-every=300", f"--token-command={token}", f"--record={tmp_path / 'record'}",
+            "--resolve=pypi.org:151.101.0.223", "--allow-cidr=10.0.0.0/8"]  # fmt: skip
+    code = PROXY_DRIVER.format(paths=boot.import_paths(), warm=prestart.PROXY_WARM,
+                               out=str(out), argv=argv)
+    try:
+        subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                       timeout=60, check=True, cwd=tmp_path,
+                       pass_fds=[s.fileno() for s in listeners])  # fmt: skip
+    finally:
+        for s in listeners:
+            s.close()
+    assert (tmp_path / "egress" / "ca.pem").is_file()  # it got that far for real
+    late = json.loads(out.read_text())
+    assert late == [], f"imported after the arguments, on the session's wait: {late} (PROXY_WARM)"
