@@ -46,7 +46,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote
 
-from libegress.graphql import Field, GraphQLError, Variable, parse
+# The GraphQL reader (libegress.graphql) loads at the first GraphQL write to
+# judge, in graphql_ties: a proxy without --repos, or whose token only reads,
+# never needs it, and its import (a dozen dataclasses, the lexer's regexes)
+# was ~5 ms of every egress-proxy start's CPU.
 
 BLOCKED = "blocked-by-scope"
 READS = frozenset({b"GET", b"HEAD"})
@@ -369,6 +372,8 @@ def read_body(body: bytes) -> tuple[str, dict[str, Any]]:
 def graphql_ties(body: bytes) -> tuple[Tie, ...]:
     """What each mutation in the body writes to; () for a read.  ScopeError when refused."""
     query, variables = read_body(body)
+    from libegress.graphql import GraphQLError, parse
+
     try:
         document = parse(query)
     except GraphQLError as exc:
@@ -391,6 +396,8 @@ def graphql_ties(body: bytes) -> tuple[Tie, ...]:
 
 
 def _mutation_tie(selection: object, variables: Mapping[str, Any]) -> Tie | None:
+    from libegress.graphql import Field  # loaded by graphql_ties, the only caller
+
     if not isinstance(selection, Field) or selection.directives:
         raise ScopeError("a fragment or directive at a mutation's top level")
     if selection.name == "__typename" and not selection.arguments:
@@ -414,6 +421,8 @@ def _mutation_tie(selection: object, variables: Mapping[str, Any]) -> Tie | None
 
 
 def _resolve(value: Any, variables: Mapping[str, Any]) -> Any:
+    from libegress.graphql import Variable  # loaded by graphql_ties, _mutation_tie's caller
+
     if isinstance(value, Variable):
         if value.name not in variables:
             raise ScopeError(f"the variable ${value.name} is not given")

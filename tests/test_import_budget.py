@@ -267,3 +267,18 @@ def test_egress_proxy_loads_nothing_between_its_arguments_and_listening(tmp_path
     assert (tmp_path / "egress" / "ca.pem").is_file()  # it got that far for real
     late = json.loads(out.read_text())
     assert late == [], f"imported after the arguments, on the session's wait: {late} (PROXY_WARM)"
+
+
+def test_egress_proxy_serves_without_the_graphql_reader() -> None:
+    """The GraphQL reader loads at the first GraphQL write --repos judges
+    (libegress/scope.py), not at every proxy's start."""
+    from libbroker.launcher import boot
+
+    code = (f"import sys; sys.path[:0] = {boot.import_paths()!r}\n"
+            "import libegress.serving, libegress.scope, libegress.gateway\n"
+            "print('libegress.graphql' in sys.modules)\n"
+            "libegress.scope.graphql_ties(b'{\"query\": \"{ viewer { login } }\"}')\n"
+            "print('libegress.graphql' in sys.modules)\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    assert done.stdout.split() == ["False", "True"]
