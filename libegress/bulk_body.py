@@ -90,6 +90,18 @@ async def move(source: h11.Connection, sink: h11.Connection, src: Stream, dst: S
             or type(writer) is not ContentLengthWriter):
         raise TypeError("move() without bulk_left()")
     pump = Pump(src, dst, reader._remaining, timeout)
+    try:
+        await _pumped(pump, src, dst, stalled)
+    finally:
+        reader._remaining -= pump.moved
+        writer._length -= pump.moved
+        tally[0] += pump.moved
+        src.read_ahead = True
+
+
+async def _pumped(pump: Pump, src: TlsStream, dst: TlsStream, stalled: HttpError) -> None:
+    """Run ``pump`` holding the source's reads and the sink's writes (no task touches
+    those directions meanwhile), counted among the pumps running."""
     _running[0] += 1
     try:
         async with src.raw.recv_lock, dst.raw.send_lock:
@@ -98,10 +110,6 @@ async def move(source: h11.Connection, sink: h11.Connection, src: Stream, dst: S
         raise stalled from None
     finally:
         _running[0] -= 1
-        reader._remaining -= pump.moved
-        writer._length -= pump.moved
-        tally[0] += pump.moved
-        src.read_ahead = True
 
 
 def chunked_ready(source: h11.Connection, sink: h11.Connection, src: Stream, dst: Stream,
@@ -138,14 +146,9 @@ async def move_chunked(source: h11.Connection, src: Stream, dst: Stream, scan: C
     if not isinstance(src, TlsStream) or not isinstance(dst, TlsStream):
         raise TypeError("move_chunked() without chunked_ready()")
     pump = ChunkedPump(src, dst, scan, timeout)
-    _running[0] += 1
     try:
-        async with src.raw.recv_lock, dst.raw.send_lock:
-            await pump.run()
-    except Stalled:
-        raise stalled from None
+        await _pumped(pump, src, dst, stalled)
     finally:
-        _running[0] -= 1
         chunk_restore(source, pump.scan, pump.rest)
         tally[0] += pump.moved
         src.read_ahead = True
