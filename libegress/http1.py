@@ -17,7 +17,7 @@ import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
 from http import HTTPStatus
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 import h11
 
@@ -28,6 +28,7 @@ from libegress.limits import Limits as Limits  # re-exported: its old home
 from libegress.streams import Stream
 
 _T = TypeVar("_T")
+_E = TypeVar("_E", bound=h11.Event)
 
 
 def error_events(status: int, message: str, kind: str | None, *,
@@ -104,7 +105,25 @@ LINGER_SECONDS = 2.0  # how long a refused client may go on sending before the c
 LINGER_BYTES = 8 * 1024 * 1024  # and how much of it is read and dropped
 
 
-class ClientSide:
+class _Gathering(Generic[_E]):
+    """A side whose body pieces are gathered (:func:`gathered`): the event that ended a
+    gathering is held, and given (or raised) before anything is read again."""
+
+    _held: _E | HttpError | None = None
+
+    def nothing_held(self) -> bool:
+        """Whether no event parsed ahead waits to be given (a pump may go first)."""
+        return self._held is None
+
+    def _take_held(self) -> _E | None:
+        """The event held by the last gathering, now given; its HttpError raised."""
+        held, self._held = self._held, None
+        if isinstance(held, HttpError):
+            raise held
+        return held
+
+
+class ClientSide(_Gathering[h11.EndOfMessage]):
     """The sandbox's end of an HTTP connection (h11 server role)."""
 
     def __init__(self, stream: Stream, limits: Limits) -> None:
@@ -112,7 +131,6 @@ class ClientSide:
         self.limits = limits
         self.reader = RequestReader(limits)
         self.method: bytes | None = None  # the current request's, once its head is read
-        self._held: h11.EndOfMessage | HttpError | None = None  # what ended a gathering
 
     @property
     def conn(self) -> h11.Connection:
@@ -153,10 +171,7 @@ class ClientSide:
 
     async def body_event(self) -> h11.Data | h11.EndOfMessage:
         """The next piece of the request body: a read's worth (chunks joined, see gathered)."""
-        held, self._held = self._held, None
-        if isinstance(held, HttpError):
-            raise held
-        if held is not None:
+        if (held := self._take_held()) is not None:
             return held
         while (event := self.reader.next_event()) is h11.NEED_DATA:
             try:
@@ -165,10 +180,10 @@ class ClientSide:
                 raise HttpError(408, "the request body stalled") from None
             self.reader.receive_data(data)
         if isinstance(event, h11.Data):
-            event, held = gathered(event, self.reader.next_event)
-            if held is not None and not isinstance(held, h11.EndOfMessage | HttpError):
-                held = HttpError(400, "the request body ended early")
-            self._held = held
+            event, ended = gathered(event, self.reader.next_event)
+            if ended is not None and not isinstance(ended, h11.EndOfMessage | HttpError):
+                ended = HttpError(400, "the request body ended early")
+            self._held = ended
             return event
         if isinstance(event, h11.EndOfMessage):
             return event
@@ -177,10 +192,6 @@ class ClientSide:
     async def send(self, *events: h11.Event) -> None:
         """Serialise ``events`` with h11 and send them."""
         await self.stream.send(serialised(self.conn, events))
-
-    def nothing_held(self) -> bool:
-        """Whether no event parsed ahead waits to be given (a pump may go first)."""
-        return self._held is None
 
     async def refuse(self, error: HttpError) -> None:
         """Answer ``error`` if a response can still be sent, then let the client finish."""
@@ -222,28 +233,20 @@ class ClientSide:
         return self.reader.switched_data()
 
 
-class UpstreamSide:
+class UpstreamSide(_Gathering[h11.Event]):
     """The proxy's connection to an upstream server (h11 client role)."""
 
     def __init__(self, stream: Stream, timeout: float) -> None:
         self.stream = stream
         self.timeout = timeout
         self.conn = h11.Connection(h11.CLIENT)
-        self._held: h11.Event | HttpError | None = None  # what ended a gathering
 
     async def send(self, *events: h11.Event) -> None:
         await self.stream.send(serialised(self.conn, events))
 
-    def nothing_held(self) -> bool:
-        """Whether no event parsed ahead waits to be given (a pump may go first)."""
-        return self._held is None
-
     async def next_event(self) -> h11.Event:
         """The next event of the response; body pieces a read's worth (see gathered)."""
-        held, self._held = self._held, None
-        if isinstance(held, HttpError):
-            raise held
-        if held is not None:
+        if (held := self._take_held()) is not None:
             return held
         while (event := self._parsed()) is h11.NEED_DATA:
             try:
