@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -23,8 +24,6 @@ from libbroker.wire import CLIENT_CHANNELS, OPS, FrameDecoder, parse_request
 from libegress import socks5
 from libegress.addresses import refusal
 from libegress.allowlist import parse_patterns
-from libegress.bulk_body import chunk_restore, chunk_state
-from libegress.chunks import ChunkScan
 from libegress.heads import head_end, same_host, smuggling_reason
 from libegress.hosts import BadHost, canonical_host, ip_of
 from libegress.http1 import HttpError
@@ -34,6 +33,10 @@ from libegress.kubeconfig import proxify
 from libegress.route import EgressPolicy, Refused, Route, route
 from libpolicy.hook import evaluate
 from libpolicy.model import Policy
+
+# The chunked-body differential's harness, shared with its test.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "egress"))
+from chunk_differential import reference, through_pumps
 
 
 class Broken(Exception):
@@ -241,65 +244,12 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "chunks": (),
 }
 
-def _chunked_conn() -> h11.Connection:
-    conn = h11.Connection(h11.CLIENT)
-    conn.send(h11.Request(method="GET", target="/", headers=[("Host", "t")]))
-    conn.send(h11.EndOfMessage())
-    conn.receive_data(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
-    conn.next_event()
-    return conn
-
-
-def _chunked_read(conn: h11.Connection, pieces: list[bytes], pump_at: set[int]) -> str:
-    """The body and its end as h11 gives them, ChunkScan reading the pieces in ``pump_at``
-    (when chunk_state allows) and handing back, as a ChunkedPump does."""
-    data = bytearray()
-
-    def drain() -> str | None:
-        while True:
-            try:
-                event = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                return f"error {exc}"
-            if event is h11.NEED_DATA:
-                return None
-            if isinstance(event, h11.Data):
-                data.extend(event.data)
-            else:
-                return repr(event)
-
-    scan: ChunkScan | None = None
-    carry = b""
-    for i, piece in enumerate(pieces):
-        if scan is None and i in pump_at:
-            scan = chunk_state(conn)
-        if scan is None:
-            conn.receive_data(piece)
-        else:
-            buf = carry + piece
-            spans: list[tuple[int, int]] = []
-            pos = scan.scan(buf, 0, len(buf), spans)
-            data.extend(b"".join(buf[begin:stop] for begin, stop in spans))
-            carry = buf[pos:]
-            if not scan.stopped:
-                continue
-            chunk_restore(conn, scan, carry)
-            scan, carry = None, b""
-        if (end := drain()) is not None:
-            return f"{bytes(data)!r} {end}"
-    if scan is not None:
-        chunk_restore(conn, scan, carry)
-    if (end := drain()) is None:
-        conn.receive_data(b"")  # the end of the stream
-        end = drain()
-    return f"{bytes(data)!r} {end}"
-
-
 def chunks(data: bytes) -> None:
     """A chunked body read by h11 alone and as a pump reads it: the same bytes, the same end.
 
-    The first byte picks where the body is cut into reads and where a pump
-    takes over; the rest is the body.
+    The first byte picks where the body is cut into reads and where pumps take
+    over and hand back; the rest is the body.  The harness is the differential
+    test's (tests/egress/chunk_differential.py).
     """
     if not data:
         return
@@ -307,11 +257,10 @@ def chunks(data: bytes) -> None:
     body = data[1:]
     cuts = sorted({rng.randrange(len(body) + 1) for _ in range(data[0] % 8)})
     pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True) if b > a]
-    pump_at = {i for i in range(len(pieces)) if rng.random() < 0.6}
-    alone = _chunked_read(_chunked_conn(), pieces, set())
-    pumped = _chunked_read(_chunked_conn(), pieces, pump_at)
+    alone = reference(pieces, eof=True)
+    pumped = through_pumps(pieces, True, rng)  # where pumps start and end: rng's
     if alone != pumped:
-        raise Broken(f"h11 alone: {alone[:120]}; with a pump: {pumped[:120]}")
+        raise Broken(f"h11 alone: {str(alone)[:120]}; with a pump: {str(pumped)[:120]}")
 
 
 TARGETS: dict[str, Callable[[bytes], None]] = {
