@@ -103,22 +103,15 @@ def main(argv: list[str] | None = None) -> int:
 
 def _spawn(spec: int, life: int, new_session: bool, limits: Any) -> tuple[int, int, bool]:
     """The command's process below us (and the init above it where a PID namespace can
-    be made); what this reaper supervises: (child, its control fd, group), as
+    be made, on its own course: :func:`_init`); what this reaper supervises, as
     :func:`.pidns.spawn_below` returns it."""
-    if not pidns.unshare_pids():
-        command = os.fork()
-        if command == 0:
-            os.close(life)
-            os._exit(_command(spec, new_session, limits, None))
-        return command, life, new_session
-    watch_r, watch_w = os.pipe()
-    init = os.fork()
-    if init == 0:
-        os.close(watch_r)
-        _init(spec, life, watch_w, new_session, limits)
-    os.close(watch_w)
-    os.close(life)
-    return init, watch_r, False
+    def command() -> NoReturn:
+        os._exit(_command(spec, new_session, limits, None))
+
+    def init(watch: int) -> NoReturn:
+        _init(spec, life, watch, new_session, limits)
+
+    return pidns.spawn_below(command, life, group=new_session, native_reaper=None, init=init)
 
 
 def _init(spec: int, life: int, watch: int, new_session: bool, limits: Any) -> NoReturn:

@@ -106,6 +106,7 @@ def own_proc(binds: tuple[tuple[str, str], ...] = (), links: tuple[str, ...] = (
 
 def spawn_below(
     run: Callable[[], NoReturn], control: int, *, group: bool, native_reaper: str | None,
+    init: Callable[[int], NoReturn] | None = None,
 ) -> tuple[int, int, bool]:
     """In a reaper: start the command (``run``, in a forked child) below us.
 
@@ -113,8 +114,10 @@ def spawn_below(
     Without a namespace that is the command itself with ``control``.  With
     one it is the init, watched through a pipe that closes when it ends
     (group False: the init is signalled by pipe, never by a signal); the
-    init supervises the command with ``control``.  (The Landlock session's
-    helper makes its own, the mount namespace later: :mod:`.landlock_helper`.)
+    init supervises the command with ``control``.  ``init``: the init's own
+    course, given the watch pipe's write end, instead of :func:`_init`'s (the
+    Landlock session's helper makes the command first, the mount namespace
+    later: :mod:`.landlock_helper`).
     """
     if not unshare_pids():
         command = os.fork()
@@ -123,13 +126,15 @@ def spawn_below(
             run()
         return command, control, group
     watch_r, watch_w = os.pipe()
-    init = os.fork()
-    if init == 0:
+    pid = os.fork()
+    if pid == 0:
         os.close(watch_r)
+        if init is not None:
+            init(watch_w)
         _init(run, control, watch_w, group=group, native_reaper=native_reaper)
     os.close(watch_w)
     os.close(control)
-    return init, watch_r, False
+    return pid, watch_r, False
 
 
 def _init(
