@@ -14,15 +14,14 @@ a trailing dot and IDN spelling (compared in punycode) never matter.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libegress.hosts import BadHost, canonical_host, parse_port
 
 DEFAULT_PORTS = frozenset({80, 443})
 
 
-@dataclass(frozen=True)
-class Pattern:
+class Pattern(NamedTuple):
     """One allow-list entry: a host (or ``*.`` suffix) and the ports it opens."""
 
     host: str

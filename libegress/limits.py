@@ -3,15 +3,19 @@
 Apart from :mod:`libegress.http1` so the proxy's start-up (options, shared
 services) does not import h11: the HTTP machinery loads on the first
 connection.
+
+A NamedTuple, not a dataclass: egress-proxy makes it before its ``listening``
+line, where the dataclasses module (and the inspect module it loads) and a
+dataclass's generated methods cost the proxy ~10 ms of CPU
+(tests/test_import_budget.py holds that path free of them).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
-@dataclass(frozen=True)
-class Limits:
+class Limits(NamedTuple):
     """Bounds on what one client may make the proxy hold or wait for."""
 
     max_head: int = 32 * 1024  # request head bytes (431)

@@ -11,15 +11,14 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.errors import EgressError
 from libbroker.server_lines import listening_line
 from libbroker.unix_listen import handed_over
 
 
-@dataclass(frozen=True)
-class Listen:
+class Listen(NamedTuple):
     """A listener's address and what it speaks (``http`` or ``socks5``).
 
     ``fd`` >= 0: a listening socket handed over by whoever started the proxy

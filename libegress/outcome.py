@@ -10,7 +10,7 @@ answers map to a verdict in one place, :func:`verdict_of`.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from typing import NamedTuple
 
 
 class Verdict(enum.StrEnum):
@@ -53,8 +53,7 @@ def verdict_of(status: int) -> Verdict:
     return Verdict.FAILED if status >= 500 else Verdict.REFUSED
 
 
-@dataclass(frozen=True, slots=True)
-class Outcome:
+class Outcome(NamedTuple):
     """One event: a verdict for ``host``:``port``, how (``mode``), the status, and why.
 
     ``status`` is the proxy's answer for a refusal, the upstream's for an

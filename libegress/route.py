@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 import ipaddress
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import NamedTuple
 
 from libegress.addresses import IPAddress, Network
 from libegress.allowlist import Pattern, allowed
@@ -36,8 +38,7 @@ class Route(enum.Enum):
     LEARN = "learn"  # --learn: not on the allow list, passed as PASS is (and recorded)
 
 
-@dataclass(frozen=True)
-class Pin:
+class Pin(NamedTuple):
     """A ``--resolve`` entry: trusted, so the address rules do not apply."""
 
     address: IPAddress
@@ -61,13 +62,12 @@ def parse_pin(text: str) -> tuple[str, Pin]:
         return host, Pin(ipaddress.ip_address(address), port)
 
 
-@dataclass(frozen=True)
-class EgressPolicy:
+class EgressPolicy(NamedTuple):
     """The proxy's whole policy, fixed at start."""
 
     allow: tuple[Pattern, ...] = ()
     inject: tuple[str, ...] = ("github.com", "api.github.com")
-    pins: dict[str, Pin] = field(default_factory=dict)
+    pins: Mapping[str, Pin] = MappingProxyType({})  # read-only: this default is shared
     allow_cidrs: tuple[Network, ...] = ()
     learn: bool = False  # --learn: any host and port the inject rules leave is passed
 
