@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
@@ -46,6 +47,7 @@ from libbroker.sandbox.landlock_backend import ReaperLine
 
 if TYPE_CHECKING:
     import signal
+    from collections.abc import Callable
 
     from libbroker.launcher.door import Door
     from libbroker.launcher.session import Session
@@ -144,6 +146,8 @@ class BwrapBox(Box):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.start: BwrapStart | None = None  # its pipes, the proxy's ports inside, the bridges
+        self.settling: list[threading.Thread] = []  # its tree settled before go (_settle)
+        self.unsettled: list[BaseException] = []  # what stopped that, raised at go
 
     def fixed_ports(self) -> tuple[int, int]:
         return HTTP_PORT, SOCKS_PORT
@@ -183,6 +187,7 @@ class BwrapBox(Box):
             )
         finally:
             start.spawned()
+        self._settle()
         self._open_ports(start)
 
     def _holds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -232,16 +237,52 @@ class BwrapBox(Box):
         except SpawnError as exc:
             raise LaunchError(f"cannot open the proxy bridge: {exc}") from None
 
-    def go(self, host: Host, found: plan.Listening) -> None:
-        s = self.s
-        start = self.start
-        assert start is not None and start.listeners  # opened in build, or the start failed
-        if self.limits is not None and s.crew.sandbox is not None:
+    def _settle(self) -> None:
+        """From bwrap's spawn to go, while the proxy starts, each in a thread of its own: its
+        tree moved into the session's cgroups (the first write waits a kernel grace
+        period, 5-30 ms of wall and no CPU), and the config links held (a fork, once
+        bwrap's mounts are built: a few ms more).  Under rlimits the move waits for go:
+        a process given the host's RLIMIT_NPROC before bwrap made its user namespace
+        would pass that one on."""
+        steps = [self._hold_config_links]
+        if self.limits is not None and self.limits.kind != "rlimit":
+            steps.append(self._move_tree)
+        for step in steps:
+            thread = threading.Thread(target=self._settling, args=(step,), daemon=True,
+                                      name="sandbox-settle")  # fmt: skip
+            thread.start()
+            self.settling.append(thread)
+
+    def _settling(self, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except BaseException as exc:  # raised by go, on the main thread
+            self.unsettled.append(exc)
+
+    def _move_tree(self) -> None:
+        sandbox = self.s.crew.sandbox
+        if self.limits is not None and sandbox is not None:
             from libbroker.sandbox import cgroups
 
-            # bwrap's tree waits for the go byte: nothing of CMD runs yet.
-            cgroups.move_tree(self.limits, s.crew.sandbox.pid)
-        self._hold_config_links()
+            cgroups.move_tree(self.limits, sandbox.pid)
+
+    def _settled(self) -> None:
+        """:meth:`_settle` done (its failure raised here); then the tree moved again: bwrap's
+        tree waits for the go byte, nothing of CMD runs yet, and whatever the early move
+        could not see is moved now (nothing, usually: then nothing is written)."""
+        self._join_settling()
+        if self.unsettled:
+            raise self.unsettled.pop()
+        self._move_tree()
+
+    def _join_settling(self) -> None:
+        while self.settling:
+            self.settling.pop().join()
+
+    def go(self, host: Host, found: plan.Listening) -> None:
+        start = self.start
+        assert start is not None and start.listeners  # opened in build, or the start failed
+        self._settled()
         start.go((found.http_port, found.socks_port), b"g", keep=True)  # then signal numbers
 
     def _hold_config_links(self) -> None:
@@ -264,6 +305,13 @@ class BwrapBox(Box):
     def stop(self) -> None:
         if self.start is not None:  # the sandbox is gone: its connections end too
             self.start.stop()
+
+    def release(self) -> None:
+        """No move or hold left in flight (a start cut short) once the sandbox is gone:
+        before its cgroups are removed and what it left reaped (bounded: the hold's wait
+        for bwrap's mounts ends with bwrap)."""
+        self._join_settling()
+        super().release()
 
 
 class LandlockBox(Box):

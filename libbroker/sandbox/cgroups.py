@@ -271,16 +271,21 @@ def _children(pid: int) -> list[int]:
 
 
 def move_tree(group: Group, root: int) -> int:
-    """Put ``root`` and every process below it into ``group``; how many were moved.
+    """Put ``root`` and every process below it into ``group``; how many there are.
 
     For a tree that waits (bwrap's, before the session's go byte).  Top
     down: a process is moved before its children are listed, so a child it
-    forks meanwhile is born inside, and one forked before is listed.  Under
-    rlimits each process gets them by prlimit; RLIMIT_NPROC inside another
-    user namespace (bwrap's) counts only that namespace's tasks, so there it
-    is the limit itself rather than the user's count plus it.
+    forks meanwhile is born inside, and one forked before is listed.  A
+    process already in a cgroup is not written again: the first write after
+    a quiet spell waits a kernel grace period (the threadgroup rwsem's, 5-30
+    ms), so a session moves its tree early, in a thread, and again at go,
+    where nothing is left to write.  Under rlimits each process gets them by
+    prlimit; RLIMIT_NPROC inside another user namespace (bwrap's) counts
+    only that namespace's tasks, so there it is the limit itself rather than
+    the user's count plus it.
     """
     own_ns = _userns(os.getpid())
+    inside = [frozenset(_members(directory)) for directory in group.dirs]
     queue, seen = [root], set()
     while queue:
         pid = queue.pop(0)
@@ -295,8 +300,9 @@ def move_tree(group: Group, root: int) -> int:
                         value = group.limits.tasks
                     resource.prlimit(pid, which, (value, value))
             else:
-                for directory in group.dirs:
-                    _write(directory, "cgroup.procs", str(pid))
+                for directory, members in zip(group.dirs, inside, strict=True):
+                    if pid not in members:
+                        _write(directory, "cgroup.procs", str(pid))
         except ProcessLookupError:
             continue  # gone meanwhile: nothing to hold
         queue += _children(pid)

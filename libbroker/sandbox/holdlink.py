@@ -90,11 +90,14 @@ def hold_in(pid: int, paths: tuple[str, ...]) -> None:
 
 def sandbox_process(outer: int, timeout: float) -> int:
     """The first process bwrap ``outer`` started that runs something else than bwrap: by
-    then bwrap has built the sandbox's mounts (it execs only after).  OSError on timeout."""
+    then bwrap has built the sandbox's mounts (it execs only after).  OSError on timeout,
+    or once ``outer`` has exited (a bwrap that failed: never waited for in vain)."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if not _running(outer):
+            raise OSError("the sandbox exited while starting")
         todo = [outer]
         while todo:
             pid = todo.pop()
@@ -110,3 +113,12 @@ def sandbox_process(outer: int, timeout: float) -> int:
             todo += kids
         time.sleep(0.001)
     raise OSError("the sandbox did not start in time")
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` exists and has not exited (a zombie, not yet reaped, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False

@@ -326,8 +326,40 @@ def test_move_tree_puts_a_waiting_tree_in_place() -> None:
         assert cgroups.move_tree(group, tree.pid) == 3
         for directory in group.dirs:
             assert len((Path(directory) / "cgroup.procs").read_text().split()) == 3
+        # Again (the session's pass at go, after its early one): nothing is written, as
+        # each write may wait a kernel grace period.
+        writes: list[str] = []
+        real = cgroups._write
+        cgroups._write = lambda *args: writes.append(args[0])  # type: ignore[assignment]
+        try:
+            assert cgroups.move_tree(group, tree.pid) == 3
+        finally:
+            cgroups._write = real  # type: ignore[assignment]
+        assert writes == []
     finally:
         tree.kill()
         tree.wait()
         cgroups.remove(group)
     assert not any(os.path.exists(d) for d in group.dirs)
+
+
+def test_the_wait_for_bwraps_mounts_ends_with_bwrap() -> None:
+    """The config links' hold waits (in a thread, until go) for the sandbox's first
+    process; an outer process that exited first ends that wait at once, not at the
+    start timeout."""
+    from libbroker.sandbox import holdlink
+
+    gone = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{gone.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    began = time.monotonic()
+    try:
+        with pytest.raises(OSError, match="exited while starting"):
+            holdlink.sandbox_process(gone.pid, 30)
+    finally:
+        gone.wait()
+    assert time.monotonic() - began < 5
+    with pytest.raises(OSError, match="exited while starting"):
+        holdlink.sandbox_process(gone.pid, 30)  # reaped: no such process
