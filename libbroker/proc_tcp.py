@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from dataclasses import dataclass
+from typing import NamedTuple
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
-@dataclass(frozen=True)
-class PeerSocket:
+class PeerSocket(NamedTuple):
     """The owner (uid) and socket inode of a connection's far end (0: not in the row)."""
 
     uid: int

@@ -59,6 +59,7 @@ BUDGET = {
     "gpg-shim": 28,  # 26
     "policy-hook": 56,  # 53
     "prestart": 68,  # 65
+    "launcher-go": 114,  # 111 at go (116 with the dataclasses module and inspect)
     "warm-client": 48,  # 45 (json would add re and enum: _json does without)
 }
 """Standard-library modules each path may load: today's count (measured on
@@ -190,6 +191,49 @@ def test_launcher_prestart(tmp_path: Path) -> None:
     # Not shutil (and re, fnmatch, bz2, lzma with it): ~10 ms before the spawn once.
     check_budget(names, ceiling=BUDGET["prestart"], extra_forbidden=("shutil", "re"))
 
+
+# Each module loaded by the cold launcher (no resident service) before go is paid
+# on every session's critical path; these were, and are not needed there.
+LAUNCHER_CUT = ("dataclasses", "inspect")  # ~7 ms of CPU (Shape, Limits... are NamedTuples)
+
+
+@pytest.mark.parametrize("backend", ["bwrap", "nono"])
+def test_cold_launcher_to_go(tmp_path: Path, backend: str) -> None:
+    """What a whole cold session (``agent-sandbox run -- true`` in a repository, no
+    resident service) has loaded at go, the end of its start: the session's own
+    threads' imports included; then it runs to its end."""
+    from libbroker.sandbox import backends
+
+    if (why := backends.of("nono" if backend == "nono" else "bwrap").unavailable()) is not None:
+        pytest.skip(why)
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    subprocess.run(["git", "init", "-q"], cwd=work, check=True)
+    config = tmp_path / "config.toml"
+    config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n')
+    at_go = tmp_path / "at-go.txt"
+    patch = ("import libbroker.launcher.trace as _trace\n"
+             "_mark = _trace.mark\n"
+             "def _at_go(name):\n"
+             "    if name == 'go':\n"
+             f"        with open({str(at_go)!r}, 'w') as fh:\n"
+             "            fh.write('\\n'.join(sorted(sys.modules)))\n"
+             "    _mark(name)\n"
+             "_trace.mark = _at_go\n")  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "AGENT_SANDBOX"))}
+    env.update(HOME=str(home), XDG_RUNTIME_DIR=str(tmp_path), AGENT_SANDBOX_SERVE="off",
+               AGENT_SANDBOX_GATE_SOCKET="off")  # fmt: skip
+    out = tmp_path / "modules.txt"
+    code = DRIVER.format(root=ROOT, out=str(out), module="bin.agent_sandbox", patch=patch,
+                         argv=["agent-sandbox", "run", f"--config={config}",
+                               f"--sandbox={backend}", "--", "true"])  # fmt: skip
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], env=env, cwd=work,
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0 and out.read_text().split("\n")[0] == "0", done.stderr
+    names = set(at_go.read_text().split("\n"))
+    assert "libbroker.launcher.session" in names
+    check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=LAUNCHER_CUT)
 
 
 def test_warm_run_client(tmp_path: Path) -> None:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import NamedTuple
 
 from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
@@ -186,8 +185,7 @@ def bwrap_shape(
     """
     guard = cfg.protect_git and not cfg.workdir_read_only
     held = tuple(protected_paths(cfg)) if hold is None else hold
-    return replace(
-        _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir),
+    return _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir)._replace(
         write=(*_writes(cfg), *(pin if guard else ()), *((tmpdir,) if tmpdir else ())),
         protect=held if guard else (),
         empty=() if cfg.home in ("/", "") else (cfg.home,),
@@ -224,8 +222,7 @@ def landlock_shape(
     """
     binds = _binds(cfg, binds)
     guard = hold is not None and cfg.protect_git and not cfg.workdir_read_only
-    return replace(
-        _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir),
+    return _shape(cfg, rt, host, env, tty=tty, tmpdir=tmpdir)._replace(
         write=(*_writes(cfg), *((tmpdir,) if tmpdir else ()), *(inside for _, inside in binds)),
         protect=hold if guard and hold is not None else (),
         tcp_connect=ports,

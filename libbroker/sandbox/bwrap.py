@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from libbroker.paths import under, under_any
 from libbroker.sandbox.shape import Shape
@@ -24,8 +25,7 @@ from libbroker.sandbox.shape import Shape
 HIDDEN = "/.agent-sandbox-host"
 
 
-@dataclass(frozen=True)
-class Facts:
+class Facts(NamedTuple):
     """What exists on the host among a shape's paths, and merged-/usr links."""
 
     dirs: frozenset[str]
@@ -33,7 +33,7 @@ class Facts:
     links: Mapping[str, str]  # /bin -> usr/bin: recreated as a symlink, not bound
     # An overlay's deepest existing directory (when its path does not exist),
     # with the names in it: the directory is rebuilt to hold the overlay.
-    listings: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    listings: Mapping[str, tuple[str, ...]] = MappingProxyType({})  # shared: read-only
 
 
 def facts(paths: Iterable[str], overlays: Iterable[str] = ()) -> Facts:

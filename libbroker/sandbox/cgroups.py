@@ -18,7 +18,7 @@ import contextlib
 import os
 import resource
 import time
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.sandbox.limits import (
     CPU_PERIOD_US,
@@ -28,8 +28,7 @@ from libbroker.sandbox.limits import (
 )
 
 
-@dataclass(frozen=True)
-class Mechanism:
+class Mechanism(NamedTuple):
     """How limits are made real here: a cgroup kind and where groups go, or rlimits.
 
     ``bases`` are (controllers, directory) pairs: one for cgroup v2, one per
@@ -132,8 +131,7 @@ def mechanism() -> Mechanism:
 # --- one sandbox's limits -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Group:
+class Group(NamedTuple):
     """One sandbox's limits, made real.
 
     ``dirs``: the cgroup directories made for it (none under rlimits).

@@ -26,7 +26,7 @@ Limits, stated once:
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from libbroker.errors import ConfigError, SandboxUnavailable
 from libbroker.paths import under
@@ -68,8 +68,7 @@ _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH, _RULE_NET_PORT = 1, 2
 
 
-@dataclass(frozen=True)
-class Rule:
+class Rule(NamedTuple):
     """``path`` (a directory tree, or one file) with ``writable`` or read-only rights."""
 
     path: str
@@ -77,8 +76,7 @@ class Rule:
     is_dir: bool
 
 
-@dataclass(frozen=True)
-class Ruleset:
+class Ruleset(NamedTuple):
     rules: tuple[Rule, ...]
     tcp_connect: tuple[int, ...]
 

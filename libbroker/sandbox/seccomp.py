@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import os
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # linux/bpf_common.h opcodes, as combined by seccomp filters.
 LD_W_ABS = 0x20
@@ -69,8 +69,7 @@ IPPROTO_TCP = 6
 NETLINK_ROUTE = 0
 
 
-@dataclass(frozen=True)
-class Arch:
+class Arch(NamedTuple):
     """One machine's audit arch and the syscall numbers the filter looks at."""
 
     audit: int
@@ -89,8 +88,7 @@ ARCHES = {
 }
 
 
-@dataclass(frozen=True)
-class Filter:
+class Filter(NamedTuple):
     """What a sandbox refuses beyond the fixed list; see the module doc."""
 
     sockets: bool = False  # only TCP and NETLINK_ROUTE may be created

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 """System directories every sandbox may read (those that exist are granted)."""
@@ -32,8 +33,7 @@ Never /dev/shm: under Landlock it is the host's, shared with every process
 of the user (bwrap's /dev has a private one)."""
 
 
-@dataclass(frozen=True)
-class Shape:
+class Shape(NamedTuple):
     """Everything one sandbox grants.  Paths are absolute and normalized.
 
     Each field is an intent; how each backend realises it, or why it cannot,
@@ -70,7 +70,7 @@ class Shape:
     devices: tuple[str, ...] = DEVICES
     tcp_connect: tuple[int, ...] = ()
     cwd: str = "/"
-    env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] = MappingProxyType({})  # shared: read-only
     tmp: str = ""
     tmp_size: int | None = None
     new_session: bool = True
@@ -86,7 +86,7 @@ class Shape:
                      protect=self.protect)
 
     def to_json(self) -> str:
-        body = asdict(self)
+        body = self._asdict()
         body["env"] = dict(self.env)
         return json.dumps(body)
 
@@ -96,7 +96,7 @@ def from_json(text: str | bytes) -> Shape:
     body = json.loads(text)
     if not isinstance(body, dict):
         raise ValueError("a shape is a JSON object")
-    fields = Shape.__dataclass_fields__
+    fields = Shape._fields
     unknown = set(body) - set(fields)
     if unknown:
         raise ValueError(f"unknown shape field {sorted(unknown)[0]!r}")

@@ -14,7 +14,7 @@ from libbroker.sandbox.shape import Shape
 
 @pytest.mark.parametrize("backend", backends.each(), ids=lambda b: b.name)
 def test_each_backend_says_what_it_makes_of_every_shape_field(backend) -> None:
-    assert set(backend.realises) == set(Shape.__dataclass_fields__)
+    assert set(backend.realises) == set(Shape._fields)
     assert all(how.strip() for how in backend.realises.values())
     assert importlib.import_module(backend.executor).EXECUTOR.name == backend.name
 

@@ -14,7 +14,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -81,8 +80,8 @@ def test_the_three_parts_run_the_command_and_nothing_runs_without_a_matching_spe
         "nothing": (None, 0, True),
         "first only": (None, 1, True),
         "no spec": (None, 2, True),
-        "other session": (replace(shape, new_session=False), 3, True),
-        "other holds": (replace(shape, protect=(str(tmp_path),)), 3, True),
+        "other session": (shape._replace(new_session=False), 3, True),
+        "other holds": (shape._replace(protect=(str(tmp_path),)), 3, True),
         "too long": (None, (LIMIT + 1).to_bytes(4, "big"), True),
         # No user namespace: the command's process reads the second part itself; it runs,
         # but never with holds (they would be the host's own paths).
@@ -90,7 +89,7 @@ def test_the_three_parts_run_the_command_and_nothing_runs_without_a_matching_spe
         "holds without userns": (None, 3, False),
     }
     started = {}
-    held = replace(shape, protect=(str(tmp_path),))
+    held = shape._replace(protect=(str(tmp_path),))
     for name, (spec, count, userns) in cases.items():
         proc, spec_w, life_w = _start(userns)
         marker = tmp_path / name.replace(" ", "-")
