@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ssl
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from libegress.addresses import IPAddress
@@ -13,29 +12,38 @@ from libegress.limits import Limits
 from libegress.peers import PidFinder
 from libegress.record import Recorder
 from libegress.route import EgressPolicy
-from libegress.scope import Scope
 from libegress.tokens import SecretKeeper, TokenKeeper, distinct
 
 if TYPE_CHECKING:
     from libegress.gateway import Gate
+    from libegress.scope import Scope  # loaded with --repos only (libegress.serving)
+
+# Plain classes, not dataclasses: the proxy makes them after `listening`, while
+# the session's command starts, and a dataclass costs ~0.5 ms of CPU at its
+# creation (exec of its generated methods) for what these few lines say.
 
 
-@dataclass
 class Services:
     """The proxy's shared, long-lived parts."""
 
-    policy: EgressPolicy
-    limits: Limits
-    leaves: LeafCache
-    tokens: TokenKeeper
-    log: EventLog
-    upstream_ca: str | None = None  # --upstream-ca, else the system's roots
-    secrets: dict[str, SecretKeeper] = field(default_factory=dict)  # by host
-    pids: PidFinder = field(default_factory=PidFinder)
-    scope: Scope | None = None  # --repos: the token's writes held to those repositories
-    record: Recorder = field(default_factory=lambda: Recorder(None, EgressPolicy()))  # --record
-    gate: Gate | None = None  # --control: connections are served by their tenant's services
-    _upstream_tls: ssl.SSLContext | None = field(default=None, repr=False)
+    def __init__(self, policy: EgressPolicy, limits: Limits, leaves: LeafCache,
+                 tokens: TokenKeeper, log: EventLog, *, upstream_ca: str | None = None,
+                 secrets: dict[str, SecretKeeper] | None = None, pids: PidFinder | None = None,
+                 scope: Scope | None = None, record: Recorder | None = None,
+                 gate: Gate | None = None, upstream_tls: ssl.SSLContext | None = None) -> None:
+        self.policy = policy
+        self.limits = limits
+        self.leaves = leaves
+        self.tokens = tokens
+        self.log = log
+        self.upstream_ca = upstream_ca  # --upstream-ca, else the system's roots
+        self.secrets: dict[str, SecretKeeper] = secrets if secrets is not None else {}  # by host
+        self.pids = pids if pids is not None else PidFinder()
+        self.scope = scope  # --repos: the token's writes held to those repositories
+        # --record (off: a recorder that writes nothing)
+        self.record = record if record is not None else Recorder(None, EgressPolicy())
+        self.gate = gate  # --control: connections are served by their tenant's services
+        self._upstream_tls = upstream_tls
 
     def keepers(self) -> list[TokenKeeper]:
         """Every runner, once: the GitHub token's and the secrets' (shared by same commands)."""
@@ -58,15 +66,18 @@ class Services:
         self._upstream_tls = upstream_context(self.upstream_ca)
 
 
-@dataclass
 class Peer:
     """A client connection's far end; its pid is looked up for log lines only."""
 
-    address: IPAddress
-    port: int
-    inode: int | None = None
-    finder: PidFinder | None = field(default=None, repr=False)
-    _pid: int | None = field(default=None, repr=False)
+    __slots__ = ("_pid", "address", "finder", "inode", "port")
+
+    def __init__(self, address: IPAddress, port: int, inode: int | None = None,
+                 finder: PidFinder | None = None) -> None:
+        self.address = address
+        self.port = port
+        self.inode = inode
+        self.finder = finder
+        self._pid: int | None = None
 
     def pid(self) -> int | None:
         if self._pid is None and self.inode is not None and self.finder is not None:

@@ -145,7 +145,7 @@ class Gate:
             secrets=secret_keepers(options.secrets, log.note, bound=bound, env=env),
             scope=(Scope(options.repos, frozenset(options.github_inject))
                    if options.repos is not None else None),
-            record=record, _upstream_tls=self.upstream(),
+            record=record, upstream_tls=self.upstream(),
         )
         return services, authority.cert_pem().decode("ascii")
 

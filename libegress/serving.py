@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 from libegress.ca import Authority, LeafCache
 from libegress.context import Services
 from libegress.eventlog import EventLog
-from libegress.scope import Scope
 from libegress.server import HANDLERS, ProxyServer
 from libegress.tokens import TokenKeeper, secret_keepers
 
@@ -35,6 +34,11 @@ def run(options: Options, log: EventLog, authority: Authority,
 async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
                listeners: list[tuple[socket.socket, str]],
                announce: Callable[[], None]) -> None:
+    scope = None
+    if options.repos is not None:  # only then: the scope's rules, urllib.parse and json
+        from libegress.scope import Scope
+
+        scope = Scope(options.repos, frozenset(options.github_inject))
     tokens = TokenKeeper(options.token_argv, options.token_every, log.note,
                          bound=options.token_timeout)
     services = Services(
@@ -45,8 +49,7 @@ async def _run(options: Options, log: EventLog, authority_cache: LeafCache,
         log=log,
         upstream_ca=options.upstream_ca,
         secrets=secret_keepers(options.secrets, log.note, bound=options.token_timeout),
-        scope=(Scope(options.repos, frozenset(options.github_inject))
-               if options.repos is not None else None),
+        scope=scope,
     )
     if log.record is not None:
         services.record = log.record

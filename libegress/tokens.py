@@ -36,11 +36,16 @@ import re
 import signal
 import subprocess
 from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from libbroker.errors import TokenError
-from libegress.oauth_login import ABSENT_STATUS
-from libegress.secrets import Secret, header_value
 from libegress.token_command import token_argv as token_argv  # re-exported: its old home
+
+if TYPE_CHECKING:
+    # Loaded with --secrets only (libegress.app.read_secrets), and with them the
+    # logins' modules (oauth_login, token_endpoint, placeholders): a proxy
+    # without secrets never pays for them.
+    from libegress.secrets import Secret
 
 # Printable ASCII without spaces: whatever goes into a header must not be able
 # to end it (no CR/LF) or be mistaken for another field.
@@ -360,6 +365,8 @@ class SecretKeeper:
             return None
         made = self._made
         if made is None or made[0] is not value:
+            from libegress.secrets import header_value  # loaded already: a Secret is one of its
+
             made = self._made = (value, header_value(self.secret.format, value))
         return self.name, made[1]
 
@@ -388,6 +395,8 @@ def secret_keepers(secrets: tuple[Secret, ...] | list[Secret], say: Callable[[st
 def _runner(group: list[Secret], say: Callable[[str], None], bound: float, first_wait: float,
             env: Mapping[str, str] | None) -> TokenKeeper:
     """The one runner of secrets with the same command; its lines name their hosts."""
+    from libegress.oauth_login import ABSENT_STATUS  # loaded by secrets already
+
     first = group[0]
     prefix = "secret for " + ", ".join(s.host for s in group)
     return TokenKeeper(list(first.argv), first.every, lambda message: say(f"{prefix}: {message}"),

@@ -352,3 +352,27 @@ def test_egress_proxy_serves_without_the_graphql_reader() -> None:
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
                           text=True, timeout=60, check=True)  # fmt: skip
     assert done.stdout.split() == ["False", "True"]
+
+
+# What only --repos, --secrets (and the logins among them) or an inject host need.
+_ON_DEMAND = ("libegress.scope", "libegress.scope_guard", "libegress.secrets",
+              "libegress.oauth_login", "libegress.token_endpoint", "libegress.placeholders",
+              "libegress.login_host", "libegress.graphql", "urllib.parse")
+
+
+def test_egress_proxy_serving_loads_only_what_every_session_needs() -> None:
+    """After ``listening`` (libegress.serving: asyncio, the server, the token keeper)
+    the proxy competes with the session's command for the cores: what only
+    --repos or --secrets need loads with them (libegress.serving, libegress.app),
+    and the values made there are plain classes, not dataclasses."""
+    from libbroker.launcher import boot, prestart
+
+    code = (f"import sys; sys.path[:0] = {boot.import_paths()!r}\n"
+            f"for warm in {prestart.PROXY_WARM!r}: __import__(warm)\n"
+            "import libegress.serving\n"
+            "print(' '.join(sorted(sys.modules)))\n")  # fmt: skip
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                          text=True, timeout=60, check=True)  # fmt: skip
+    loaded = set(done.stdout.split())
+    assert "asyncio" in loaded
+    assert sorted(loaded & {*_ON_DEMAND, "dataclasses"}) == []
