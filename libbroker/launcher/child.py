@@ -33,6 +33,7 @@ import os
 import select
 
 from libbroker.errors import LaunchError
+from libbroker.which import which
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing
 if TYPE_CHECKING:
@@ -93,11 +94,10 @@ def _find(program: str, env: Mapping[str, str] | None) -> str:
     """``program``'s path: as given when it has a slash, else from the child's PATH."""
     if "/" in program:
         return program
-    for d in os.get_exec_path(env):
-        path = os.path.join(d, program)
-        if os.access(path, os.X_OK) and not os.path.isdir(path):
-            return path
-    raise FileNotFoundError(2, "No such file or directory", program)
+    path = which(program, env)
+    if path is None:
+        raise FileNotFoundError(2, "No such file or directory", program)
+    return path
 
 
 def _close_actions(keep: set[int]) -> list[tuple[int | str, ...]]:

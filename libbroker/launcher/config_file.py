@@ -19,7 +19,6 @@ file of certificates.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +30,7 @@ from libbroker.launcher.here import here
 from libbroker.launcher.origins import Origins, key_lines, toml_error, utf8_error
 from libbroker.sandbox.limits import LimitsError, parse_flags
 from libbroker.sandbox.limits import from_mapping as limits_from_mapping
+from libbroker.which import which
 
 if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
@@ -79,7 +79,7 @@ def default_path(home: str) -> str:
 def host_facts() -> HostFacts:
     """Look at the host once: home, cwd, gh on PATH."""
     home = os.path.expanduser("~")
-    return HostFacts(home=home, cwd=here(), gh_present=shutil.which("gh") is not None)
+    return HostFacts(home=home, cwd=here(), gh_present=which("gh") is not None)
 
 
 def resolve_sign_key(cfg: Config) -> Config:

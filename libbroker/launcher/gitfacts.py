@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import time
 from typing import TYPE_CHECKING
 
 from libbroker.launcher.git_answers import GIT_TIMEOUT as GIT_TIMEOUT
 from libbroker.launcher.git_answers import Located, parse_located
+from libbroker.which import which
 
 if TYPE_CHECKING:
     from libbroker.launcher.child import Proc
@@ -55,7 +55,7 @@ def git_env(home: str) -> dict[str, str]:
 
 def _start(args: list[str], cwd: str, home: str) -> Proc | None:
     """``git -C cwd ARGS`` started, or None when git is not installed or cannot start."""
-    if not shutil.which("git"):
+    if not which("git"):
         return None
     from libbroker.launcher.child import start
 

@@ -46,7 +46,7 @@ from collections.abc import Mapping
 from libbroker.launcher.hostrun_files import O_DIR, put_in_place, read_at, read_small, replace
 from libbroker.launcher.hostrun_fingerprint import Node, Snapshot
 from libbroker.launcher.hostrun_fingerprint import parent_of as _parent
-from libbroker.launcher.hostrun_fs import Chain, parent_in
+from libbroker.launcher.hostrun_fs import Chain, parent_in, remove_tree
 from libbroker.launcher.hostrun_gitmerge import (
     LiveConfigs,
     Repo,
@@ -255,15 +255,16 @@ def _set_aside(path: str) -> None:
 
 def remove_set_aside(state: str) -> None:
     """Remove the live dirs finished sessions set aside (every start, off its critical path)."""
-    import shutil
-
-    base = os.path.join(state, LIVE)
     try:
-        names = [n for n in os.listdir(base) if n.startswith(DONE)]
+        dfd = os.open(os.path.join(state, LIVE), O_DIR)
     except OSError:
         return
-    for name in names:
-        shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+    try:  # hostrun_fs's removal, not shutil's (whose import costs ~3 ms of CPU at each start)
+        for name in [n for n in os.listdir(dfd) if n.startswith(DONE)]:
+            with contextlib.suppress(OSError):
+                remove_tree(dfd, name)
+    finally:
+        os.close(dfd)
 
 
 def accept(snap: Snapshot, rel: str, data: bytes, mode: int,

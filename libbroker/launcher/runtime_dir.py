@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
-import tempfile
 
 from libbroker.errors import LaunchError
 from libbroker.launcher.runtime import Runtime
@@ -14,6 +12,40 @@ from libbroker.launcher.runtime import Runtime
 _SUN_PATH_MAX = 107
 # "/agent-sandbox/session-XXXXXXXX/broker.sock" plus slack for the sockets' names.
 _LONGEST_NAME = 48
+# tempfile's, without its import (random and shutil: ~6 ms of CPU before go).
+_NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
+_TMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")  # tempfile.gettempdir's after the environment's
+_tmp: str | None = None
+
+
+def temp_dir() -> str:
+    """The temporary directory, as ``tempfile.gettempdir`` finds it: $TMPDIR, $TEMP,
+    $TMP, then /tmp, /var/tmp, /usr/tmp, then the cwd; the first that is a directory
+    this process may write (asked of the kernel, not tried with a file); once."""
+    global _tmp
+    if _tmp is None:
+        named = [os.environ.get(name, "") for name in ("TMPDIR", "TEMP", "TMP")]
+        for candidate in (*(n for n in named if n), *_TMP_DIRS, os.getcwd()):
+            if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK):
+                _tmp = os.path.abspath(candidate)
+                break
+        else:
+            raise LaunchError("no writable temporary directory ($TMPDIR, /tmp, /var/tmp)")
+    return _tmp
+
+
+def _make_dir(prefix: str, parent: str) -> str:
+    """A new directory (0700) named ``prefix`` and 8 random characters in ``parent``, as
+    ``tempfile.mkdtemp`` makes it: mkdir refuses a name that exists, so another is tried."""
+    for _ in range(100):
+        name = prefix + "".join(_NAME_CHARS[b % len(_NAME_CHARS)] for b in os.urandom(8))
+        path = os.path.join(parent, name)
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            continue
+        return os.path.abspath(path)
+    raise FileExistsError(17, "no free name", os.path.join(parent, prefix + "*"))
 
 
 def create() -> Runtime:
@@ -34,7 +66,7 @@ def create() -> Runtime:
         except OSError:
             parent = None
     try:
-        root = tempfile.mkdtemp(prefix="session-" if parent else "agent-sandbox-", dir=parent)
+        root = _make_dir(*(("session-", parent) if parent else ("agent-sandbox-", temp_dir())))
         os.chmod(root, 0o700)
         # Fails if something is there already: nobody else's directory is used.
         os.mkdir(Runtime(root).host_only, 0o700)
@@ -56,8 +88,8 @@ def session_dirs() -> list[str]:
         parent = os.path.join(base, "agent-sandbox")
         with contextlib.suppress(OSError):
             out += [os.path.join(parent, n) for n in os.listdir(parent) if not n.endswith(".host")]
-    tmp = tempfile.gettempdir()
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError, LaunchError):
+        tmp = temp_dir()
         out += [os.path.join(tmp, n) for n in os.listdir(tmp)
                 if n.startswith("agent-sandbox-") and not n.endswith(".host")]
     return out
@@ -65,6 +97,8 @@ def session_dirs() -> list[str]:
 
 def remove(rt: Runtime) -> None:
     """Remove the runtime directory, its host-only sibling and all in them; a no-op if gone."""
+    import shutil  # at the session's end: not on its start (see _NAME_CHARS)
+
     shutil.rmtree(rt.host_only, ignore_errors=True)
     shutil.rmtree(rt.root, ignore_errors=True)
 

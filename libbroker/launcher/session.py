@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError
@@ -349,6 +348,8 @@ class Session:
     ) -> subprocess.Popen[bytes] | None:
         if not self.cfg.kubeconfig:
             return None
+        import shutil  # only with a kubeconfig: not on every start (runtime_dir._NAME_CHARS)
+
         try:
             shutil.copyfile(self.cfg.kubeconfig, rt.kubeconfig)
             os.chmod(rt.kubeconfig, 0o600)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from typing import TYPE_CHECKING
 
 from libbroker.sandbox.backend import FAIL, OK, Backend, Finding
 from libbroker.sandbox.bwrap import info_pid, read_info, seccomp_pipe
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
+from libbroker.which import which
 
 if TYPE_CHECKING:
     import _socket
@@ -42,12 +42,12 @@ class BwrapBackend(Backend):
     executor = "libbroker.broker.bwrap_executor"
 
     def unavailable(self) -> str | None:
-        if shutil.which("bwrap"):
+        if which("bwrap"):
             return None
         return f"bwrap is not installed (apt-get install bubblewrap), {_ALTERNATIVE}"
 
     def diagnose(self) -> Finding:
-        if not shutil.which("bwrap"):
+        if not which("bwrap"):
             return Finding(FAIL, "bwrap: not installed",
                            f"`apt-get install bubblewrap`, {_ALTERNATIVE}", "sandbox", "bwrap")
         import subprocess  # doctor's probe only: not on a session's start (~5 ms of imports)

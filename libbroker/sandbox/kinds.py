@@ -13,7 +13,7 @@ launcher's prestart): :func:`denies_inside_grants`.
 
 from __future__ import annotations
 
-import shutil
+from libbroker.which import which
 
 AUTO = "auto"
 BWRAP = "bwrap"
@@ -39,7 +39,7 @@ def choose_backend(kind: str) -> str:
         return kind
     for backend in AUTO_ORDER:
         program = _PROGRAM.get(backend)
-        if program is None or shutil.which(program):
+        if program is None or which(program):
             return backend
     return AUTO_ORDER[-1]
 

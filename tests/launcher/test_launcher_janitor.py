@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from libbroker.launcher import boot, janitor
 
 
@@ -64,3 +66,38 @@ def test_the_session_janitor_runs_at_the_lowest_priority_and_goes_when_dismissed
     assert int(fields[16]) == 19  # nice: its start-up yields to the servers'
     j.dismiss()
     assert j._proc.returncode == 0 and tmp_path.exists()
+
+
+def test_without_a_runtime_dir_the_session_dir_is_made_in_tmpdir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No XDG_RUNTIME_DIR: a private directory in the temporary directory, found as
+    tempfile finds it ($TMPDIR first), made as mkdtemp makes it (0700, a new name), and
+    listed among the session dirs a later start looks at."""
+    import tempfile
+
+    from libbroker.launcher import runtime_dir
+
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(runtime_dir, "_tmp", None)
+    tempfile.tempdir = None  # its cache: asked again, from the same environment
+    try:
+        assert runtime_dir.temp_dir() == tempfile.gettempdir() == str(tmp_path)
+    finally:
+        tempfile.tempdir = None
+    rts = [runtime_dir.create() for _ in range(3)]
+    try:
+        for rt in rts:
+            assert os.path.dirname(rt.root) == str(tmp_path)
+            assert os.path.basename(rt.root).startswith("agent-sandbox-")
+            assert len(os.path.basename(rt.root)) == len("agent-sandbox-") + 8
+            assert os.stat(rt.root).st_mode & 0o777 == 0o700
+            assert os.path.isdir(rt.host_only)
+        assert len({rt.root for rt in rts}) == 3
+        assert {rt.root for rt in rts} <= set(runtime_dir.session_dirs())
+    finally:
+        for rt in rts:
+            runtime_dir.remove(rt)
+    assert not any(os.path.exists(rt.root) for rt in rts)
+    monkeypatch.setattr(runtime_dir, "_tmp", None)
