@@ -177,10 +177,10 @@ def _read(file: str, *, explicit: bool) -> str:
 
 
 def _parse(file: str, text: str) -> dict[str, Any]:
-    import tomllib  # only when a file is read: it costs a few ms to import
-
-    if not text:
+    if not text:  # no file (the default's absent): tomllib is not imported
         return {}
+    import tomllib  # only when a file is read: ~4.5 ms of CPU (datetime, string, 4 regexes)
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

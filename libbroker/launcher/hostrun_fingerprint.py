@@ -21,6 +21,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from binascii import a2b_base64, b2a_base64
 from typing import Any
 
 from libbroker.launcher.hostrun_fs import (
@@ -29,6 +30,7 @@ from libbroker.launcher.hostrun_fs import (
     clone_into,
     hash_fd,
     open_file,
+    sha256,
 )
 from libbroker.launcher.hostrun_fs import parent_of as parent_of  # hostrun_live's import
 from libpolicy.hostrun import Table
@@ -98,7 +100,6 @@ class Snapshot:
         self.seconds = 0.0
 
     def to_json(self) -> str:
-        import base64
         import json
 
         return json.dumps({
@@ -107,12 +108,12 @@ class Snapshot:
                         for rel, (rule, node) in self.entries.items()},
             "repos": self.repos, "dirs": self.dirs, "targets": self.targets,
             "saved": self.saved, "finished": self.finished,
-            "blobs": {h: base64.b64encode(b).decode() for h, b in self.blobs.items()},
+            # binascii: base64's b64encode without base64's import (the scan's thread)
+            "blobs": {h: b2a_base64(b, newline=False).decode() for h, b in self.blobs.items()},
         })
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Snapshot:
-        import base64
         import json
 
         data = json.loads(text)
@@ -124,7 +125,7 @@ class Snapshot:
         snap.targets = [(int(d), int(i)) for d, i in data["targets"]]
         snap.saved = data["saved"]
         snap.finished = int(data["finished"])
-        snap.blobs = {h: base64.b64decode(b) for h, b in data["blobs"].items()}
+        snap.blobs = {h: a2b_base64(b) for h, b in data["blobs"].items()}  # b64decode's
         return snap
 
     def open_saved(self, node: Node) -> int:
@@ -145,18 +146,14 @@ def kind_of(mode: int) -> str:
 
 
 def digest_of(data: bytes) -> str:
-    import hashlib  # imported in the scan's thread, not on the launcher's path
-
-    return hashlib.sha256(data).hexdigest()
+    return sha256(data).hexdigest()
 
 
 def digest_of_fd(fd: int) -> str:
     """:func:`digest_of` the file's bytes, read from ``fd`` in bounded chunks: the live
     gate's check of a host-run file restored as a new inode against what the start
     recorded (the same digest by construction)."""
-    import hashlib  # rarely: only for such a file
-
-    digest = hashlib.sha256()
+    digest = sha256()
     at = 0
     while chunk := os.pread(fd, 1 << 16, at):
         digest.update(chunk)
