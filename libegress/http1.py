@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Coroutine
-from http import HTTPStatus
 from typing import Any, Generic, Protocol, TypeVar
 
 import h11
@@ -49,6 +48,8 @@ def error_events(status: int, message: str, kind: str | None, *,
         headers.append((b"X-Proxy-Error", kind.encode()))
     if status == 407:  # the gateway's refusal: RFC 9110 11.7.1
         headers.append((b"Proxy-Authenticate", b'Basic realm="egress-proxy"'))
+    from http import HTTPStatus  # its ~60-member enum with the first answer of our own
+
     try:
         phrase = HTTPStatus(status).phrase.encode()
     except ValueError:

@@ -15,7 +15,6 @@ import socket
 import ssl
 import time
 from typing import TYPE_CHECKING
-from urllib.parse import urlsplit
 
 import h11
 
@@ -24,7 +23,6 @@ from libegress.dial import UpstreamFailed, dial
 from libegress.heads import forward_headers
 from libegress.hosts import BadHost, format_authority, parse_authority
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange, keep_alive
-from libegress.intercept import serve_intercepted
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused, Route, route
 from libegress.splice import relay
@@ -46,6 +44,8 @@ def connect_target(request: h11.Request) -> tuple[str, int]:
 
 def absolute_target(request: h11.Request) -> tuple[str, int, bytes]:
     """Host, port and origin-form target of an absolute-form plain-HTTP request."""
+    from urllib.parse import urlsplit  # plain HTTP only: a CONNECT does without
+
     try:
         text = request.target.decode("ascii")
         url = urlsplit(text)
@@ -159,6 +159,10 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
                          port: int, peer: Peer) -> None:
     how = route(services.policy, host, port, tls=True)
     if how is Route.INTERCEPT:
+        # The inject path (TLS, the credential, --repos, the logins) loads with
+        # its first use: a session whose requests are all tunnels never pays it.
+        from libegress.intercept import serve_intercepted
+
         services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
         await client.send(ESTABLISHED)
         await serve_intercepted(services, raw, client.switched_data(), host, port, peer)

@@ -20,7 +20,7 @@ import contextlib
 import socket
 import ssl
 import time
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING
 
 import h11
 
@@ -28,12 +28,17 @@ from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.heads import authorization, forward_headers, host_header, same_host
 from libegress.http1 import ClientSide, Exchanged, HttpError, UpstreamSide, exchange, keep_alive
-from libegress.login_host import held_login, serve_login
 from libegress.outcome import Mode, Outcome, Verdict
 from libegress.route import Refused
-from libegress.scope_guard import Dialer, admit, framed
 from libegress.streams import SocketStream, TlsStream
-from libegress.token_endpoint import carries_placeholder
+
+if TYPE_CHECKING:
+    from libegress.login_host import HeldLogin
+    from libegress.scope_guard import Dialer
+
+# What only --repos (scope_guard: the scope's rules, urllib.parse, json) or a
+# held login (login_host, token_endpoint, placeholders) needs loads with its
+# first use below: the token's path alone does without.
 
 HOST_MISMATCH = "host-mismatch"
 
@@ -46,6 +51,8 @@ def inner_target(request: h11.Request, host: str, port: int) -> bytes:
     target = request.target
     if target.startswith(b"/"):
         return target
+    from urllib.parse import urlsplit  # an absolute target: rare inside a tunnel
+
     try:
         url = urlsplit(target.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
@@ -122,7 +129,11 @@ class _Injected:
         self.drop = secret.lower_name if secret is not None else b"authorization"
         # a login's secret: set in place of the placeholder only
         self.held = secret is not None and bool(secret.secret.login)
-        self.login = held_login(services, host)
+        self.login: HeldLogin | None = None
+        if any(k.secret.login for k in services.secrets.values()):
+            from libegress.login_host import held_login
+
+            self.login = held_login(services, host)
 
     async def serve(self, request: h11.Request) -> bool:
         services, host, port = self.services, self.host, self.port
@@ -130,20 +141,33 @@ class _Injected:
             raise HttpError(405, "CONNECT inside a tunnel is refused")
         target = inner_target(request, host, port)
         if self.login is not None:  # a held login's token host: never the GitHub token
+            from libegress.login_host import serve_login
+
             await serve_login(services, self.login, self.client, request, target,
                               self._upstream,
                               lambda credential, own: upstream_request(
                                   request, target, credential, self.drop, own))
             return True
-        side = self.client
-        if services.scope is not None and services.scope.applies(host):
-            side = await admit(services.scope, self.client, request, target, host, port,
+        side, scope = self.client, services.scope
+        scoped = scope is not None and scope.applies(host)
+        if scope is not None and scoped:
+            from libegress.scope_guard import admit
+
+            side = await admit(scope, self.client, request, target, host, port,
                                _dialer(services))
         if self.upstream is None:
             self.upstream = await _open_upstream(services, host, port)
-        own = self.held and not carries_placeholder(list(request.headers), self.drop)
-        outgoing = framed(side, upstream_request(
-            request, target, None if own else credential_for(services, host), self.drop, own))
+        own = False
+        if self.held:  # a login's secret: the request's own credential goes as it came
+            from libegress.token_endpoint import carries_placeholder
+
+            own = not carries_placeholder(list(request.headers), self.drop)
+        outgoing = upstream_request(
+            request, target, None if own else credential_for(services, host), self.drop, own)
+        if scoped:  # a body --repos read whole goes with its Content-Length
+            from libegress.scope_guard import framed
+
+            outgoing = framed(side, outgoing)
         moved, started = Exchanged(), time.monotonic()
         try:
             await exchange(side, self.upstream, outgoing, moved, trailers=False)
@@ -175,6 +199,8 @@ class _Injected:
 
 def _dialer(services: Services) -> Dialer:
     """How --repos's lookups reach a token host: this path's dial, TLS and token."""
+    from libegress.scope_guard import Dialer
+
     return Dialer(lambda host, port: _open_upstream(services, host, port), _close,
                   services.tokens.current)
 

@@ -19,7 +19,7 @@ import hashlib
 import hmac
 import re
 import secrets
-from dataclasses import dataclass
+from typing import NamedTuple
 
 # SOCKS5 (RFC 1928 3, RFC 1929 2).
 USERPASS = 0x02
@@ -49,8 +49,9 @@ class TenantFull(Exception):
     """A tenant holds as many connections as it may (its ``max_conns``): refuse one more."""
 
 
-@dataclass(frozen=True)
-class Credentials:
+class Credentials(NamedTuple):
+    """A client's user name (its tenant's name) and password, as it sent them."""
+
     user: str
     password: str
 

@@ -14,23 +14,12 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, NamedTuple, TypeVar
 
 from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.hosts import BadHost, canonical_host
-from libegress.intercept import serve_intercepted
 from libegress.outcome import Mode, Outcome, Verdict
-from libegress.proxyauth import (
-    AUTH_FAILED,
-    AUTH_OK,
-    USERPASS,
-    WRONG,
-    BadCredentials,
-    TenantFull,
-    parse_userpass,
-)
 from libegress.route import Refused, Route, route
 from libegress.splice import relay
 from libegress.streams import SocketStream
@@ -64,8 +53,7 @@ class SocksError(Exception):
         self.code = code
 
 
-@dataclass(frozen=True)
-class ConnectRequest:
+class ConnectRequest(NamedTuple):
     """A parsed SOCKS5 request: the raw host text, the port, bytes used."""
 
     host: str
@@ -153,6 +141,8 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
             raise SocksError(HOST_UNREACHABLE, str(exc)) from None
         how = route(services.policy, host, port, tls=True)
         if how is Route.INTERCEPT:
+            from libegress.intercept import serve_intercepted  # with its first use
+
             services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
@@ -224,6 +214,16 @@ async def _tunnel(services: Services, raw: SocketStream, early: bytes, to: tuple
 async def _authenticate(gate: Gate, raw: SocketStream, buf: bytearray,
                         methods: frozenset[int]) -> Services:
     """RFC 1929: the tenant whose user name and password the client sends."""
+    from libegress.proxyauth import (  # the gateway's only
+        AUTH_FAILED,
+        AUTH_OK,
+        USERPASS,
+        WRONG,
+        BadCredentials,
+        TenantFull,
+        parse_userpass,
+    )
+
     if USERPASS not in methods:
         await raw.send(bytes([VERSION, NO_ACCEPTABLE]))
         raise SocksError(None, "the client offers no username/password authentication")

@@ -386,3 +386,65 @@ def test_egress_proxy_serving_loads_only_what_every_session_needs() -> None:
     loaded = set(done.stdout.split())
     assert "asyncio" in loaded
     assert sorted(loaded & {*_ON_DEMAND, "dataclasses"}) == []
+
+
+# egress-proxy started as a session starts it, until SIGTERM ends it: then what it loaded.
+SERVING_DRIVER = """\
+import sys, posix, json
+sys.path[:0] = {paths!r}
+for warm in {warm!r}:
+    __import__(warm)
+from bin.egress_proxy import main
+sys.argv = {argv!r}
+try:
+    main()
+finally:
+    fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
+    posix.write(fd, json.dumps(sorted(sys.modules)).encode())
+"""
+
+
+def test_egress_proxy_tunnels_without_the_inject_path(tmp_path: Path) -> None:
+    """A CONNECT and a SOCKS5 tunnel to an allowed host (what most sessions' requests
+    are: the inject hosts are GitHub's) load neither the inject path
+    (libegress.intercept: TLS, the credential) nor what only --repos, --secrets,
+    a login or the gateway need, nor ``http``'s status enum (for the proxy's own
+    answers only).  They load with their first use (libegress/http_proxy.py)."""
+    from libbroker.launcher import boot, prestart
+
+    upstream = socket.create_server(("127.0.0.1", 0))
+    listeners = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    http_port, socks_port = (s.getsockname()[1] for s in listeners)
+    argv = ["egress-proxy", f"--listen-fd={listeners[0].fileno()}",
+            f"--socks-fd={listeners[1].fileno()}", "--allow=up.example",
+            "--inject=github.com,api.github.com", f"--egress-dir={tmp_path / 'egress'}",
+            f"--resolve=up.example:127.0.0.1:{upstream.getsockname()[1]}"]  # fmt: skip
+    out = tmp_path / "loaded.json"
+    code = SERVING_DRIVER.format(paths=boot.import_paths(), warm=prestart.PROXY_WARM,
+                                 out=str(out), argv=argv)
+    proxy = subprocess.Popen([sys.executable, "-I", "-S", "-c", code], stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, cwd=tmp_path,
+                             pass_fds=[s.fileno() for s in listeners])  # fmt: skip
+    try:
+        for s in listeners:
+            s.close()
+        assert proxy.stdout is not None
+        assert proxy.stdout.readline().startswith(b"listening http://")
+        with socket.create_connection(("127.0.0.1", http_port), timeout=30) as client:
+            client.sendall(b"CONNECT up.example:443 HTTP/1.1\r\nHost: up.example:443\r\n\r\n")
+            assert client.recv(1024).startswith(b"HTTP/1.1 200 ")
+        with socket.create_connection(("127.0.0.1", socks_port), timeout=30) as client:
+            client.sendall(b"\x05\x01\x00")
+            assert client.recv(2) == b"\x05\x00"
+            client.sendall(b"\x05\x01\x00\x03\x0aup.example\x01\xbb")
+            assert client.recv(1024)[:2] == b"\x05\x00"  # succeeded
+        proxy.terminate()
+        assert proxy.wait(30) == 0
+    finally:
+        proxy.kill()
+        proxy.wait()
+        upstream.close()
+    loaded = set(json.loads(out.read_text()))
+    assert {"h11", "libegress.http_proxy", "libegress.socks5"} <= loaded
+    late = loaded & {*_ON_DEMAND, "libegress.intercept", "libegress.proxyauth", "http"}
+    assert sorted(late) == []
