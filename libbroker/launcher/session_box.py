@@ -296,8 +296,7 @@ class BwrapBox(Box):
         from libbroker.sandbox import holdlink
 
         try:
-            pid = holdlink.sandbox_process(s.crew.sandbox.pid, s.cfg.start_timeout)
-            holdlink.hold_in(pid, links)
+            holdlink.hold_in(s.crew.sandbox.pid, links, s.cfg.start_timeout)
         except OSError as exc:
             say([f"agent-sandbox: the git config links are only watched in this "
                  f"session, not held: {exc.strerror or exc}"])  # fmt: skip

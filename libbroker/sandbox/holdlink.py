@@ -50,42 +50,49 @@ def hold_links(paths: tuple[str, ...]) -> None:
             os.close(tree)
 
 
-def hold_in(pid: int, paths: tuple[str, ...]) -> None:
-    """:func:`hold_links` in the mount namespace of ``pid`` (a process of the sandbox).
+def hold_in(outer: int, paths: tuple[str, ...], timeout: float) -> None:
+    """:func:`hold_links` in the mount namespace of bwrap ``outer``'s sandbox, once bwrap
+    has built it (:func:`sandbox_process`, within ``timeout`` seconds).
 
     A forked child does it: setns into a user namespace needs a single
-    thread, and the launcher has several.  OSError when it could not.
+    thread, and the launcher has several.  Forked at once, while bwrap builds
+    the sandbox: the child waits for that itself, so the fork and the copies
+    of the pages it touches (a few ms) are not paid after bwrap's exec, on the
+    way to go.  OSError when it could not (the child says why on stderr).
     """
+    libc()  # loaded before the fork: the child imports nothing
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            _hold_in(sandbox_process(outer, timeout), paths)
+            code = 0
+        except BaseException as exc:
+            os.write(2, f"agent-sandbox: holding the git config links: {exc}\n".encode())
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(child, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise OSError("the links could not be made mount points in the sandbox")
+
+
+def _hold_in(pid: int, paths: tuple[str, ...]) -> None:
+    """In the forked child: into ``pid``'s user namespace (the one that owns its mount
+    namespace) and mount namespace, then :func:`hold_links`."""
+    c = libc()
     mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     # The user namespace that owns the mount namespace (bwrap may run the command in a
     # nested one, whose capabilities do not reach the mounts): NS_GET_USERNS.
-    user = libc().ioctl(mnt, _NS_GET_USERNS)
+    user = c.ioctl(mnt, _NS_GET_USERNS)
     if user < 0:
-        os.close(mnt)
         fail("ioctl(NS_GET_USERNS)")
-    try:
-        same_user = os.fstat(user).st_ino == os.stat("/proc/self/ns/user").st_ino
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                c = libc()
-                if not same_user and c.setns(user, _CLONE_NEWUSER) != 0:
-                    fail("setns(user)")
-                if c.setns(mnt, _CLONE_NEWNS) != 0:
-                    fail("setns(mnt)")
-                hold_links(paths)
-                code = 0
-            except BaseException as exc:
-                os.write(2, f"agent-sandbox: holding the git config links: {exc}\n".encode())
-            finally:
-                os._exit(code)
-        _, status = os.waitpid(child, 0)
-    finally:
-        os.close(user)
-        os.close(mnt)
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise OSError("the links could not be made mount points in the sandbox")
+    if os.fstat(user).st_ino != os.stat("/proc/self/ns/user").st_ino and (
+        c.setns(user, _CLONE_NEWUSER) != 0
+    ):
+        fail("setns(user)")
+    if c.setns(mnt, _CLONE_NEWNS) != 0:
+        fail("setns(mnt)")
+    hold_links(paths)
 
 
 def sandbox_process(outer: int, timeout: float) -> int:
