@@ -300,13 +300,20 @@ class Conn:
     def _end(self) -> list[str]:
         lines: list[str] = []
         if self.fan is not None:
+            # The marks first, the group closed after the binds: its close's grace period
+            # is then an expedited one (fanotify.Fanotify.flush_mounts).
+            with contextlib.suppress(OSError):
+                self.fan.flush_mounts()
             for ev, _ in self.pending.values():
                 self._answer(ev, False)
             self.pending = {}
-            self.fan.close()  # the kernel allows whatever still waits, and drops the marks
-        if self.binds is not None:
-            lines = self.binds.remove()
-            self.binds = None  # not gated any more (Service.gated)
+        try:
+            if self.binds is not None:
+                lines = self.binds.remove()
+                self.binds = None  # not gated any more (Service.gated)
+        finally:
+            if self.fan is not None:
+                self.fan.close()  # the kernel allows whatever still waits
         if not lines:
             shutil.rmtree(self.record_dir, ignore_errors=True)
         return lines

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from libbroker.launcher import fanotify
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
 
 __all__ = ["PATIENCE", "RECENT", "SHOWN", "Gate", "describe"]
 
+# The watcher's directories whose connectors the gate's end holds, at most: a mark is a
+# few microseconds, and their connectors' own grace period (freed together, after the
+# watcher's close) must end before the group's close, a runtime dir's removal later.
+HOLD_MAX = 256
+
 
 class Gate(Judge[fanotify.Event]):
     """One session's gate: :meth:`start` before the sandbox exists, :meth:`stop` last."""
@@ -46,6 +52,8 @@ class Gate(Judge[fanotify.Event]):
         self.fan: fanotify.Fanotify | None = None
         self.pid = os.getpid()
         self.own = 0  # the launcher's own opens that reached the gate (a round trip each)
+        self._stopping = False  # stop() closes the group itself, after the binds
+        self.held = False  # hold() took the watcher's connectors: stop() keeps the group
 
     @property
     def under(self) -> dict[str, int]:
@@ -105,23 +113,57 @@ class Gate(Judge[fanotify.Event]):
             self.errors.append(f"answer: {exc.strerror or exc}")
 
     def _closed(self) -> None:
-        if self.fan is not None:
+        if self.fan is not None and not self._stopping:  # (a stop closes it after the binds)
             self.fan.close()
 
     # --- the end ------------------------------------------------------------------------
 
+    def hold(self, dirs: Sequence[str]) -> None:
+        """(The watcher stopped) the group holds the fsnotify connectors of ``dirs``, the
+        watched directories, with an inert mark each (:meth:`.Fanotify.hold`), so that
+        the watcher's inotify close frees none and waits for an expedited grace period
+        alone; then :meth:`stop` keeps the group, :meth:`release` and :meth:`close` end
+        it.  Not past :data:`HOLD_MAX` (their marks would cost more than the wait)."""
+        if self.fan is None or self.fan.fd < 0 or not dirs or len(dirs) > HOLD_MAX:
+            return
+        for path in dirs:
+            with contextlib.suppress(OSError):  # gone, or moved: the close waits longer
+                self.fan.hold(path)
+        self.held = True
+
     def stop(self) -> list[str]:
-        """End the thread (pending opens refused), close the group, unbind; lines to say."""
+        """Drop the marks, end the thread (what it holds refused), unbind, close the group
+        (the kernel allows what it queued meanwhile; kept open, with nothing marked that
+        an open meets, while it holds connectors: :meth:`hold`); the lines to say.
+
+        In this order for the kernel's grace periods (:meth:`.Fanotify.flush_mounts`): the
+        marks' connectors are freed by the flush and their SRCU grace period ends while
+        the binds are detached, so the close's own wait is an expedited one (measured
+        alone: 0.35 ms median, against 7 ms with the close beside the detaches and a
+        third of closes at 15 to 19 ms)."""
+        self._stopping = True
+        if self.fan is not None:
+            with contextlib.suppress(OSError):  # (else the close drops them)
+                self.fan.flush_mounts()
         with contextlib.suppress(OSError):
             os.write(self._stop_w, b"x")
-        # The thread closes the group (the kernel waits for an SRCU grace period there)
-        # while the binds go (an RCU grace period per detach): at once, both at the end.
         lines = self.binds.remove()
-        started = self._thread is not None
         self.join_thread()
-        if not started and self.fan is not None:
-            self.fan.close()
+        if not self.held:
+            self.close()
         return lines + self.lines()
+
+    def release(self) -> None:
+        """(After the watcher's inotify group is closed) the held connectors freed: their
+        grace period runs by itself until :meth:`close`."""
+        if self.fan is not None:
+            with contextlib.suppress(OSError):
+                self.fan.flush_inodes()
+
+    def close(self) -> None:
+        """The group closed (last: with nothing marked, an expedited grace period)."""
+        if self.fan is not None:
+            self.fan.close()
 
 
 def describe() -> tuple[bool, str, str]:

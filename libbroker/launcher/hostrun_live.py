@@ -400,12 +400,15 @@ def begin(snap: Snapshot, state: str, runtime_dir: str, *, swap: bool) -> Watche
 
 
 def end(watcher: Watcher, snap: Snapshot | None, under: dict[str, int] | None = None,
-        mark: Callable[[str], None] = lambda _: None, *, keep_group: bool = False) -> list[str]:
+        mark: Callable[[str], None] = lambda _: None, *, keep_group: bool = False,
+        stopped: Callable[[], None] = lambda: None) -> list[str]:
     """Stop watching, merge the configs a last time (not the copies no write reached,
     unless an event was lost) and put them back; every line to say.  ``under``: the live
     gate's :attr:`.hostrun_binds.Binds.under`; ``mark``: the trace's; ``keep_group``: the
-    caller closes the inotify group (:meth:`Watcher.close_group`)."""
+    caller closes the inotify group (:meth:`Watcher.close_group`); ``stopped``: called
+    once nothing is watched any more, before the put-back removes the private copies."""
     lines = watcher.stop(close=not keep_group)
+    stopped()
     mark("live guard stopped")
     unwritten = frozenset() if watcher.overflows or watcher.errors else watcher.unwritten()
     lines += gitconfig.finish(watcher.configs, snap, under, unwritten)

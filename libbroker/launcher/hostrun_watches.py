@@ -50,6 +50,7 @@ class Watches:
         self.on_batch: Callable[[], None] | None = None  # the gate's wake-up
         self._stopped = False
         self._closer: threading.Thread | None = None
+        self._inside: dict[str, str] = {}  # an "inside" watch's rel -> its path
 
     def synced(self) -> bool:
         """Whether every change queued so far has been judged (the gate asks)."""
@@ -65,6 +66,7 @@ class Watches:
         fd = os.open(path, O_DIR)
         try:
             self.dirs[self._ino.add(fd, MASK)] = (rel, "inside")
+            self._inside[rel] = path
         finally:
             os.close(fd)
 
@@ -193,6 +195,13 @@ class Watches:
         self._closer = threading.Thread(target=self._ino.close, name="hostrun-live-close",
                                         daemon=True)
         self._closer.start()
+
+    def watched(self) -> list[str]:
+        """The watched directories' paths (as when watched: one moved since names another,
+        or none)."""
+        top = self.snap.workdir
+        return [self._inside.get(rel) or (os.path.join(top, rel) if rel else top)
+                for rel, _ in self.dirs.values()]
 
     def closed(self) -> None:
         """Wait for :meth:`close_group`'s end."""

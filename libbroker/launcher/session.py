@@ -119,7 +119,9 @@ class Session:
         _trace("session starts (interpreter, imports, config before this)")
         self.box.begin()  # before the first thread of the session (guards.begin)
         rt = self._make_runtime(ends)
-        ends.callback(self.guards.end)  # after the limits' end: the sweep is the last
+        # After the limits' end: the sweep is the last (the watcher's group closes
+        # while the runtime dir goes: _leave_runtime joins it).
+        ends.callback(self.guards.end, join=False)
         # The host-run files' scan runs in a thread while the servers start
         # (it leaves its snapshot in rt for the janitor); joined before go.
         self.guards.begin(cfg, rt.root)
@@ -156,10 +158,13 @@ class Session:
         # Only now may the janitor go, and the runtime dir that holds the scan's
         # snapshot: a launcher killed during the merge or the sweep before this
         # leaves both, and the janitor finishes from the snapshot (each step idempotent).
-        runtime_dir.remove(rt)
-        if self.crew.janitor is not None:
-            self.crew.janitor.dismiss()
-            self.crew.janitor = None
+        try:
+            runtime_dir.remove(rt)
+            if self.crew.janitor is not None:
+                self.crew.janitor.dismiss()
+                self.crew.janitor = None
+        finally:
+            self.guards.closed()  # the guards' last kernel waits ran meanwhile
 
     def _make_limits(self, ends: contextlib.ExitStack, rt: Runtime) -> None:
         """The sandbox's group (or rlimits), named in ``rt`` for the janitor.

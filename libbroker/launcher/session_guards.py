@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from libbroker.errors import LaunchError
 from libbroker.launcher import config, gitdir_guard, hostrun_guard
@@ -44,6 +44,8 @@ class Guards:
         self.gitdirs: list[hostrun_guard.Guard] = []  # the same, for git dirs outside it
         self.live: Watcher | None = None  # the host-run guard while CMD runs
         self.gate: Gate | ServiceGate | None = None  # the live gate, where there is one
+        self._closing: Watcher | None = None  # the live guard, its inotify group closing
+        self._held: Gate | None = None  # our own gate, whose group closes last
 
     def begin(self, cfg: Config, root: str) -> None:
         """The scans start in threads while the servers start (each leaves its snapshot
@@ -135,23 +137,34 @@ class Guards:
             return
         self.gate = own
 
-    def end(self) -> None:
+    def end(self, *, join: bool = True) -> None:
         """Configs merged back and files again, the sweep, the git dirs', then the gate,
-        which guarded the host's opens through the sweep; idempotent."""
+        which guarded the host's opens through the sweep; idempotent.  ``join``: wait for
+        the watcher's inotify group to be closed (else :meth:`closed` does, later)."""
         quiet = None
         live = self.live
-        # Closing the watcher's inotify group is CPU in the kernel: with a gate, while the
-        # gate's teardown waits for its grace periods (measured: 15 ms less at the end);
-        # without one, in a thread while the configs go back and the sweep runs.
+        if live is not None:
+            self._closing = live
+        # The watcher's inotify group is closed in a thread (dropping 5k watches is 7 to
+        # 18 ms of the kernel's CPU), and a close that frees fsnotify connectors waits for
+        # a normal SRCU grace period, 8 to 25 ms (fanotify.Fanotify.flush_mounts: the
+        # connectors' and the marks' waits, asked at once).  Without a gate: at once, while
+        # the configs go back and the sweep runs.  With our own: after the gate's end, its
+        # group holding the watched directories' connectors from the watcher's stop
+        # (Gate.hold): the close frees none and waits for an expedited grace period (under
+        # a millisecond); the connectors go while the runtime dir is removed (closed).
         keep = self.gate is not None
+        # Our own gate (root's), not the service's: its group is ours to hold.
+        own = cast("Gate", self.gate) if hasattr(self.gate, "hold") else None
         try:
             if live is not None:  # configs merged and files again, before the sweep
                 from libbroker.launcher import hostrun_live
 
                 # Through the gate's own way beneath its binds: its opens do not wait on it.
                 under = self.gate.under if self.gate is not None else None
-                say(hostrun_live.end(live, self.hostrun.snap if self.hostrun else None,
-                                     under, trace, keep_group=keep))
+                say(hostrun_live.end(
+                    live, self.hostrun.snap if self.hostrun else None, under, trace,
+                    keep_group=keep, stopped=lambda: own.hold(live.watched()) if own else None))
                 quiet = live.quiet_dirs()
                 self.live = None
             if self.hostrun is not None:  # last: nothing of the session is alive to race it
@@ -161,14 +174,30 @@ class Guards:
             while self.gitdirs:  # a worktree's common dir, a submodule's git dir
                 self.gitdirs.pop().finish()
         finally:
-            if live is not None:
-                live.close_group()
             # Last: it guarded the host's opens through the sweep.  On every path: a
             # failed sweep must not leave its binds on the workdir (its record goes with
             # the runtime dir after this).
+            if own is not None and own.held:
+                self._held = own  # its group, kept by stop(): closed() closes it
             if self.gate is not None:
                 say(self.gate.stop())
                 self.gate = None
                 trace("live gate stopped")
-        if live is not None:
-            live.closed()
+            if live is not None:
+                live.close_group()
+                if self._held is not None:  # the close frees no connector: a short wait
+                    live.closed()
+                    self._held.release()
+        if join:
+            self.closed()
+
+    def closed(self) -> None:
+        """The watcher's inotify group closed (:meth:`end` began it), then the gate's
+        group if it held connectors; idempotent.  The session calls it last, after its
+        runtime dir is gone: a grace period passes meanwhile."""
+        if self._closing is not None:
+            self._closing.closed()
+            self._closing = None
+        if self._held is not None:  # the gate's group, last
+            self._held.close()
+            self._held = None

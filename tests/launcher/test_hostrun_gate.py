@@ -459,3 +459,95 @@ def test_the_gates_digest_of_an_open_file_is_the_starts_digest(tmp_path: Path, s
         assert digest_of_fd(fd) == digest_of(data)
     finally:
         os.close(fd)
+
+
+def test_the_gates_end_drops_its_marks_before_the_close(tmp_path: Path) -> None:
+    """Fanotify.flush_mounts (the gate's end, before unbinding and closing the group, for
+    an expedited grace period at the close): from then on an open through the bind goes on
+    unanswered and queues nothing, while the group itself is still open."""
+    import select
+
+    from libbroker.launcher import fanotify
+    from libbroker.launcher.hostrun_binds import Binds
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / "f").write_text("x")
+    binds = Binds(str(work), [], str(tmp_path))
+    fan = fanotify.Fanotify()
+    try:
+        binds.make()
+        for fd in binds.mark_fds:
+            fan.mark_mount(fd)
+        binds.marked()
+        cat = subprocess.Popen(["cat", str(work / "f")], stdout=subprocess.PIPE)
+        assert select.select([fan.fd], [], [], 10)[0], "a marked open reached no one"
+        for ev in fan.read():  # it waits for us
+            fan.answer(ev, True)
+        assert cat.communicate(timeout=10)[0] == b"x"
+        fan.flush_mounts()
+        done = subprocess.run(["cat", str(work / "f")], capture_output=True, timeout=10)
+        assert done.stdout == b"x"
+        assert not select.select([fan.fd], [], [], 0.1)[0], "an open reached the flushed group"
+    finally:
+        fan.close()
+        binds.remove()
+    assert _mounts(work) == []
+
+
+def _marked_inodes(fd: int) -> list[str]:
+    """The inode marks an fsnotify group's fd holds (its fdinfo), by inode number."""
+    with open(f"/proc/self/fdinfo/{fd}") as fh:
+        return [line.split("ino:")[1].split()[0] for line in fh if " ino:" in line]
+
+
+def test_the_end_holds_the_watchers_connectors_and_leaves_nothing(world: World) -> None:
+    """Guards.end with our own gate: from the watcher's stop the gate's group holds an
+    inert mark on each watched directory (the watcher's close then frees no fsnotify
+    connector: an expedited grace period), drops them after that close, and is closed
+    last (Guards.closed); no bind, no record, no group left, the watcher's closed too."""
+    from libbroker.launcher.session_guards import Guards
+
+    work, _, watcher, record, gate = _gated(world)
+    # (the workdir's: the private configs' dirs are removed by the put-back meanwhile)
+    watched = {format(os.stat(p).st_ino, "x") for p in watcher.watched()
+               if p == str(work) or p.startswith(f"{work}/")}
+    assert format(os.stat(work).st_ino, "x") in watched and len(watched) > 1
+    seen: dict[str, list[str]] = {}
+    release = gate.release
+
+    def released() -> None:  # what the group held when the watcher's group was closed
+        assert watcher._ino.fd < 0, "released before the watcher's group was closed"
+        seen["held"] = _marked_inodes(gate.fan.fd)
+        release()
+        seen["after"] = _marked_inodes(gate.fan.fd)
+
+    gate.release = released
+    guards = Guards()
+    guards.live, guards.gate = watcher, gate
+    guards.end(join=False)
+    assert gate.held and gate.fan.fd >= 0  # open until closed(), with nothing marked
+    assert set(seen["held"]) >= watched, seen
+    assert seen["after"] == []
+    assert _mounts(work) == [] and not (record / "binds.json").exists()
+    guards.closed()
+    assert gate.fan.fd < 0
+
+
+def test_a_hold_never_follows_a_last_link(tmp_path: Path) -> None:
+    """Fanotify.hold marks the directory itself, never what a link there names."""
+    from libbroker.launcher import fanotify
+
+    (tmp_path / "d").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "d")
+    fan = fanotify.Fanotify()
+    try:
+        with pytest.raises(OSError):
+            fan.hold(str(tmp_path / "link"))
+        assert _marked_inodes(fan.fd) == []
+        fan.hold(str(tmp_path / "d"))
+        assert _marked_inodes(fan.fd) == [format((tmp_path / "d").stat().st_ino, "x")]
+        fan.flush_inodes()
+        assert _marked_inodes(fan.fd) == []
+    finally:
+        fan.close()
