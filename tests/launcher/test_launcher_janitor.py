@@ -101,3 +101,30 @@ def test_without_a_runtime_dir_the_session_dir_is_made_in_tmpdir(
             runtime_dir.remove(rt)
     assert not any(os.path.exists(rt.root) for rt in rts)
     monkeypatch.setattr(runtime_dir, "_tmp", None)
+
+
+def test_the_runtime_dir_goes_whole_and_never_through_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the command left in the runtime dir (Landlock's TMPDIR is there) goes, a
+    directory it made unwritable included; a link out of it is removed, not followed."""
+    from libbroker.launcher import runtime_dir
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "kept").write_text("x")
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(runtime_dir, "_tmp", None)
+    rt = runtime_dir.create()
+    deep = Path(rt.root) / "tmp" / "a" / "b"
+    deep.mkdir(parents=True)
+    (deep / "file").write_text("y")
+    (Path(rt.root) / "tmp" / "out").symlink_to(outside)
+    (Path(rt.host_only) / "secrets").write_text("z")
+    (deep.parent).chmod(0o500)
+    runtime_dir.remove(rt)
+    assert not os.path.lexists(rt.root) and not os.path.lexists(rt.host_only)
+    assert (outside / "kept").read_text() == "x"
+    runtime_dir.remove(rt)  # gone already: nothing to do
+    monkeypatch.setattr(runtime_dir, "_tmp", None)
