@@ -66,6 +66,39 @@ class Authority:
         return der.pem(self.cert_der)
 
 
+class _EcdsaSha256(ec.ECDSA):
+    """ecdsa-with-SHA256, randomised (RFC 5758), as ``ec.ECDSA(hashes.SHA256())`` is.
+
+    Without ``ec.ECDSA.__init__``, which imports cryptography's whole OpenSSL
+    backend (RSA, ciphers, random...: ~5 ms of CPU before the proxy's
+    ``listening``) only to check the deterministic variant asked for; key.sign
+    reads these two properties (tests/egress/test_egress_der.py verifies the
+    signature).
+    """
+
+    def __init__(self) -> None:  # not ec.ECDSA's (above)
+        pass
+
+    @property
+    def algorithm(self) -> hashes.HashAlgorithm:
+        return hashes.SHA256()
+
+    @property
+    def deterministic_signing(self) -> bool:
+        return False
+
+
+def key_identifier(public_point: bytes) -> bytes:
+    """RFC 5280 4.2.1.2 method 1: SHA-1 of the subjectPublicKey bits.
+
+    With cryptography's SHA-1, loaded already: hashlib (its _hashlib) would cost
+    the proxy ~2.7 ms of CPU before ``listening`` for this one digest.
+    """
+    digest = hashes.Hash(hashes.SHA1())  # noqa: S303 - RFC 5280's identifier, not a signature
+    digest.update(public_point)
+    return digest.finalize()
+
+
 def make_authority(permitted_hosts: list[str]) -> Authority:
     """A new CA whose certificates are valid for ``permitted_hosts`` only.
 
@@ -87,10 +120,10 @@ def make_authority(permitted_hosts: list[str]) -> Authority:
         not_before=now - BACKDATE,
         not_after=now + CA_VALIDITY,
         spki=der.p256_spki(point),
-        public_point=point,
+        key_id=key_identifier(point),
         permitted_dns=permitted,
     )
-    signature = key.sign(tbs, ec.ECDSA(hashes.SHA256()))
+    signature = key.sign(tbs, _EcdsaSha256())
     return Authority(der.certificate(tbs, signature), key)
 
 

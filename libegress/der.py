@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import datetime
-import hashlib
 import ipaddress
 
 # Object identifiers, DER-encoded (tag, length and value).
@@ -99,11 +98,6 @@ def p256_spki(point: bytes) -> bytes:
     return _P256_SPKI_HEAD + point
 
 
-def key_identifier(public_point: bytes) -> bytes:
-    """RFC 5280 4.2.1.2 method 1: SHA-1 of the subjectPublicKey bits."""
-    return hashlib.sha1(public_point, usedforsecurity=False).digest()
-
-
 def ca_tbs(
     *,
     cn: str,
@@ -111,14 +105,15 @@ def ca_tbs(
     not_before: datetime.datetime,
     not_after: datetime.datetime,
     spki: bytes,
-    public_point: bytes,
+    key_id: bytes,
     permitted_dns: list[str],
 ) -> bytes:
     """The CA's TBSCertificate: self-issued, ecdsa-with-SHA256, and these extensions:
 
     BasicConstraints (critical, CA, path length 0), NameConstraints
     (critical), KeyUsage (critical: keyCertSign, cRLSign), SubjectKeyIdentifier.
-    ``spki`` is the DER SubjectPublicKeyInfo, ``public_point`` its key bits.
+    ``spki`` is the DER SubjectPublicKeyInfo, ``key_id`` its identifier
+    (:func:`libegress.ca.key_identifier`).
     """
     name = common_name(cn)
     extensions = [
@@ -126,7 +121,7 @@ def ca_tbs(
         _extension(OID_NAME_CONSTRAINTS, name_constraints(permitted_dns), critical=True),
         # Bits 5 (keyCertSign) and 6 (cRLSign): 0b00000110, one unused bit.
         _extension(OID_KEY_USAGE, tlv(0x03, b"\x01\x06"), critical=True),
-        _extension(OID_SUBJECT_KEY_ID, tlv(0x04, key_identifier(public_point)), critical=False),
+        _extension(OID_SUBJECT_KEY_ID, tlv(0x04, key_id), critical=False),
     ]
     return seq(
         tlv(0xA0, integer(2)),  # version: v3

@@ -35,17 +35,15 @@ if TYPE_CHECKING:
 
 # What egress-proxy imports before its arguments arrive: everything it needs
 # up to its ``listening`` line (asyncio and the server load after it:
-# libegress.serving).  The CA's OpenSSL backend too: it loads at first use
-# otherwise, after the arguments, on the way to the CA the launcher waits for
-# (about 8 ms of CPU there).  Not docopt: the session's command line is read
-# without it (bin.egress_proxy.quick_args).  And what its first use would load
-# after the arguments, on that same way (~3 ms of CPU, which the proxy needs
-# once serving in any case): the idna codec (with stringprep, unicodedata and a
-# regex compiled), which spells the allow list's and inject hosts' names
-# (libegress.hosts.canonical_host), and ``_ssl``, which names the system's roots
-# for the egress dir (libegress.egress_dir.system_roots).
-PROXY_WARM = ("libegress.app", "cryptography.hazmat.backends.openssl.backend",
-              "encodings.idna", "_ssl")
+# libegress.serving).  Not cryptography's OpenSSL backend (~5 ms of CPU): the
+# CA is made and signed without it (libegress.ca).  Not docopt: the session's
+# command line is read without it (bin.egress_proxy.quick_args).  And what its
+# first use would load after the arguments, on that same way (~3 ms of CPU,
+# which the proxy needs once serving in any case): the idna codec (with
+# stringprep, unicodedata and a regex compiled), which spells the allow list's
+# and inject hosts' names (libegress.hosts.canonical_host), and ``_ssl``, which
+# names the system's roots for the egress dir (libegress.egress_dir.system_roots).
+PROXY_WARM = ("libegress.app", "encodings.idna", "_ssl")
 # What broker-server imports before its arguments (the resident service's
 # zygote, libbroker.launcher.broker_zygote; our own broker starts late, with
 # its arguments at once: lazy_broker).

@@ -11,7 +11,7 @@ from cryptography.x509.oid import NameOID
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libegress import der
+from libegress import ca, der
 from libegress.ca import CA_NAME, make_authority
 
 _LABEL = st.from_regex(r"[a-z0-9]([a-z0-9-]{0,20}[a-z0-9])?", fullmatch=True)
@@ -64,7 +64,7 @@ def _our_tbs(key: ec.EllipticCurvePrivateKey, serial: int, start: datetime.datet
         serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
     return der.ca_tbs(
         cn=CA_NAME, serial=serial, not_before=start, not_after=end,
-        spki=der.p256_spki(point), public_point=point, permitted_dns=hosts,
+        spki=der.p256_spki(point), key_id=ca.key_identifier(point), permitted_dns=hosts,
     )
 
 
