@@ -210,6 +210,28 @@ def test_cold_launcher_to_go(tmp_path: Path, backend: str, config_file: bool) ->
     resident service) has loaded at go, the end of its start: the session's own
     threads' imports included; then it runs to its end.  Without a config file, not
     even tomllib (~4.5 ms of CPU)."""
+    names, at_end = _at_go(tmp_path, backend, config_file, ["--", "true"])
+    cut = LAUNCHER_CUT if config_file else (*LAUNCHER_CUT, "tomllib")
+    check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=cut)
+    # Nor at the end: the record's digest and the runtime dir's removal (~5 ms of CPU).
+    assert not {"shutil", "hashlib"} & at_end, "the session's end loads shutil or hashlib"
+
+
+@pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
+def test_cold_agent_session_to_go(tmp_path: Path, agent: str) -> None:
+    """The same with an agent's profile (its private copy made in a thread, its
+    settings, its login's placeholders): the copy's modules load no dataclasses and
+    inspect (~7 ms of CPU: agent_copy.Report is a plain class), shutil (~2 ms), nor
+    base64 (its login's parser, only where a login file is), and stays in ``true``'s
+    budget (92 modules when measured, as ``true``'s)."""
+    names, _ = _at_go(tmp_path, "bwrap", True, [f"--agent={agent}", "--", "true"])
+    assert "libbroker.launcher.agent_copy" in names
+    check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=LAUNCHER_CUT)
+
+
+def _at_go(tmp_path: Path, backend: str, config_file: bool,
+           cmd: list[str]) -> tuple[set[str], set[str]]:
+    """The modules a cold ``agent-sandbox run CMD`` has loaded at go, and at its end."""
     from libbroker.sandbox import backends
 
     if (why := backends.of("nono" if backend == "nono" else "bwrap").unavailable()) is not None:
@@ -235,18 +257,14 @@ def test_cold_launcher_to_go(tmp_path: Path, backend: str, config_file: bool) ->
                AGENT_SANDBOX_GATE_SOCKET="off")  # fmt: skip
     out = tmp_path / "modules.txt"
     code = DRIVER.format(root=ROOT, out=str(out), module="bin.agent_sandbox", patch=patch,
-                         argv=["agent-sandbox", "run", *options, f"--sandbox={backend}",
-                               "--", "true"])  # fmt: skip
+                         argv=["agent-sandbox", "run", *options, f"--sandbox={backend}", *cmd])
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code], env=env, cwd=work,
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     status, *at_end = out.read_text().split("\n")
     assert done.returncode == 0 and status == "0", done.stderr
     names = set(at_go.read_text().split("\n"))
     assert "libbroker.launcher.session" in names
-    cut = LAUNCHER_CUT if config_file else (*LAUNCHER_CUT, "tomllib")
-    check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=cut)
-    # Nor at the end: the record's digest and the runtime dir's removal (~5 ms of CPU).
-    assert not {"shutil", "hashlib"} & set(at_end), "the session's end loads shutil or hashlib"
+    return names, set(at_end)
 
 
 def test_warm_run_client(tmp_path: Path) -> None:

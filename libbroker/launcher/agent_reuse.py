@@ -58,7 +58,6 @@ import contextlib
 import errno
 import json
 import os
-import shutil
 import stat
 
 POOL = 2  # idle copies kept per agent: as many concurrent sessions start without a walk
@@ -155,6 +154,8 @@ def release(root: str, entries: int, copied: int, logins: tuple[str, ...]) -> No
 
 def remove(root: str) -> None:
     """A copy that is not kept: it and its record."""
+    import shutil  # (here: ~2 ms of CPU an agent session's start does not need)
+
     shutil.rmtree(root, ignore_errors=True)
     for path in (root + IDS, root + ".new" + IDS):
         with contextlib.suppress(OSError):
@@ -198,6 +199,8 @@ def renew(root: str) -> None:
     aside = os.path.join(parent, f"gone-{session}")
     os.rename(root, aside)  # whatever its modes: the parent is ours
     os.mkdir(root, 0o700)
+    import shutil
+
     shutil.rmtree(aside, ignore_errors=True)
 
 
@@ -255,6 +258,8 @@ class Old:
     def take(self, path: str) -> os.stat_result | None:
         """The plain file at ``path`` the new copy keeps or rewrites (None: make it)."""
         if path in self.dirs:  # a directory where the host has a file: it goes
+            import shutil
+
             shutil.rmtree(path)
             self.dirs = {d for d in self.dirs if d != path and not d.startswith(path + "/")}
             for f in [f for f in self.files if f.startswith(path + "/")]:

@@ -38,7 +38,6 @@ import sys
 from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.launcher.egress_values import Secret
-from libegress import oauth_login, placeholders
 
 if TYPE_CHECKING:
     from libbroker.launcher.agents import Profile
@@ -87,8 +86,16 @@ def detect(profile: Profile, home: str) -> Login | None:
         return None
     try:
         with open(login.path, encoding="utf-8") as fh:
-            oauth_login.parse(oauth_login.KINDS[profile.name], fh.read(1 << 20))
-    except (OSError, UnicodeDecodeError, oauth_login.LoginError):
+            text = fh.read(1 << 20)
+    except (OSError, UnicodeDecodeError):
+        return None
+    # Only where a login file is: its parser (and base64) is ~2 ms of every agent
+    # session's start otherwise.
+    from libegress import oauth_login
+
+    try:
+        oauth_login.parse(oauth_login.KINDS[profile.name], text)
+    except oauth_login.LoginError:
         return None
     return login
 
@@ -143,6 +150,7 @@ def _secrets(cfg: Config, login: Login, held: set[str]) -> Config:
 def placeholder_copy(login: Login, root: str, runtime: str) -> None:
     """Put the placeholders in the private copy's login; record it as copied."""
     from libbroker.launcher.agent_home import MANIFEST
+    from libegress import oauth_login, placeholders
 
     path = os.path.join(root, login.copy)
     kind = oauth_login.KINDS[login.kind]
