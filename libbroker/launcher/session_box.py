@@ -187,7 +187,8 @@ class BwrapBox(Box):
             )
         finally:
             start.spawned()
-        self._settle()
+        if self.limits is not None and self.limits.kind != "rlimit":
+            self._settle(self._move_tree)
         self._open_ports(start)
 
     def _holds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
@@ -232,26 +233,24 @@ class BwrapBox(Box):
                 f"{sandbox.name} exited with status {sandbox.proc.wait()} while starting "
                 "(agent-sandbox doctor tells why)" + sandbox.error_tail()
             )
+        # Its namespaces exist: the links are held once bwrap has built its mounts.
+        self._settle(lambda: self._hold_config_links(inner))
         try:
             start.listen(inner, (HTTP_PORT, SOCKS_PORT))
         except SpawnError as exc:
             raise LaunchError(f"cannot open the proxy bridge: {exc}") from None
 
-    def _settle(self) -> None:
-        """From bwrap's spawn to go, while the proxy starts, each in a thread of its own: its
-        tree moved into the session's cgroups (the first write waits a kernel grace
-        period, 5-30 ms of wall and no CPU), and the config links held (a fork, once
-        bwrap's mounts are built: a few ms more).  Under rlimits the move waits for go:
-        a process given the host's RLIMIT_NPROC before bwrap made its user namespace
-        would pass that one on."""
-        steps = [self._hold_config_links]
-        if self.limits is not None and self.limits.kind != "rlimit":
-            steps.append(self._move_tree)
-        for step in steps:
-            thread = threading.Thread(target=self._settling, args=(step,), daemon=True,
-                                      name="sandbox-settle")  # fmt: skip
-            thread.start()
-            self.settling.append(thread)
+    def _settle(self, step: Callable[[], None]) -> None:
+        """``step`` in a thread of its own, joined at go (:meth:`_settled`), while the proxy
+        starts: bwrap's tree moved into the session's cgroups (from its spawn: the first
+        write waits a kernel grace period, 5-30 ms of wall and no CPU), the config links
+        held (from the sandbox's first process: a fork, once bwrap's mounts are built).
+        Under rlimits the move waits for go: a process given the host's RLIMIT_NPROC
+        before bwrap made its user namespace would pass that one on."""
+        thread = threading.Thread(target=self._settling, args=(step,), daemon=True,
+                                  name="sandbox-settle")  # fmt: skip
+        thread.start()
+        self.settling.append(thread)
 
     def _settling(self, step: Callable[[], None]) -> None:
         try:
@@ -285,7 +284,7 @@ class BwrapBox(Box):
         self._settled()
         start.go((found.http_port, found.socks_port), b"g", keep=True)  # then signal numbers
 
-    def _hold_config_links(self) -> None:
+    def _hold_config_links(self, inner: int) -> None:
         """Each config link a mount point inside, so the command cannot put a file
         of its own there (libbroker.sandbox.holdlink); else the watcher puts it back."""
         s = self.s
@@ -296,7 +295,7 @@ class BwrapBox(Box):
         from libbroker.sandbox import holdlink
 
         try:
-            holdlink.hold_in(s.crew.sandbox.pid, links, s.cfg.start_timeout)
+            holdlink.hold_in(inner, links, s.cfg.start_timeout)
         except OSError as exc:
             say([f"agent-sandbox: the git config links are only watched in this "
                  f"session, not held: {exc.strerror or exc}"])  # fmt: skip

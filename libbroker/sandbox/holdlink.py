@@ -50,37 +50,53 @@ def hold_links(paths: tuple[str, ...]) -> None:
             os.close(tree)
 
 
-def hold_in(outer: int, paths: tuple[str, ...], timeout: float) -> None:
-    """:func:`hold_links` in the mount namespace of bwrap ``outer``'s sandbox, once bwrap
-    has built it (:func:`sandbox_process`, within ``timeout`` seconds).
+class SandboxGone(OSError):
+    """The sandbox exited before it was whole: nothing to hold (its start fails anyway)."""
+
+
+_GONE = 2  # the hold's child's status for SandboxGone: nothing said, nothing held
+
+
+def hold_in(inner: int, paths: tuple[str, ...], timeout: float) -> None:
+    """:func:`hold_links` in the mount namespace of the sandbox whose first process is
+    ``inner`` (bwrap's child, as its info fd names it), once bwrap has built it
+    (:func:`sandbox_process`, within ``timeout`` seconds).
 
     A forked child does it: setns into a user namespace needs a single
-    thread, and the launcher has several.  Forked at once, while bwrap builds
-    the sandbox: the child waits for that itself, so the fork and the copies
-    of the pages it touches (a few ms) are not paid after bwrap's exec, on the
-    way to go.  OSError when it could not (the child says why on stderr).
+    thread, and the launcher has several.  Forked as soon as ``inner`` is
+    known, while bwrap builds the sandbox: the child waits for that itself,
+    so the fork and the copies of the pages it touches (a few ms) are not
+    paid after bwrap's exec, on the way to go.  OSError when it could not
+    (the child says why on stderr); nothing when the sandbox exited first.
     """
     libc()  # loaded before the fork: the child imports nothing
     child = os.fork()
     if child == 0:
         code = 1
         try:
-            _hold_in(sandbox_process(outer, timeout), paths)
+            _hold_in(sandbox_process(inner, timeout), paths)
             code = 0
+        except SandboxGone:
+            code = _GONE
         except BaseException as exc:
             os.write(2, f"agent-sandbox: holding the git config links: {exc}\n".encode())
         finally:
             os._exit(code)
     _, status = os.waitpid(child, 0)
-    if os.waitstatus_to_exitcode(status) != 0:
+    code = os.waitstatus_to_exitcode(status)
+    if code not in (0, _GONE):
         raise OSError("the links could not be made mount points in the sandbox")
 
 
 def _hold_in(pid: int, paths: tuple[str, ...]) -> None:
     """In the forked child: into ``pid``'s user namespace (the one that owns its mount
-    namespace) and mount namespace, then :func:`hold_links`."""
+    namespace) and mount namespace, then :func:`hold_links`.  Never in this process's
+    own mount namespace: the host's links would become mount points."""
     c = libc()
     mnt = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
+    ours, theirs = os.stat("/proc/self/ns/mnt"), os.fstat(mnt)
+    if (ours.st_dev, ours.st_ino) == (theirs.st_dev, theirs.st_ino):
+        raise OSError(f"process {pid} is not in a mount namespace of the sandbox's own")
     # The user namespace that owns the mount namespace (bwrap may run the command in a
     # nested one, whose capabilities do not reach the mounts): NS_GET_USERNS.
     user = c.ioctl(mnt, _NS_GET_USERNS)
@@ -95,17 +111,18 @@ def _hold_in(pid: int, paths: tuple[str, ...]) -> None:
     hold_links(paths)
 
 
-def sandbox_process(outer: int, timeout: float) -> int:
-    """The first process bwrap ``outer`` started that runs something else than bwrap: by
-    then bwrap has built the sandbox's mounts (it execs only after).  OSError on timeout,
-    or once ``outer`` has exited (a bwrap that failed: never waited for in vain)."""
+def sandbox_process(inner: int, timeout: float) -> int:
+    """The first process of the sandbox whose first process is ``inner`` (itself or below
+    it) that runs something else than bwrap: by then bwrap has built the sandbox's
+    mounts (it execs only after).  OSError on timeout; SandboxGone once ``inner`` has
+    exited (a bwrap that failed: never waited for in vain)."""
     import time
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not _running(outer):
-            raise OSError("the sandbox exited while starting")
-        todo = [outer]
+        if not _running(inner):
+            raise SandboxGone("the sandbox exited while starting")
+        todo = [inner]
         while todo:
             pid = todo.pop()
             try:
@@ -115,7 +132,7 @@ def sandbox_process(outer: int, timeout: float) -> int:
                     comm = fh.read().strip()
             except (OSError, ValueError):
                 continue
-            if pid != outer and comm != "bwrap":
+            if comm != "bwrap":
                 return pid
             todo += kids
         time.sleep(0.001)

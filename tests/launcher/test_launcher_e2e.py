@@ -540,16 +540,28 @@ def test_a_signal_while_starting_ends_everything(world: World) -> None:
     assert _gone(world) == []
 
 
-def test_a_sandbox_that_cannot_start_is_reported(world: World, tmp_path: Path) -> None:
+@pytest.mark.parametrize("first", ["", "sleep 0.2"])
+def test_a_sandbox_that_cannot_start_is_reported(world: World, tmp_path: Path,
+                                                 first: str) -> None:
+    """Also in a repository, whose config links the session holds in the sandbox's
+    mount namespace: a fake bwrap's child (no namespace of its own) is never taken for
+    the sandbox, and nothing is said of a hold that had nothing to hold."""
+    if not (world.workdir / ".git").exists():
+        subprocess.run(["git", "init", "-q"], cwd=world.workdir, check=True)
     fake = tmp_path / "fakebin"
     fake.mkdir()
-    (fake / "bwrap").write_text("#!/bin/sh\necho 'bwrap: no user namespaces' >&2\nexit 1\n")
+    (fake / "bwrap").write_text(f"#!/bin/sh\n{first}\necho 'bwrap: no user namespaces' >&2\n"
+                                "exit 1\n")  # fmt: skip
     (fake / "bwrap").chmod(0o755)
     env = world.env(PATH=f"{fake}:{os.environ['PATH']}")
     done = world.run("true", env=env)
     assert done.returncode == 1
     assert "sandbox exited with status 1 while starting" in done.stderr
     assert "doctor" in done.stderr
+    assert "config links" not in done.stderr, done.stderr
+    assert "could not be" not in done.stderr, done.stderr  # merged back, checked: EBUSY
+    with open("/proc/self/mountinfo") as fh:
+        assert not any(str(world.workdir) in line for line in fh)
     assert _gone(world) == []
 
 

@@ -363,3 +363,33 @@ def test_the_wait_for_bwraps_mounts_ends_with_bwrap() -> None:
     assert time.monotonic() - began < 5
     with pytest.raises(OSError, match="exited while starting"):
         holdlink.sandbox_process(gone.pid, 30)  # reaped: no such process
+
+
+def _mount_points() -> set[str]:
+    with open("/proc/self/mountinfo") as fh:
+        return {line.split()[4] for line in fh}
+
+
+def test_the_links_hold_never_mounts_in_the_launchers_own_namespace(tmp_path: Path) -> None:
+    """The hold joins the mount namespace of the sandbox's first process that runs
+    something else than bwrap: a process found there that shares the launcher's own
+    namespace (a bwrap that is not one, a wrapper's child) is refused, never mounted
+    on: the host's link would become a mount point."""
+    from libbroker.sandbox import holdlink
+
+    if os.geteuid() != 0:
+        pytest.skip("mounting in the launcher's own namespace needs root to be tried at all")
+    (tmp_path / "target").write_text("")
+    link = tmp_path / "config"
+    link.symlink_to(tmp_path / "target")
+    fake = subprocess.Popen(["sh", "-c", "sleep 30; true"])  # not bwrap: no namespaces
+    try:
+        time.sleep(0.1)
+        with pytest.raises(OSError, match="could not be made mount points"):
+            holdlink.hold_in(fake.pid, (str(link),), 5)
+    finally:
+        fake.kill()
+        fake.wait()
+    assert str(link) not in _mount_points()
+    # A sandbox that exited first: nothing held, nothing said (its start fails anyway).
+    holdlink.hold_in(fake.pid, (str(link),), 5)
