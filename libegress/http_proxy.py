@@ -119,7 +119,7 @@ class _PlainHttp:
             self.upstream = (host, port, UpstreamSide(
                 SocketStream(await _dial(services, host, port)),
                 services.limits.response_timeout))
-            services.log.allowed(host, port, Mode.PLAIN, self.peer.pid())
+            services.log.allowed(host, port, Mode.PLAIN, self.peer.pid)
         # RFC 9112 3.2.2: the target URI names the host, not a Host field
         # the client may have set to something else.
         headers = [(n, v) for n, v in forward_headers(list(request.headers), drop_auth=False)
@@ -163,13 +163,13 @@ async def _serve_connect(services: Services, client: ClientSide, raw: SocketStre
         # its first use: a session whose requests are all tunnels never pays it.
         from libegress.intercept import serve_intercepted
 
-        services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
+        services.log.allowed(host, port, Mode.INTERCEPT, peer.pid)
         await client.send(ESTABLISHED)
         await serve_intercepted(services, raw, client.switched_data(), host, port, peer)
         return
     started = time.monotonic()
     upstream = await _dial(services, host, port)
-    services.log.allowed(host, port, Mode.TUNNEL, peer.pid())
+    services.log.allowed(host, port, Mode.TUNNEL, peer.pid)
     moved = (0, 0)
     try:
         await client.send(ESTABLISHED)

@@ -143,7 +143,7 @@ async def serve_socks(services: Services, sock: socket.socket, peer: Peer) -> No
         if how is Route.INTERCEPT:
             from libegress.intercept import serve_intercepted  # with its first use
 
-            services.log.allowed(host, port, Mode.INTERCEPT, peer.pid())
+            services.log.allowed(host, port, Mode.INTERCEPT, peer.pid)
             await raw.send(reply(SUCCEEDED))
             await serve_intercepted(services, raw, early, host, port, peer)
             return
@@ -197,7 +197,7 @@ async def _tunnel(services: Services, raw: SocketStream, early: bytes, to: tuple
     host, port = to
     started = time.monotonic()
     upstream = await dial(services.policy, host, port, connect_timeout)
-    services.log.allowed(host, port, Mode.SOCKS, peer.pid())
+    services.log.allowed(host, port, Mode.SOCKS, peer.pid)
     moved = (0, 0)
     try:
         await raw.send(reply(SUCCEEDED, upstream.getsockname()[:2]))

@@ -420,12 +420,18 @@ sys.path[:0] = {paths!r}
 for warm in {warm!r}:
     __import__(warm)
 from bin.egress_proxy import main
+import libegress.peers as peers
+scans = []
+def socket_owners(proc, scan=peers.socket_owners):
+    scans.append(proc)
+    return scan(proc)
+peers.socket_owners = socket_owners
 sys.argv = {argv!r}
 try:
     main()
 finally:
     fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
-    posix.write(fd, json.dumps(sorted(sys.modules)).encode())
+    posix.write(fd, json.dumps({{"modules": sorted(sys.modules), "scans": len(scans)}}).encode())
 """
 
 
@@ -434,7 +440,9 @@ def test_egress_proxy_tunnels_without_the_inject_path(tmp_path: Path) -> None:
     are: the inject hosts are GitHub's) load neither the inject path
     (libegress.intercept: TLS, the credential) nor what only --repos, --secrets,
     a login or the gateway need, nor ``http``'s status enum (for the proxy's own
-    answers only).  They load with their first use (libegress/http_proxy.py)."""
+    answers only).  They load with their first use (libegress/http_proxy.py).
+    Nor do they scan /proc for their client's pid: without --log-allowed no line
+    names it (libegress.eventlog.EventLog.allowed)."""
     from libbroker.launcher import boot, prestart
 
     upstream = socket.create_server(("127.0.0.1", 0))
@@ -469,7 +477,9 @@ def test_egress_proxy_tunnels_without_the_inject_path(tmp_path: Path) -> None:
         proxy.kill()
         proxy.wait()
         upstream.close()
-    loaded = set(json.loads(out.read_text()))
+    report = json.loads(out.read_text())
+    assert report["scans"] == 0
+    loaded = set(report["modules"])
     assert {"h11", "libegress.http_proxy", "libegress.socks5"} <= loaded
     late = loaded & {*_ON_DEMAND, "libegress.intercept", "libegress.proxyauth", "http"}
     assert sorted(late) == []

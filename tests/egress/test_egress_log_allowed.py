@@ -81,3 +81,26 @@ def test_without_the_flag_allowed_connections_are_not_logged(world: World,
         assert p.stop() == 0
     assert _allowed_lines(log) == []
     assert "denied.test" in log.read_text()
+
+
+def test_the_peer_pid_is_looked_up_for_an_allowed_line_only() -> None:
+    """The pid's lookup scans /proc (~4 ms of CPU with 100 processes, more on a
+    busy machine): an allowed connection without --log-allowed, a session's,
+    must not pay it for a line nobody writes."""
+    import io
+
+    from libegress.eventlog import EventLog
+    from libegress.outcome import Mode
+
+    asked: list[int] = []
+
+    def find_pid() -> int:
+        asked.append(1)
+        return 4242
+
+    quiet = io.StringIO()
+    EventLog(quiet).allowed("allowed.test", 443, Mode.TUNNEL, find_pid)
+    assert asked == [] and quiet.getvalue() == ""
+    told = io.StringIO()
+    EventLog(told, log_allowed=True).allowed("allowed.test", 443, Mode.TUNNEL, find_pid)
+    assert asked == [1] and " pid=4242 mode=raw" in told.getvalue()
