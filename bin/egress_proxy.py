@@ -151,7 +151,9 @@ def _main(args: Args) -> int:
     options = app.options_from_args(args)
     if options.control is not None:
         from libegress.gateway import serve_gateway
+        from libegress.startup_gc import settle
 
+        settle()  # the collector on, whoever turned it off (libegress.startup_gc)
         return serve_gateway(options)
     return app.serve(options)
 

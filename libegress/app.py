@@ -275,6 +275,9 @@ def serve(options: Options) -> int:
             announce()
             announce = _said
         from libegress import serving  # the loop and the server: after `listening` (above)
+        from libegress.startup_gc import settle
+
+        settle()  # the collector, off while the proxy started, on again (libegress.startup_gc)
 
         try:
             serving.run(options, log, authority, listeners, announce)

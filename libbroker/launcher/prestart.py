@@ -43,7 +43,8 @@ if TYPE_CHECKING:
 # stringprep, unicodedata and a regex compiled), which spells the allow list's
 # and inject hosts' names (libegress.hosts.canonical_host), and ``_ssl``, which
 # names the system's roots for the egress dir (libegress.egress_dir.system_roots).
-PROXY_WARM = ("libegress.app", "encodings.idna", "_ssl")
+# libegress.startup_gc first: the collector is off while the proxy starts.
+PROXY_WARM = ("libegress.startup_gc", "libegress.app", "encodings.idna", "_ssl")
 # What broker-server imports before its arguments (the resident service's
 # zygote, libbroker.launcher.broker_zygote; our own broker starts late, with
 # its arguments at once: lazy_broker).
