@@ -19,6 +19,8 @@ def which(program: str, env: Mapping[str, str] | None = None) -> str | None:
     slash is checked as given."""
     if "/" in program:
         return program if _runnable(program) else None
+    if (os.environ if env is None else env).get("PATH") == "":
+        return None  # as shutil.which: an empty PATH names no directory, not the cwd
     for directory in os.get_exec_path(env):
         path = os.path.join(directory, program)
         if _runnable(path):

@@ -6,6 +6,8 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
+
 from libbroker.which import which
 
 
@@ -25,6 +27,16 @@ def test_it_answers_as_shutil_which(tmp_path: Path) -> None:
         assert which(name, env) == shutil.which(name, path=env["PATH"]), name
     assert which("tool", env) == str(second / "tool")
     assert which("absent", env) is None
+
+
+def test_an_empty_path_finds_nothing_even_in_the_cwd(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "tool").write_text("#!/bin/sh\n")
+    (tmp_path / "tool").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    assert which("tool", {"PATH": ""}) is None is shutil.which("tool", path="")
+    monkeypatch.setenv("PATH", "")
+    assert which("tool") is None is shutil.which("tool")
 
 
 def test_without_an_env_it_reads_this_process_path() -> None:
