@@ -216,6 +216,11 @@ def test_cold_launcher_to_go(tmp_path: Path, backend: str, config_file: bool) ->
     check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=cut)
     # Nor at the end: the record's digest and the runtime dir's removal (~5 ms of CPU).
     assert not {"shutil", "hashlib"} & at_end, "the session's end loads shutil or hashlib"
+    # The cyclic collector is off until go (~6 ms of CPU), then on, the start's objects frozen.
+    marks = [line.split() for line in (tmp_path / "gc.txt").read_text().splitlines()]
+    states = {name: (enabled, int(frozen)) for name, enabled, frozen in marks}
+    assert states["go"][0] == "False" and states["ended"][0] == "True", states
+    assert states["ended"][1] > 10000, states
 
 
 @pytest.mark.parametrize("agent", ["claude", "codex", "gemini"])
@@ -245,12 +250,15 @@ def _at_go(tmp_path: Path, backend: str, config_file: bool,
     config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n')
     options = [f"--config={config}"] if config_file else []  # else the default: absent
     at_go = tmp_path / "at-go.txt"
-    patch = ("import libbroker.launcher.trace as _trace\n"
+    collector = tmp_path / "gc.txt"  # the cyclic collector's state at each mark: go, ended
+    patch = ("import gc, libbroker.launcher.trace as _trace\n"
              "_mark = _trace.mark\n"
              "def _at_go(name):\n"
              "    if name == 'go':\n"
              f"        with open({str(at_go)!r}, 'w') as fh:\n"
              "            fh.write('\\n'.join(sorted(sys.modules)))\n"
+             f"    with open({str(collector)!r}, 'a') as fh:\n"
+             "        fh.write(f'{name} {gc.isenabled()} {gc.get_freeze_count()}\\n')\n"
              "    _mark(name)\n"
              "_trace.mark = _at_go\n")  # fmt: skip
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "AGENT_SANDBOX"))}

@@ -29,6 +29,7 @@ not forked at the start), it is spawned.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import sys
 
@@ -73,6 +74,10 @@ def _become_helper(fds: tuple[int, int], path: str) -> None:
     code = 125
     try:
         signal.set_wakeup_fd(-1)
+        # The launcher's start runs without the cyclic collector (bin/agent_sandbox.main);
+        # the helper reaps for the session's length: on, the launcher's objects frozen.
+        gc.freeze()
+        gc.enable()
         for sig in range(1, signal.NSIG):
             handler = signal.getsignal(sig)
             if callable(handler) and handler is not signal.default_int_handler:

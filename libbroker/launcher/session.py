@@ -31,6 +31,7 @@ last made is undone first, and a start cut short undoes just what it made.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from typing import TYPE_CHECKING
 
@@ -139,6 +140,7 @@ class Session:
         self._go(host, found)
         _trace("go")
         trace.mark("go")
+        _collect_from_now()
         if record_dir:  # after go: the record never delays the command
             self._start_record(record_dir, domains)
 
@@ -464,6 +466,15 @@ class Session:
     def _end_trace(self) -> None:
         _trace("clean")
         trace.split(os.path.basename(self.cmd[0]) if self.cmd else "the command")
+
+
+def _collect_from_now() -> None:
+    """The cyclic collector on again (off since ``run`` began: bin/agent_sandbox.main):
+    what the start made is frozen, never traversed again (the session's later
+    collections do not pay for it, nor copy its pages in a fork); the session
+    collects its own cycles as any program does."""
+    gc.freeze()
+    gc.enable()
 
 
 def run(
