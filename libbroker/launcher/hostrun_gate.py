@@ -126,10 +126,12 @@ class Gate(Judge[fanotify.Event]):
         it.  Not past :data:`HOLD_MAX` (their marks would cost more than the wait)."""
         if self.fan is None or self.fan.fd < 0 or not dirs or len(dirs) > HOLD_MAX:
             return
+        self.held = True  # (from the first mark: the group must outlive the watcher's)
         for path in dirs:
-            with contextlib.suppress(OSError):  # gone, or moved: the close waits longer
+            # Gone, or moved: that close waits longer.  Nothing here may stop the end
+            # (the configs' put-back comes next): a mark is only time.
+            with contextlib.suppress(Exception):
                 self.fan.hold(path)
-        self.held = True
 
     def stop(self) -> list[str]:
         """Drop the marks, end the thread (what it holds refused), unbind, close the group
