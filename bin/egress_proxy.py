@@ -159,7 +159,11 @@ def _main(args: Args) -> int:
 
 
 def main() -> None:
-    run(lambda: _main(quick_args(sys.argv[1:]) or parse(__doc__ or "")))
+    # Once _main returns the proxy holds nothing to flush or end: its loop has
+    # ended every connection, token run and child, its log and record are
+    # closed.  The interpreter's teardown of its modules would be CPU on the
+    # session's end path (the launcher waits for the proxy to exit).
+    run(lambda: _main(quick_args(sys.argv[1:]) or parse(__doc__ or "")), skip_teardown=True)
 
 
 if __name__ == "__main__":

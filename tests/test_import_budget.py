@@ -436,15 +436,20 @@ def socket_owners(proc, scan=peers.socket_owners):
     scans.append(proc)
     return scan(proc)
 peers.socket_owners = socket_owners
+_real_exit = posix._exit
+def _report(code, ended="_exit"):
+    import gc
+    fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
+    posix.write(fd, json.dumps({{"modules": sorted(sys.modules), "scans": len(scans),
+                                 "collecting": gc.isenabled(), "ended": ended,
+                                 "frozen": gc.get_freeze_count()}}).encode())
+    _real_exit(code)
+posix._exit = _report
 sys.argv = {argv!r}
 try:
     main()
 finally:
-    fd = posix.open({out!r}, posix.O_WRONLY | posix.O_CREAT | posix.O_TRUNC, 0o600)
-    import gc
-    posix.write(fd, json.dumps({{"modules": sorted(sys.modules), "scans": len(scans),
-                                 "collecting": gc.isenabled(),
-                                 "frozen": gc.get_freeze_count()}}).encode())
+    _report(0, "teardown")
 """
 
 
@@ -494,6 +499,8 @@ def test_egress_proxy_tunnels_without_the_inject_path(tmp_path: Path) -> None:
     assert report["scans"] == 0
     # Serving, the collector is on, and the start's objects out of its way.
     assert report["collecting"] and report["frozen"] > 10_000
+    # And it ends without the interpreter's teardown (bin/egress_proxy.py).
+    assert report["ended"] == "_exit"
     loaded = set(report["modules"])
     assert {"h11", "libegress.http_proxy", "libegress.socks5"} <= loaded
     late = loaded & {*_ON_DEMAND, "libegress.intercept", "libegress.proxyauth", "http"}
