@@ -275,6 +275,25 @@ def _user_ca(host_env: Mapping[str, str], var: str) -> str:
     return path if path and os.path.isfile(path) else ""
 
 
+def _bundle(out: str, ours: str, user: str) -> None:
+    """``out`` (new, 0644): ``ours``, a newline, then ``user``; copied by the kernel
+    (sendfile: a system bundle is ~220 KB, read and written again in Python ~0.7 ms of
+    CPU each, before go)."""
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        for i, path in enumerate((ours, user)):
+            if i:
+                os.write(fd, b"\n")
+            src = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                while os.sendfile(fd, src, None, 1 << 24):  # to its end, as read() did
+                    pass
+            finally:
+                os.close(src)
+    finally:
+        os.close(fd)
+
+
 def write_cas(rt: Runtime, host_env: Mapping[str, str]) -> None:
     """Write the bundles :func:`environment` named: ours, then the user's CA file."""
     for var, name, ours in _USER_CAS:
@@ -283,13 +302,7 @@ def write_cas(rt: Runtime, host_env: Mapping[str, str]) -> None:
             continue
         out = os.path.join(rt.root, name if var != "SSL_CERT_FILE" else "ssl-bundle.pem")
         try:
-            with open(os.path.join(rt.egress_dir, ours), "rb") as fh:
-                data = fh.read()
-            with open(user, "rb") as fh:
-                data += b"\n" + fh.read()
-            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
+            _bundle(out, os.path.join(rt.egress_dir, ours), user)
         except OSError as exc:
             raise LaunchError(
                 f"cannot bundle {var} ({user}) with the session's CA: {exc.strerror}"

@@ -21,7 +21,7 @@ import pytest
 import trustme
 from launcher_world import World
 
-from libbroker.errors import ConfigError
+from libbroker.errors import ConfigError, LaunchError
 from libbroker.launcher import agent_sandbox, config, plan, runtime_dir
 from libbroker.launcher.config import SECRET_PLACEHOLDER, HostFacts, from_mapping
 from libbroker.launcher.runtime import Runtime
@@ -223,3 +223,24 @@ def test_doctor_runs_each_secret_command_once_and_never_shows_its_value(tmp_path
     text = "\n".join(c.line() for c in found)
     assert REAL not in text
     assert all("[[secret]]" in c.fix for c in found[1:])
+
+
+def test_the_users_ca_file_is_bundled_after_the_sessions_ca(tmp_path: Path) -> None:
+    """SSL_CERT_FILE and NODE_EXTRA_CA_CERTS: the session's bundle, a newline, then the
+    user's file, byte for byte, in new files of the runtime dir (0644)."""
+    from libbroker.launcher import agent_session
+
+    rt = Runtime(str(tmp_path / "rt"))
+    os.makedirs(rt.egress_dir)
+    (Path(rt.egress_dir) / "bundle.pem").write_bytes(b"ROOTS\n" * 50000 + b"OURS")
+    (Path(rt.egress_dir) / "ca.pem").write_bytes(b"OURS-CA")
+    user = tmp_path / "user.pem"
+    user.write_bytes(b"USER\n" * 70000)
+    env = {"SSL_CERT_FILE": str(user), "NODE_EXTRA_CA_CERTS": str(user)}
+    agent_session.write_cas(rt, env)
+    ssl, node = Path(rt.root) / "ssl-bundle.pem", Path(rt.root) / "node-ca.pem"
+    assert ssl.read_bytes() == b"ROOTS\n" * 50000 + b"OURS" + b"\n" + b"USER\n" * 70000
+    assert node.read_bytes() == b"OURS-CA\n" + b"USER\n" * 70000
+    assert ssl.stat().st_mode & 0o777 == 0o644
+    with pytest.raises(LaunchError, match="cannot bundle"):  # never over an existing file
+        agent_session.write_cas(rt, env)
