@@ -290,7 +290,12 @@ def test_a_gate_that_dies_never_holds_the_host(world: World) -> None:
         assert len(_mounts(work)) == 2
         assert (work / "a.txt").read_text() == "a\n"  # judged and allowed
         assert gate.fan is not None
-        os.close(gate.fan.fd)  # the thread's next read fails: it ends
+        # The group's fd gone under the thread: its number now holds an O_PATH fd (poll says
+        # POLLNVAL, a read EBADF, so the thread ends), never a number free for this process's
+        # next open (a.txt's, a pipe of git's) that the thread would read and stop() close.
+        gone = os.open("/", os.O_PATH | os.O_CLOEXEC)
+        os.dup2(gone, gate.fan.fd)
+        os.close(gone)
         (work / "a.txt").touch()  # may wake it; must not wait on it
         deadline = time.monotonic() + 10
         while not gate.died and time.monotonic() < deadline:
