@@ -273,6 +273,17 @@ def _copy_one(sfd: int, name: str, dfd: int, dname: str) -> bool:
     return False
 
 
+def remove_path(path: str) -> None:
+    """:func:`remove_tree` of the last component of ``path``, from its parent opened
+    without following a link there; OSError if the parent does not open."""
+    parent, name = os.path.split(path)
+    dfd = os.open(parent, O_DIR)
+    try:
+        remove_tree(dfd, name)
+    finally:
+        os.close(dfd)
+
+
 def remove_tree(dfd: int, name: str) -> None:
     """Remove ``name`` and all beneath it, never through a link; iterative, bounded fds.
 

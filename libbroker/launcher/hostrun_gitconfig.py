@@ -44,9 +44,9 @@ import time
 from collections.abc import Mapping
 
 from libbroker.launcher.hostrun_files import O_DIR, put_in_place, read_at, read_small, replace
-from libbroker.launcher.hostrun_fingerprint import Node, Snapshot
+from libbroker.launcher.hostrun_fingerprint import Node, Snapshot, digest_of
 from libbroker.launcher.hostrun_fingerprint import parent_of as _parent
-from libbroker.launcher.hostrun_fs import Chain, parent_in, remove_tree, sha256
+from libbroker.launcher.hostrun_fs import Chain, parent_in, remove_tree
 from libbroker.launcher.hostrun_gitmerge import (
     LiveConfigs,
     Repo,
@@ -274,7 +274,7 @@ def accept(snap: Snapshot, rel: str, data: bytes, mode: int,
     ``st``: the file's stat, when the launcher itself wrote it just now (nothing of the
     session is alive): the sweep then knows it by its stat, as the scan's, and reads no
     byte of it; else (0 for the inode) the sweep compares its bytes."""
-    digest = sha256(data).hexdigest()
+    digest = digest_of(data)  # the snapshot's key for these bytes, as the scan's
     rule = snap.entries.get(rel, ("git-config", None))[0]
     snap.blobs[digest] = data
     if st is not None and st.st_size == len(data) and stat.S_IMODE(st.st_mode) == mode:

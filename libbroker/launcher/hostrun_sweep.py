@@ -41,6 +41,7 @@ from libbroker.launcher.hostrun_fs import (
     give_owner,
     make_dirs,
     parent_of,
+    remove_path,
     remove_tree,
 )
 from libbroker.launcher.hostrun_newrepo import check_new_repo, judge_pointers
@@ -408,11 +409,7 @@ def _finish(sweeper: Sweeper) -> None:
             sweeper.lines.append("agent-sandbox: the originals of the files above are kept in "
                                  f"{quote(snap.saved)}")
         else:
-            parent = os.open(os.path.dirname(snap.saved), O_DIR)
-            try:
-                remove_tree(parent, os.path.basename(snap.saved))
-            finally:
-                os.close(parent)
+            remove_path(snap.saved)
     if sweeper.lines:
         os.makedirs(sweeper.quarantine, mode=0o700, exist_ok=True)
         fd = os.open(os.path.join(sweeper.quarantine, "sweep.log"),

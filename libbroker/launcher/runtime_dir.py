@@ -101,16 +101,11 @@ def remove(rt: Runtime) -> None:
     hostrun_fs's removal (never through a link, as rmtree's fd walk; what the command
     made unwritable is made writable first), not shutil's: its import (bz2, lzma,
     zlib, fnmatch: ~3 ms of CPU) would come at every session's end."""
-    from libbroker.launcher.hostrun_fs import O_DIR, remove_tree
+    from libbroker.launcher.hostrun_fs import remove_path
 
     for path in (rt.host_only, rt.root):
-        parent, name = os.path.split(path)
         with contextlib.suppress(OSError):
-            dfd = os.open(parent, O_DIR)
-            try:
-                remove_tree(dfd, name)
-            finally:
-                os.close(dfd)
+            remove_path(path)
 
 
 def write_private(path: str, data: str) -> None:
