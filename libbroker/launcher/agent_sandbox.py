@@ -28,7 +28,7 @@ What both backends give the command:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
@@ -274,19 +274,23 @@ def bwrap_argv(
     control_fd: int,
     seccomp_fd: int,
     info_fd: int | None = None,
+    rlimits: Sequence[tuple[int, int]] = (),
 ) -> list[str]:
     """bwrap's argv for the session's command, wrapped in the forwarder.
 
     ``facts``: what exists on the host among the shape's paths
     (:func:`libbroker.sandbox.bwrap.shape_facts`).  ``info_fd``: where bwrap
     tells the sandbox's pid, whose network namespace the bridge opens the
-    proxy's ports in (:mod:`libbroker.sandbox.bridge`).
+    proxy's ports in (:mod:`libbroker.sandbox.bridge`).  ``rlimits``: what
+    the forwarder sets on itself before go (under rlimits; none with cgroups).
     """
     options = bwrap.argv(shape, facts, info_fd=info_fd, seccomp_fd=seccomp_fd)
     argv = ["bwrap", *options, "--", host.python, "-I", "-S", host.forwarder]
     argv += ["--control", str(control_fd)]
     if shape.new_session:
         argv.append("--own-group")
+    for which, value in rlimits:
+        argv += ["--rlimit", f"{which}={value}"]
     return [*argv, "--", *cmd]
 
 

@@ -174,7 +174,7 @@ class BwrapBox(Box):
         facts = bwrap.shape_facts(shape)  # every path stat'ed once, the workdir's included
         argv = agent_sandbox.bwrap_argv(
             shape, rt, host, s.cmd, facts=facts, control_fd=start.go_fd,
-            seccomp_fd=start.seccomp_fd, info_fd=start.info_w,
+            seccomp_fd=start.seccomp_fd, info_fd=start.info_w, rlimits=self._own_rlimits(),
         )  # fmt: skip
         try:
             s.crew.sandbox = s.crew.spawn(
@@ -190,6 +190,18 @@ class BwrapBox(Box):
         if self.limits is not None and self.limits.kind != "rlimit":
             self._settle(self._move_tree)
         self._open_ports(start)
+
+    def _own_rlimits(self) -> list[tuple[int, int]]:
+        """Under rlimits, what the forwarder sets on itself before go (the command's parent:
+        the go walk's prlimit alone can miss a fork in flight, see cgroups.move_tree).  It
+        runs in bwrap's user namespace (``--unshare-all``; root without one is not held by
+        RLIMIT_NPROC anyway), so RLIMIT_NPROC is the task limit itself."""
+        group = self.limits
+        if group is None or group.kind != "rlimit":
+            return []
+        from libbroker.sandbox import cgroups
+
+        return cgroups.inner_rlimits(group.rlimits, group.limits.tasks)
 
     def _holds(self) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[str, str], ...]]:
         """What bwrap's mounts pin and hold read-only, and the private git configs it binds.

@@ -18,7 +18,7 @@ import contextlib
 import os
 import resource
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from libbroker.sandbox.limits import (
     CPU_PERIOD_US,
@@ -26,6 +26,9 @@ from libbroker.sandbox.limits import (
     Limits,
     size_text,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 
 class Mechanism(NamedTuple):
@@ -252,11 +255,26 @@ def join_self(entry: dict[str, object]) -> None:
     """
     for directory in entry.get("dirs", ()):  # type: ignore[attr-defined]
         _write(str(directory), "cgroup.procs", "0")
-    inner = entry.get("userns", 0) != _userns(0)
-    for which, value in entry.get("rlimits", ()):  # type: ignore[attr-defined]
-        if which == resource.RLIMIT_NPROC and inner and entry.get("tasks"):
-            value = entry["tasks"]
-        resource.setrlimit(int(which), (int(value), int(value)))
+    rlimits = [(int(w), int(v)) for w, v in entry.get("rlimits", ())]  # type: ignore[attr-defined]
+    if entry.get("userns", 0) != _userns(0):
+        tasks = entry.get("tasks")
+        rlimits = inner_rlimits(rlimits, tasks if isinstance(tasks, int) else None)
+    for which, value in rlimits:
+        resource.setrlimit(which, (value, value))
+
+
+def inner_rlimits(rlimits: Iterable[tuple[int, int]], tasks: int | None) -> list[tuple[int, int]]:
+    """``rlimits`` for a process in a user namespace other than their maker's.
+
+    RLIMIT_NPROC counts the tasks of the user in the task's own user
+    namespace: in a new one (bwrap's, the Landlock PID namespace's) that count
+    starts near zero, so the limit is the task limit itself rather than the
+    maker's count plus it.  The others mean the same everywhere.
+    """
+    return [
+        (which, tasks if which == resource.RLIMIT_NPROC and tasks else value)
+        for which, value in rlimits
+    ]
 
 
 def _children(pid: int) -> list[int]:
@@ -273,14 +291,22 @@ def move_tree(group: Group, root: int) -> int:
 
     For a tree that waits (bwrap's, before the session's go byte).  Top
     down: a process is moved before its children are listed, so a child it
-    forks meanwhile is born inside, and one forked before is listed.  A
+    forks meanwhile is born inside, and one forked before is listed (a
+    migration waits for every fork in flight: the threadgroup rwsem).  A
     process already in a cgroup is not written again: the first write after
-    a quiet spell waits a kernel grace period (the threadgroup rwsem's, 5-30
-    ms), so a session moves its tree early, in a thread, and again at go,
-    where nothing is left to write.  Under rlimits each process gets them by
-    prlimit; RLIMIT_NPROC inside another user namespace (bwrap's) counts
-    only that namespace's tasks, so there it is the limit itself rather than
-    the user's count plus it.
+    a quiet spell waits a kernel grace period (that rwsem's, 5-30 ms), so a
+    session moves its tree early, in a thread, and again at go, where
+    nothing is left to write.
+
+    Under rlimits each process gets them by prlimit (:func:`inner_rlimits`
+    inside another user namespace), but nothing orders a prlimit with a
+    fork in flight: a child whose limits were copied just before it, and
+    which joins its parent's children just after they were listed, keeps
+    the old ones (shown by hand: a process forking in a loop, one child
+    escaped a prlimit and listing of its parent in five runs of eight).  So
+    this walk is only the second line for rlimits: the process that starts
+    the command sets its own first (bwrap's forwarder, ``--rlimit``; a
+    Landlock or brokered command: :func:`join_self`).
     """
     own_ns = _userns(os.getpid())
     inside = [frozenset(_members(directory)) for directory in group.dirs]
@@ -292,10 +318,10 @@ def move_tree(group: Group, root: int) -> int:
         seen.add(pid)
         try:
             if group.kind == "rlimit":
-                inner = _userns(pid) != own_ns
-                for which, value in group.rlimits:
-                    if which == resource.RLIMIT_NPROC and inner and group.limits.tasks:
-                        value = group.limits.tasks
+                rlimits = group.rlimits
+                if _userns(pid) != own_ns:
+                    rlimits = tuple(inner_rlimits(rlimits, group.limits.tasks))
+                for which, value in rlimits:
                     resource.prlimit(pid, which, (value, value))
             else:
                 for directory, members in zip(group.dirs, inside, strict=True):

@@ -5,6 +5,12 @@ no environment) as the first process of the sandbox.  (The proxy's ports
 inside, 127.0.0.1:3128 and :1080, are the launcher's: :mod:`.bridge` opens
 them in the sandbox's network namespace from the host.)  It:
 
+0. under rlimits (no cgroup to hold the session), sets its own first:
+   ``--rlimit RESOURCE=VALUE``, each as both soft and hard limit, read back; the
+   command is its child and inherits them.  The launcher's prlimit walk of the
+   waiting tree cannot promise that alone (a fork in flight keeps the old
+   limits: :func:`libbroker.sandbox.cgroups.move_tree`); one that cannot be
+   set ends the sandbox before go, so the command never runs without them;
 1. waits for the launcher's go byte on ``--control FD`` (the launcher sends it
    once the proxy and broker listen: the sandbox is built while they start);
 2. starts the command (posix_spawn), then relays signals: every later byte on the
@@ -41,23 +47,65 @@ _DEFAULTS = (
 )
 
 
-def _parse(argv: list[str]) -> tuple[int, bool, list[str]]:
-    control = -1
-    own_group = False
+USAGE = "usage: forwarder.py --control FD [--own-group] [--rlimit RESOURCE=VALUE]... -- CMD..."
+
+
+class Options:
+    """What the launcher asked for (:func:`parse`)."""
+
+    def __init__(self) -> None:
+        self.control = -1
+        self.own_group = False
+        self.rlimits: list[tuple[int, int]] = []
+        self.cmd: list[str] = []
+
+
+def parse(argv: list[str]) -> Options:
+    """The options; ValueError naming the first one that is wrong."""
+    opts = Options()
     i = 0
     while i < len(argv) and argv[i] != "--":
-        if argv[i] == "--control" and i + 1 < len(argv):
-            control = int(argv[i + 1])
+        if argv[i] in ("--control", "--rlimit") and i + 1 < len(argv):
+            if argv[i] == "--control":
+                opts.control = int(argv[i + 1])
+            else:
+                opts.rlimits.append(_rlimit(argv[i + 1]))
             i += 2
         elif argv[i] == "--own-group":
-            own_group = True
+            opts.own_group = True
             i += 1
         else:
             raise ValueError(f"unexpected argument {argv[i]!r}")
-    cmd = argv[i + 1 :]
-    if control < 0 or not cmd:
-        raise ValueError("usage: forwarder.py --control FD [--own-group] -- CMD...")
-    return control, own_group, cmd
+    opts.cmd = argv[i + 1 :]
+    if opts.control < 0 or not opts.cmd:
+        raise ValueError(USAGE)
+    return opts
+
+
+def _rlimit(text: str) -> tuple[int, int]:
+    which, eq, value = text.partition("=")
+    if not (eq and which.isdigit() and value.isdigit()):
+        raise ValueError(f"--rlimit {text!r}: expected RESOURCE=VALUE (two numbers)")
+    return int(which), int(value)
+
+
+def limit_self(rlimits: list[tuple[int, int]]) -> None:
+    """Each rlimit as soft and hard, then read back; OSError naming the one that did not take.
+
+    Lowering a limit needs no privilege; the command, started after, inherits them.
+    (``resource`` only here: a session with cgroups starts without it.)
+    """
+    if not rlimits:
+        return
+    import resource
+
+    for which, value in rlimits:
+        try:
+            resource.setrlimit(which, (value, value))
+        except (OSError, ValueError, OverflowError) as exc:
+            raise OSError(f"cannot set the session's limit {which} to {value}: {exc}") from None
+        if resource.getrlimit(which) != (value, value):
+            raise OSError(f"the session's limit {which} reads back other than {value}")
 
 
 def _spawn(cmd: list[str], own_group: bool) -> int:
@@ -130,8 +178,9 @@ def _signal(child: int, own_group: bool, sig: int) -> None:
 
 def main(argv: list[str]) -> int:
     try:
-        control, own_group, cmd = _parse(argv)
-        return serve(control, own_group, cmd)
+        opts = parse(argv)
+        limit_self(opts.rlimits)  # before go: a sandbox that cannot never runs the command
+        return serve(opts.control, opts.own_group, opts.cmd)
     except (ValueError, OSError) as exc:
         sys.stderr.write(f"agent-sandbox: sandbox start: {exc}\n")
         return 125

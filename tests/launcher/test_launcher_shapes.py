@@ -101,6 +101,20 @@ def test_the_forwarder_wraps_the_command() -> None:
     assert "--own-group" not in _argv(tty=True)
 
 
+def test_the_forwarder_gets_the_rlimits_to_set_on_itself() -> None:
+    """Under rlimits the command's parent sets them itself (a prlimit walk can miss a fork
+    in flight); with cgroups, or no limits, the forwarder's argv names none."""
+    shape = _shape(CFG, HOST, False)
+    argv = agent_sandbox.bwrap_argv(
+        shape, RT, HOST, ["true"], facts=ON_HOST, control_fd=4, seccomp_fd=5,
+        rlimits=[(6, 64), (2, 256 << 20)],
+    )  # fmt: skip
+    tail = argv[argv.index(HOST.forwarder) :]
+    assert tail[tail.index("--rlimit") :][:4] == ["--rlimit", "6=64", "--rlimit", f"2={256 << 20}"]
+    assert tail[-2:] == ["--", "true"]
+    assert "--rlimit" not in _argv(tty=False)
+
+
 def test_cwd_outside_the_workdir_starts_in_the_workdir() -> None:
     assert agent_sandbox.inside_cwd(CFG, "/home/u/projectX") == "/home/u/project"
     assert agent_sandbox.inside_cwd(CFG, "/home/u/project") == "/home/u/project"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import tempfile
@@ -271,6 +272,39 @@ def test_a_runaway_stops_at_its_limits(world: tuple[Cell, Path, OrdinaryUser | N
         assert f"the {who} hit its memory limit (256 MiB)" in err, err
         assert not _groups_left()
     assert time.monotonic() - started < 20
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("world", [Cell("user", "session", "bwrap")], ids=str, indirect=True)
+def test_under_rlimits_the_commands_parent_set_them_itself(
+    world: tuple[Cell, Path, OrdinaryUser | None],
+) -> None:
+    """The forwarder (the command's parent) was told the limits and holds them: the
+    launcher's prlimit walk at go cannot promise them alone (a fork in flight keeps
+    the old ones; a CI run once saw this cell's bomb and hog run unlimited)."""
+    _, base, user = world
+    assert user is not None
+    config = base / "config.toml"
+    table = ", ".join(f'{k} = "{v}"' for k, v in SMALL.items())
+    config.write_text(f'workdir = "{base / "work"}"\ntoken_command = ""\nlimits = {{{table}}}\n')
+    user.own(config)
+    show = 'tr "\\0" " " < /proc/$PPID/cmdline; echo; grep "^Max [pd]" /proc/$PPID/limits'
+    done = subprocess.run(
+        _wrap(user, ["agent-sandbox", "run", "--sandbox=bwrap", f"--config={config}", "--",
+                     "sh", "-c", show]),
+        env=_env(base, user), cwd=base / "work", capture_output=True, text=True, timeout=60,
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    argv, *limits = done.stdout.splitlines()
+    assert "forwarder.py" in argv
+    if "--rlimit" not in argv:
+        pytest.skip("this user's limits are a delegated cgroup here, not rlimits")
+    assert f"--rlimit {resource.RLIMIT_NPROC}=64 " in argv, argv
+    assert f"--rlimit {resource.RLIMIT_DATA}={256 * MiB} " in argv, argv
+    held = {row[:26].strip(): row[26:].split()[:2] for row in limits}
+    assert held["Max processes"] == ["64", "64"], limits
+    assert held["Max data size"] == [str(256 * MiB)] * 2, limits
 
 
 @pytest.mark.timeout(60)
