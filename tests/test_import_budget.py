@@ -235,9 +235,23 @@ def test_cold_agent_session_to_go(tmp_path: Path, agent: str) -> None:
     check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=LAUNCHER_CUT)
 
 
+def test_an_upstream_ca_is_checked_without_the_ssl_module(tmp_path: Path) -> None:
+    """A config's ``upstream_ca`` is loaded before anything starts, as egress-proxy will
+    load it (config_file._check_ca), on _ssl's own context: the ssl module (~8 ms of CPU
+    on the critical path, its enums) is not loaded for that one check."""
+    import trustme
+
+    pem = tmp_path / "upstream-ca.pem"
+    trustme.CA().cert_pem.write_to_path(str(pem))
+    names, _ = _at_go(tmp_path, "bwrap", True, ["--", "true"], f'upstream_ca = "{pem}"\n')
+    assert "_ssl" in names  # the file was loaded by OpenSSL, as egress-proxy loads it
+    check_budget(names, ceiling=BUDGET["launcher-go"], extra_forbidden=(*LAUNCHER_CUT, "ssl"))
+
+
 def _at_go(tmp_path: Path, backend: str, config_file: bool,
-           cmd: list[str]) -> tuple[set[str], set[str]]:
-    """The modules a cold ``agent-sandbox run CMD`` has loaded at go, and at its end."""
+           cmd: list[str], more_config: str = "") -> tuple[set[str], set[str]]:
+    """The modules a cold ``agent-sandbox run CMD`` has loaded at go, and at its end
+    (``more_config``: lines added to the config file)."""
     from libbroker.sandbox import backends
 
     if (why := backends.of("nono" if backend == "nono" else "bwrap").unavailable()) is not None:
@@ -247,7 +261,8 @@ def _at_go(tmp_path: Path, backend: str, config_file: bool,
     work.mkdir()
     subprocess.run(["git", "init", "-q"], cwd=work, check=True)
     config = tmp_path / "config.toml"
-    config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n')
+    config.write_text(f'workdir = "{work}"\ntoken_command = ""\nstart_timeout = 60\n'
+                      + more_config)
     options = [f"--config={config}"] if config_file else []  # else the default: absent
     at_go = tmp_path / "at-go.txt"
     collector = tmp_path / "gc.txt"  # the cyclic collector's state at each mark: go, ended
