@@ -30,6 +30,7 @@ HEADER_MAX = 18  # the longest header taken: 16 hex digits and CRLF
 _HEADER = re.compile(rb"([0-9A-Fa-f]{1,16})\r\n")
 _PARTIAL = re.compile(rb"[0-9A-Fa-f]{0,16}\r?")  # a beginning of one, not yet whole
 FOOTER = b"\r\n"
+FRAMING = HEADER_MAX + len(FOOTER)  # the most a chunk's framing adds to its data
 
 
 class ChunkScan:
@@ -96,12 +97,29 @@ class ChunkScan:
 
 def framed(buf: bytes | bytearray | memoryview, spans: list[tuple[int, int]]) -> bytearray:
     """The data of ``spans`` as one chunk, framed as h11's ChunkedWriter frames one."""
+    out = bytearray(sum(stop - begin for begin, stop in spans) + FRAMING)
+    written, _ = framed_into(memoryview(out), buf, spans)
+    del out[written:]
+    return out
+
+
+def framed_into(out: memoryview, buf: bytes | bytearray | memoryview,
+                spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """:func:`framed` into ``out`` (room for the data and FRAMING); (bytes written, data bytes).
+
+    A pump's chunk goes into a buffer it reuses: no fresh object per step.
+    """
     size = sum(stop - begin for begin, stop in spans)
     if size <= 0:
         raise ValueError("an empty chunk is the body's end")
-    out = bytearray(b"%x\r\n" % size)
+    header = b"%x\r\n" % size
+    if len(out) < size + len(header) + len(FOOTER):
+        raise ValueError("no room for the chunk")
+    pos = len(header)
+    out[:pos] = header
     view = memoryview(buf)
     for begin, stop in spans:
-        out += view[begin:stop]
-    out += FOOTER
-    return out
+        out[pos:pos + stop - begin] = view[begin:stop]
+        pos += stop - begin
+    out[pos:pos + len(FOOTER)] = FOOTER
+    return pos + len(FOOTER), size

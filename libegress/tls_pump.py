@@ -28,7 +28,7 @@ What the pump may touch, and why that is safe:
 A chunked body's data goes the same way through a :class:`ChunkedPump`,
 which reads the framing with :class:`~libegress.chunks.ChunkScan` (decrypting
 past where it stops: those bytes are handed back to h11, with its state) and
-sends each step's data as one chunk.
+sends each step's data as one chunk, framed into a buffer it reuses.
 
 A pump ends after ``count`` bytes (a chunked one, where its scan stops);
 early, returning what it moved, when the source ends (EOF, close_notify: the
@@ -50,7 +50,7 @@ import ssl
 import threading
 import time
 
-from libegress.chunks import HEADER_MAX, ChunkScan, framed
+from libegress.chunks import FRAMING, HEADER_MAX, ChunkScan, framed_into
 from libegress.streams import READ_SIZE, TlsStream
 
 STEP = READ_SIZE  # the most plaintext decrypted before it is encrypted and sent
@@ -186,6 +186,7 @@ class ChunkedPump(Pump):
 
     def _move(self) -> int:
         plain = memoryview(bytearray(STEP + HEADER_MAX))
+        chunk = memoryview(bytearray(STEP + HEADER_MAX + FRAMING))  # each step's, reused
         cipher = memoryview(bytearray(STEP))
         readable, writable = self._pollers()
         held = 0  # a chunk header not yet whole, at plain[:held]
@@ -198,9 +199,9 @@ class ChunkedPump(Pump):
             spans: list[tuple[int, int]] = []
             read = self.scan.scan(plain, 0, end, spans)
             if spans:
-                chunk = framed(plain, spans)
-                self._send(memoryview(chunk), writable)
-                self.moved += sum(stop - begin for begin, stop in spans)
+                size, data = framed_into(chunk, plain, spans)
+                self._send(chunk[:size], writable)
+                self.moved += data
             if self.scan.stopped:
                 self.rest = bytes(plain[read:end])
                 return self.moved

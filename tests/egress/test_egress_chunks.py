@@ -19,7 +19,7 @@ import h11
 import pytest
 from chunk_differential import SCANNED, reference, through_pumps
 
-from libegress.chunks import ChunkScan, framed
+from libegress.chunks import FOOTER, FRAMING, ChunkScan, framed, framed_into
 
 POOL = bytes(random.Random(3).choice(b"ab\r\n0") for _ in range(1 << 17))  # chunk data
 
@@ -134,3 +134,44 @@ def test_framed_as_h11_frames() -> None:
     conn.send(h11.Response(status_code=200, headers=[("Transfer-Encoding", "chunked")]))
     buf = b"..abc...defg"
     assert bytes(framed(buf, [(2, 5), (8, 12)])) == conn.send(h11.Data(data=b"abcdefg"))
+
+
+@pytest.mark.parametrize("sizes", [[1], [2, 3], [16384] * 16, [1] * 40, [0, 7, 0],
+                                   [(1 << 18) + 18]])
+def test_framed_into_a_reused_buffer_as_h11_frames(sizes: list[int]) -> None:
+    """Into a buffer with exactly the room (header, data, footer), one byte less, one more,
+    and FRAMING more; a pump reuses it step after step (stale bytes from the last)."""
+    conn = h11.Connection(h11.SERVER)
+    conn.receive_data(b"GET / HTTP/1.1\r\nHost: t\r\n\r\n")
+    conn.next_event()
+    conn.send(h11.Response(status_code=200, headers=[("Transfer-Encoding", "chunked")]))
+    rng = random.Random(len(sizes))
+    buf = bytearray()
+    spans: list[tuple[int, int]] = []
+    for size in sizes:
+        buf += b"\r\nff\r\n"  # framing between the spans: not copied
+        spans.append((len(buf), len(buf) + size))
+        buf += rng.randbytes(size)
+    data = sum(sizes)
+    expected = conn.send(h11.Data(data=b"".join(buf[a:b] for a, b in spans)))
+    assert expected is not None and bytes(framed(buf, spans)) == expected
+    exact = len(b"%x" % data) + 2 + data + len(FOOTER)
+    for room in (exact - 1, exact, exact + 1, data + FRAMING):
+        out = memoryview(bytearray(b"\xee" * room))
+        if room < exact:
+            with pytest.raises(ValueError):
+                framed_into(out, buf, spans)
+            continue
+        assert framed_into(out, buf, spans) == (exact, data)
+        assert bytes(out[:exact]) == expected
+        assert framed_into(out, memoryview(buf), spans) == (exact, data)  # again, over it
+        assert bytes(out[:exact]) == expected
+
+
+def test_framed_into_refuses_an_empty_chunk() -> None:
+    out = memoryview(bytearray(64))
+    for spans in ([], [(3, 3)], [(0, 0), (5, 5)]):
+        with pytest.raises(ValueError):
+            framed_into(out, b"abcdef", spans)
+        with pytest.raises(ValueError):
+            framed(b"abcdef", spans)
