@@ -15,7 +15,10 @@ Frames: a 4-byte big-endian length, then one JSON object in UTF-8, at most
 - service: ``{"op": "ask", "id": N, "pid": P, "comm": C, "exec": B, "path": PATH,
   "stat": [dev, ino, mode, size, mtime_ns, ctime_ns]}`` for an open by the
   session's user; launcher: ``{"op": "answer", "id": N, "allow": B}``;
-- launcher: ``{"op": "stop"}``; service: ``{"op": "stopped", "lines": [...]}``.
+- launcher: ``{"op": "stop"}``; service: ``{"op": "stopped", "lines": [...], "locks":
+  [[path, dev, ino, comm], ...]}``: the empty lock files that creates it refused left
+  (libbroker's ``hostrun_locks``), pinned until the launcher, which removes them
+  with its own credentials, says ``{"op": "done", "removed": [path, ...]}``.
 
 The service never hands the launcher a descriptor: only names and numbers.
 """
@@ -77,6 +80,7 @@ _SHAPES: dict[str, dict[str, type]] = {
     "gate": {"dirs": int},
     "answer": {"id": int, "allow": bool},
     "stop": {},
+    "done": {"removed": list},
 }
 
 

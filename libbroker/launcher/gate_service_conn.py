@@ -16,7 +16,12 @@ the end, and never raises.  In order:
    within ``patience`` seconds (a stopped launcher) is a refusal;
 5. the end (``stop``, the connection or the launcher's process gone, the
    service stopping): what waits is refused, the group closed, the binds
-   detached through the fds held on them.
+   detached through the fds held on them;
+6. after a ``stop``, the empty lock files that refused creates left
+   (:mod:`.hostrun_locks`: noted before each refusal, pinned) are named in
+   the ``stopped`` frame; the launcher removes them with its own
+   credentials (root writes nothing in a user's directory) and says
+   ``done``; the pins are held until then (their inodes' numbers stay theirs).
 
 Every refusal of a request is one line in the service's log and one
 ``refused`` frame to the client, when it still listens.
@@ -35,6 +40,7 @@ from collections.abc import Callable
 from libbroker.launcher import fanotify, serve_peer
 from libbroker.launcher.gate_service_dirs import Refused, Verified, verify
 from libbroker.launcher.hostrun_binds import Binds
+from libbroker.launcher.hostrun_locks import Locks
 from libbroker.launcher.serve_link import peer_ids
 from libpolicy import hostrun_gate_service as proto
 
@@ -63,6 +69,7 @@ class Conn:
         self.workdir = ""
         self.fan: fanotify.Fanotify | None = None
         self.binds: Binds | None = None
+        self.locks: Locks | None = None  # empty locks our refused creates left
         self.pending: dict[int, tuple[fanotify.Event, float]] = {}
         self.counts = {"allowed at once": 0, "asked": 0, "refused unanswered": 0,
                        "refused unidentified": 0}
@@ -100,10 +107,9 @@ class Conn:
         finally:
             lines = self._end()
             if how == "stop":
-                with contextlib.suppress(OSError, proto.FrameError):
-                    self.sock.setblocking(True)
-                    self.sock.settimeout(5)
-                    self.sock.sendall(proto.encode({"op": "stopped", "lines": lines}))
+                self._stopped(lines)
+            if self.locks is not None:
+                self.locks.close()
             for line in lines:
                 self.log(f"{self.who()}: {line}")
             if self.workdir:
@@ -167,6 +173,7 @@ class Conn:
     def _bind(self, found: Verified) -> None:
         os.makedirs(self.record_dir, mode=0o700)
         self.workdir = found.workdir
+        self.locks = Locks(found.workdir, owner=self.uid)
         self.binds = Binds(found.workdir, found.gits, self.record_dir, opened=found.opened,
                            hold=True)
         self.fan = fanotify.Fanotify(report_tid=True)
@@ -288,6 +295,8 @@ class Conn:
 
     def _answer(self, ev: fanotify.Event, allow: bool) -> None:
         assert self.fan is not None
+        if not allow and self.locks is not None:  # while its opener still waits
+            self.locks.note(ev.fd, ev.pid)
         with contextlib.suppress(OSError):  # the opener was killed meanwhile
             self.fan.answer(ev, allow)
 
@@ -296,6 +305,53 @@ class Conn:
         self.sock.sendall(proto.encode(obj))
 
     # --- the end --------------------------------------------------------------------------
+
+    def _stopped(self, lines: list[str]) -> None:
+        """``stopped`` (the lines, the noted locks); with locks, the launcher's ``done``
+        awaited within the patience, the pins held meanwhile."""
+        noted, size = [], 0
+        for n in self.locks.noted if self.locks is not None else []:
+            size += len(proto.encode({"l": [n.rel, n.dev, n.ino, n.comm]}))
+            if size > proto.MAX_FRAME // 2:  # the frame's bound (the rest stays, said)
+                break
+            noted.append(n)
+        removed: list[str] = []
+        with contextlib.suppress(OSError, proto.FrameError):
+            self.sock.setblocking(True)
+            self.sock.settimeout(5)
+            self.sock.sendall(proto.encode({
+                "op": "stopped", "lines": lines,
+                "locks": [[n.rel, n.dev, n.ino, n.comm] for n in noted]}))
+            if noted:
+                removed = self._done()
+        for n in self.locks.noted if self.locks is not None else []:
+            self.log(f"{self.who()}: {n.rel!r}, the empty lock file a refused create left: "
+                     f"the launcher {'removed' if n.rel in removed else 'left'} it")
+
+    def _done(self) -> list[str]:
+        """The launcher's ``done`` (late answers skipped): the names it removed."""
+        deadline = time.monotonic() + self.patience
+        while True:
+            while len(self._inbox) >= proto.HEADER:
+                n = proto.length(self._inbox[:proto.HEADER])
+                if len(self._inbox) < proto.HEADER + n:
+                    break
+                frame = proto.request(proto.decode(self._inbox[proto.HEADER:proto.HEADER + n]),
+                                      ("answer", "done"))
+                self._inbox = self._inbox[proto.HEADER + n:]
+                if frame["op"] == "done":
+                    return [r for r in frame["removed"] if isinstance(r, str)]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(1 << 16)
+            except TimeoutError:
+                return []
+            if not chunk:
+                return []
+            self._inbox += chunk
 
     def _end(self) -> list[str]:
         lines: list[str] = []

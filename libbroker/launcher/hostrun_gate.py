@@ -12,6 +12,9 @@ view is another mount: the session's work never waits here.
 The launcher's own opens are allowed at once (a thread of ours waiting on
 its own gate would never be answered); every other one is judged by
 :class:`.hostrun_judge.Judge` (the watcher caught up first, then the rule).
+Events name the opening thread (``FAN_REPORT_TID``): a refused create of an
+empty ``*.lock`` is noted by its very thread's system call
+(:mod:`.hostrun_locks`) and the file removed after the sweep.
 
 A refused open fails with EPERM: the host's git stops with an error, and
 never runs the plant.  Any failure here refuses.  If the thread ends, the
@@ -30,6 +33,7 @@ from typing import TYPE_CHECKING
 from libbroker.launcher import fanotify
 from libbroker.launcher.hostrun_binds import Binds
 from libbroker.launcher.hostrun_judge import PATIENCE, RECENT, SHOWN, Judge, git_dirs_to_bind
+from libbroker.launcher.hostrun_locks import Locks
 
 if TYPE_CHECKING:
     from libbroker.launcher.hostrun_fingerprint import Snapshot
@@ -54,6 +58,8 @@ class Gate(Judge[fanotify.Event]):
         self.own = 0  # the launcher's own opens that reached the gate (a round trip each)
         self._stopping = False  # stop() closes the group itself, after the binds
         self.held = False  # hold() took the watcher's connectors: stop() keeps the group
+        self.locks = Locks(self.workdir)  # empty locks our refused creates left
+        self._locks_root = -1  # the workdir beneath the binds, for their removal
 
     @property
     def under(self) -> dict[str, int]:
@@ -62,10 +68,13 @@ class Gate(Judge[fanotify.Event]):
 
     def start(self) -> None:
         """The group, its thread, the binds, the marks; OSError (nothing left) if any fails."""
-        self.fan = fanotify.Fanotify()
+        self.fan = fanotify.Fanotify(report_tid=True)  # the opener's thread: hostrun_locks
         self.start_thread("hostrun-gate")
         try:
             self.binds.make()
+            # (binds.remove closes the binds' own before the thread has ended: a refusal
+            # at its end is still noted)
+            self._locks_root = os.dup(self.binds.under[""])
             for fd in self.binds.mark_fds:
                 self.fan.mark_mount(fd)
             self.binds.marked()
@@ -85,7 +94,9 @@ class Gate(Judge[fanotify.Event]):
         return [ev for ev in self.fan.read() if ev.fd >= 0]  # FAN_Q_OVERFLOW: no fd
 
     def _own(self, ev: fanotify.Event) -> bool:
-        if ev.pid == self.pid:  # our own threads (the watcher, the sweep): never waited on
+        # Our own threads (the watcher, the sweep): never waited on.  The event names the
+        # thread; /proc/self/task has it only if it is one of ours (it waits on us: alive).
+        if ev.pid == self.pid or os.path.exists(f"/proc/self/task/{ev.pid}"):
             self.own += 1
             return True
         return False
@@ -107,6 +118,8 @@ class Gate(Judge[fanotify.Event]):
 
     def _answer(self, ev: fanotify.Event, allow: bool) -> None:
         assert self.fan is not None
+        if not allow:  # while its opener still waits in the system call
+            self.locks.note(ev.fd, ev.pid)
         try:
             self.fan.answer(ev, allow)
         except OSError as exc:
@@ -153,7 +166,18 @@ class Gate(Judge[fanotify.Event]):
         self.join_thread()
         if not self.held:
             self.close()
-        return lines + self.lines()
+        return lines + self.lines() + self._remove_locks()
+
+    def _remove_locks(self) -> list[str]:
+        """(After the sweep, the thread ended: nothing is noted any more) the empty locks
+        our refused creates left, removed beneath the binds (:mod:`.hostrun_locks`)."""
+        root, self._locks_root = self._locks_root, -1
+        try:
+            return self.locks.remove(root) if root >= 0 and self.locks.noted else []
+        finally:
+            self.locks.close()
+            if root >= 0:
+                os.close(root)
 
     def release(self) -> None:
         """(After the watcher's inotify group is closed) the held connectors freed: their

@@ -13,7 +13,11 @@ the fds taken before them (:attr:`ServiceGate.under`), and answers.  The
 service refuses an open whose answer does not come within its patience (a
 stopped launcher): no host open waits without bound.  When the connection
 goes (the launcher's death), the service closes its group (what waits is
-allowed, as after the death of a root launcher) and unbinds.
+allowed, as after the death of a root launcher) and unbinds.  At a ``stop``
+it names the empty lock files that creates it refused left, each pinned
+(:mod:`.hostrun_locks`); this launcher removes them beneath the binds with
+its own credentials, if each is still that very empty inode, and says
+``done``.
 """
 
 from __future__ import annotations
@@ -66,6 +70,18 @@ def _ask(frame: dict[str, object]) -> Ask:
     return Ask(fields[0], fields[1], fields[2], fields[3], fields[4], stat)
 
 
+def _locks(said: object) -> list[tuple[str, int, int, str]]:
+    """The ``stopped`` frame's locks, those of the right shape (relative names only)."""
+    out = []
+    for one in said if isinstance(said, list) else []:
+        if (isinstance(one, list) and len(one) == 4 and isinstance(one[0], str)
+                and isinstance(one[1], int) and isinstance(one[2], int)
+                and isinstance(one[3], str) and one[0] and not one[0].startswith("/")
+                and ".." not in one[0].split("/")):
+            out.append((one[0], one[1], one[2], one[3]))
+    return out
+
+
 class ServiceGate(Judge[Ask]):
     """The session's gate through the service: :meth:`start` before the sandbox, :meth:`stop`
     last."""
@@ -77,6 +93,7 @@ class ServiceGate(Judge[Ask]):
         self.under: dict[str, int] = {}  # fds taken before the binds: beneath them
         self.sock: _socket.socket | None = None
         self.service_lines: list[str] = []
+        self.locks: list[tuple[str, int, int, str]] = []  # (rel, dev, ino, comm): the service's
         self._inbox = b""
         self._send_lock = threading.Lock()
         self._over = False  # the service said "stopped": nothing more to send
@@ -150,6 +167,7 @@ class ServiceGate(Judge[Ask]):
             if frame["op"] == "stopped":
                 said = frame.get("lines")
                 self.service_lines = [str(x) for x in said] if isinstance(said, list) else []
+                self.locks = _locks(frame.get("locks"))
                 self._over = True
                 return None
             out.append(_ask(frame))
@@ -197,8 +215,26 @@ class ServiceGate(Judge[Ask]):
         if self._thread is not None:
             self._thread.join(PATIENCE + 20)
         self.stop_thread()
+        removed = self._remove_locks() if self._over else []
         self._close()
-        return self.service_lines + self.lines()
+        return self.service_lines + self.lines() + removed
+
+    def _remove_locks(self) -> list[str]:
+        """The empty locks the service's refusals left (it pins them until our ``done``),
+        removed beneath the binds (:func:`.hostrun_locks.remove`); a line each."""
+        from libbroker.launcher.hostrun_locks import remove, removed_line
+
+        if not self.locks or self.sock is None:
+            return []
+        lines, gone = [], []
+        for rel, dev, ino, comm in self.locks:
+            with contextlib.suppress(OSError):
+                if remove(self.under[""], rel, dev, ino) is None:
+                    lines.append(removed_line(rel, comm))
+                    gone.append(rel)
+        with self._send_lock, contextlib.suppress(OSError):
+            self.sock.sendall(proto.encode({"op": "done", "removed": gone}))
+        return lines
 
     def _close(self) -> None:
         if self.sock is not None:

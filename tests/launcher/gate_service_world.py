@@ -1,10 +1,13 @@
 """A real ``agent-sandbox gate-service`` (root) for the tests, and a raw client of it.
 
 The service runs as the test's root with its socket in a fresh 0755 directory
-under /tmp (an ordinary user must reach it) and a short patience; its log
-(stderr) is kept.  :func:`ask` talks to it as an ordinary user from a forked
-child (:meth:`as_user.OrdinaryUser.call`: the same mount namespace as the
-service, no interpreter to start) and brings back the service's reply.
+under /tmp (an ordinary user must reach it) and a short patience, with only the
+capabilities its unit keeps (``CapabilityBoundingSet`` of
+contrib/systemd/agent-sandbox-gate.service, through ``setpriv``): what passes
+here passes as installed; its log (stderr) is kept.  :func:`ask` talks to it
+as an ordinary user from a forked child (:meth:`as_user.OrdinaryUser.call`:
+the same mount namespace as the service, no interpreter to start) and brings
+back the service's reply.
 """
 
 from __future__ import annotations
@@ -27,6 +30,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "sandbox"))
 from as_user import OrdinaryUser
 
 PATIENCE = 2  # seconds: the service's --patience in these tests
+UNIT = Path(__file__).resolve().parents[2] / "contrib/systemd/agent-sandbox-gate.service"
+
+
+def unit_caps() -> list[str]:
+    """The capabilities the service's unit keeps, as setpriv names them."""
+    for line in UNIT.read_text().splitlines():
+        if line.startswith("CapabilityBoundingSet="):
+            return [c.lower().removeprefix("cap_") for c in line.split("=", 1)[1].split()]
+    raise AssertionError(f"no CapabilityBoundingSet in {UNIT}")
 
 
 @dataclass
@@ -54,8 +66,11 @@ class Service:
 def start(base: Path) -> Service:
     log = base.parent / f"{base.name}.log"
     out = open(log, "ab")  # noqa: SIM115 (the child's stderr)
-    proc = subprocess.Popen(["agent-sandbox", "gate-service", f"--socket={base}/gate.sock",
-                             f"--patience={PATIENCE}"], stdin=subprocess.DEVNULL,
+    caps = ",".join(["-all", *(f"+{c}" for c in unit_caps())])
+    proc = subprocess.Popen(["setpriv", f"--bounding-set={caps}", "--inh-caps=-all",
+                             "--no-new-privs", "--", "agent-sandbox", "gate-service",
+                             f"--socket={base}/gate.sock", f"--patience={PATIENCE}"],
+                            stdin=subprocess.DEVNULL,
                             stdout=out, stderr=out)
     out.close()
     found = Service(base, proc, log)

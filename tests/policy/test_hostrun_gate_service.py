@@ -59,6 +59,9 @@ def test_dir_refusal(change: dict[str, object], workdir: bool, why: str | None) 
     ({"op": "answer", "id": True, "allow": True}, ("answer", "stop"), "'id' must be int"),
     ({"op": "stop"}, ("answer", "stop"), None),
     ({"op": "gate", "dirs": 1}, ("answer", "stop"), "a request 'gate' here"),
+    ({"op": "done", "removed": [".git/index.lock"]}, ("answer", "done"), None),
+    ({"op": "done", "removed": "x"}, ("answer", "done"), "'removed' must be list"),
+    ({"op": "done", "removed": []}, ("answer", "stop"), "a request 'done' here"),
 ])
 def test_requests(obj: dict[str, object], expected: tuple[str, ...], error: str | None) -> None:
     if error is None:
