@@ -13,7 +13,7 @@ import os
 import signal
 from abc import ABC, abstractmethod
 
-from libbroker.sandbox import cgroups
+from libbroker.sandbox import cgroup_report, cgroups
 from libbroker.sandbox.limits import Limits
 
 
@@ -40,7 +40,7 @@ class Child(ABC):
 
     def limits_hit(self) -> list[str]:
         """Each resource limit the command hit (``task limit (64): 3 forks were refused``)."""
-        return cgroups.report(self.group) if self.group is not None else []
+        return cgroup_report.report(self.group) if self.group is not None else []
 
 
 class Executor(ABC):

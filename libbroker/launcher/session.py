@@ -191,9 +191,9 @@ class Session:
     @staticmethod
     def _end_limits(group: Group) -> None:
         """Nothing of the session is left in its group: what it hit, then the group goes."""
-        from libbroker.sandbox import cgroups
+        from libbroker.sandbox import cgroup_report, cgroups
 
-        for hit in cgroups.report(group):
+        for hit in cgroup_report.report(group):
             os.write(2, f"agent-sandbox: the session hit its {hit}\n".encode())
         cgroups.remove(group)
         # A broker killed at once (nothing in flight) may leave the group of

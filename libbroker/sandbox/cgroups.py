@@ -4,7 +4,8 @@ A :class:`Group` is one sandbox's limits made real: made with
 :func:`create`, joined by the sandboxed child itself before it execs
 (:func:`join_self`: it writes ``0``, "me", to each ``cgroup.procs``), or by
 its parent for a process tree that waits (:func:`move_tree`), read for what
-was hit (:func:`report`) and removed with what is left in it (:func:`remove`).
+was hit (:func:`.cgroup_report.report`) and removed with what is left in it
+(:func:`remove`).
 Group names carry their creator's pid (``agent-sandbox-PID-TAG``) so that
 the groups of a process killed by SIGKILL are found again (:func:`reclaim`).
 Which mechanism, strongest first, is :mod:`.limits`' module doc.
@@ -24,7 +25,6 @@ from libbroker.sandbox.limits import (
     CPU_PERIOD_US,
     PREFIX,
     Limits,
-    size_text,
 )
 
 if TYPE_CHECKING:
@@ -55,7 +55,8 @@ class Mechanism(NamedTuple):
         return "rlimits (RLIMIT_NPROC, RLIMIT_DATA, RLIMIT_FSIZE): " + self.why
 
 
-def _read(path: str) -> str:
+def read_text(path: str) -> str:
+    """A small kernel file's text; "" when it cannot be read (gone, not ours)."""
     try:
         with open(path) as fh:
             return fh.read()
@@ -94,7 +95,7 @@ def discover(mounts: str, cgroups: str) -> Mechanism:
     if v2_mount and v2_path.startswith("/"):
         directory = os.path.normpath(v2_mount + v2_path)
         while True:
-            enabled = _read(os.path.join(directory, "cgroup.subtree_control")).split()
+            enabled = read_text(os.path.join(directory, "cgroup.subtree_control")).split()
             if "memory" in enabled and "pids" in enabled and _writable(directory):
                 return Mechanism(
                     "cgroup2",
@@ -127,7 +128,7 @@ def mechanism() -> Mechanism:
         if os.environ.get("AGENT_SANDBOX_LIMITS") == "rlimit":
             _chosen = Mechanism("rlimit", why="AGENT_SANDBOX_LIMITS=rlimit")
         else:
-            _chosen = discover(_read("/proc/self/mounts"), _read("/proc/self/cgroup"))
+            _chosen = discover(read_text("/proc/self/mounts"), read_text("/proc/self/cgroup"))
     return _chosen
 
 
@@ -168,7 +169,7 @@ def user_tasks(uid: int) -> int:
             continue
         with contextlib.suppress(OSError, ValueError, IndexError):
             if os.stat(f"/proc/{name}").st_uid == uid:
-                stat = _read(f"/proc/{name}/stat")
+                stat = read_text(f"/proc/{name}/stat")
                 count += int(stat.rsplit(")", 1)[1].split()[17])  # num_threads
     return count
 
@@ -282,7 +283,7 @@ def _children(pid: int) -> list[int]:
     with contextlib.suppress(OSError):
         for task in os.listdir(f"/proc/{pid}/task"):
             with contextlib.suppress(OSError, ValueError):
-                out += [int(p) for p in _read(f"/proc/{pid}/task/{task}/children").split()]
+                out += [int(p) for p in read_text(f"/proc/{pid}/task/{task}/children").split()]
     return out
 
 
@@ -341,78 +342,12 @@ def _userns(pid: int) -> int:
         return 0
 
 
-# --- what was hit, and the end ----------------------------------------------------------
-
-
-def _counter(text: str, key: str) -> int:
-    for line in text.splitlines():
-        words = line.split()
-        if len(words) == 2 and words[0] == key and words[1].isdigit():
-            return int(words[1])
-    return 0
-
-
-def _oom_victims(name: str) -> list[str]:
-    """``pid N (comm)`` of each process the kernel's OOM killer took in group ``name``.
-
-    From the kernel log (/dev/kmsg), which names the group; empty when it
-    cannot be read (an ordinary user, dmesg_restrict).
-    """
-    try:
-        fd = os.open("/dev/kmsg", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return []
-    found = []
-    try:
-        while True:
-            try:
-                record = os.read(fd, 8192).decode(errors="replace")
-            except BlockingIOError:
-                break
-            except OSError:  # EPIPE: a record was overwritten while reading; go on
-                continue
-            if not record:
-                break
-            text = record.split(";", 1)[-1]
-            if "oom-kill:" in text and f"/{name}," in text.replace("oom_memcg=", "/"):
-                fields = dict(part.split("=", 1) for part in text.strip().split(",") if "=" in part)
-                if "pid" in fields:
-                    found.append(f"pid {fields['pid']} ({fields.get('task', '?')})")
-    finally:
-        os.close(fd)
-    return found
-
-
-def report(group: Group) -> list[str]:
-    """Each limit that was hit, as ``memory limit (8 GiB): pid 1234 (node) was killed``."""
-    out: list[str] = []
-    limits = group.limits
-    for directory in group.dirs:
-        name = os.path.basename(directory)
-        if group.kind == "cgroup2":
-            memory = _read(os.path.join(directory, "memory.events"))
-            kills, refused = _counter(memory, "oom_kill"), _counter(memory, "max")
-        else:
-            oom = _read(os.path.join(directory, "memory.oom_control"))
-            kills = _counter(oom, "oom_kill")
-            refused = int(_read(os.path.join(directory, "memory.failcnt")).strip() or 0)
-        if kills and limits.memory:
-            victims = _oom_victims(name)
-            what = f"{', '.join(victims)} {'was' if len(victims) == 1 else 'were'} killed"
-            if not victims:
-                what = f"{kills} process{'es were' if kills > 1 else ' was'} killed"
-            out.append(f"memory limit ({size_text(limits.memory)}): {what}")
-        elif refused and limits.memory and os.path.exists(os.path.join(directory, "memory.max")):
-            pass  # reclaim at the limit, nobody killed: not worth a line
-        forks = _counter(_read(os.path.join(directory, "pids.events")), "max")
-        if forks and limits.tasks:
-            plural = "s were" if forks > 1 else " was"
-            out.append(f"task limit ({limits.tasks}): {forks} fork{plural} refused")
-    return out
+# --- the end ----------------------------------------------------------------------
 
 
 def _members(directory: str) -> list[int]:
-    return [int(p) for p in _read(os.path.join(directory, "cgroup.procs")).split() if p.isdigit()]
+    procs = read_text(os.path.join(directory, "cgroup.procs"))
+    return [int(p) for p in procs.split() if p.isdigit()]
 
 
 def _kill_members(directory: str) -> None:
@@ -428,7 +363,7 @@ def _kill_members(directory: str) -> None:
         except OSError:
             continue
         try:
-            if f"/{name}\n" in _read(f"/proc/{pid}/cgroup"):
+            if f"/{name}\n" in read_text(f"/proc/{pid}/cgroup"):
                 import signal
 
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
@@ -486,7 +421,7 @@ def record(group: Group, directory: str) -> None:
 
 def remove_recorded(directory: str) -> None:
     """Remove the groups :func:`record` named in ``directory`` (the janitor's part)."""
-    dirs = [d for d in _read(os.path.join(directory, RECORD)).splitlines() if PREFIX in d]
+    dirs = [d for d in read_text(os.path.join(directory, RECORD)).splitlines() if PREFIX in d]
     remove(Group(Limits(), "recorded", tuple(dirs)))
 
 
