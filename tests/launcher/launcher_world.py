@@ -17,6 +17,7 @@ import json
 import os
 import secrets
 import shutil
+import socket
 import ssl
 import subprocess
 import tempfile
@@ -43,6 +44,10 @@ class StandIn:
     seen: list[dict[str, Any]] = field(default_factory=list)
     # Every TLS handshake the stand-in began: (time, SNI), for a failure's message.
     handshakes: list[tuple[float, str | None]] = field(default_factory=list)
+    # Every connection its serving loop accepted (the TLS handshake is part of
+    # the accept): (time, "from port N" or the handshake's error).
+    accepts: list[tuple[float, str]] = field(default_factory=list)
+    fd: int = -1  # its listening socket's descriptor in this process
 
 
 @dataclass
@@ -189,12 +194,64 @@ def start_standin(tmp: Path) -> tuple[StandIn, ThreadingHTTPServer]:
     cert.configure_cert(ctx)
     seen: list[dict[str, Any]] = []
     handshakes: list[tuple[float, str | None]] = []
+    accepts: list[tuple[float, str]] = []
     ctx.sni_callback = lambda _obj, name, _ctx: handshakes.append((time.time(), name))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _echo_handler(seen))
+
+    class Server(ThreadingHTTPServer):
+        def get_request(self) -> tuple[Any, Any]:
+            try:
+                conn, addr = super().get_request()
+            except OSError as exc:  # swallowed by the serving loop: kept for a failure
+                accepts.append((time.time(), f"failed: {exc}"))
+                raise
+            accepts.append((time.time(), f"from port {addr[1]}"))
+            return conn, addr
+
+    server = Server(("127.0.0.1", 0), _echo_handler(seen))
     server.daemon_threads = True
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
     # (shutdown() waits for the serving loop's next poll: 0.5 s by default)
     threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
                      daemon=True).start()
     return StandIn(port=server.server_address[1], ca_file=ca_file, seen=seen,
-                   handshakes=handshakes), server
+                   handshakes=handshakes, accepts=accepts, fd=server.fileno()), server
+
+
+def who_accepts(standin: StandIn) -> list[str]:
+    """Who could accept on the stand-in's port, for a failure's message (costs ~0.1 s).
+
+    A certificate its CA did not sign, from its port, and no handshake of its
+    own: another acceptor of that listening socket answered.  Named here: each
+    process holding a socket listening on 127.0.0.1:PORT (/proc/net/tcp's
+    inode in /proc/*/fd), and each server object of this process whose
+    descriptor is the stand-in's (a descriptor closed under another server and
+    reused by the stand-in's socket).
+    """
+    import gc
+    import socketserver
+
+    local = f"0100007F:{standin.port:04X}"
+    inodes = set()
+    with contextlib.suppress(OSError):
+        for row in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            cols = row.split()
+            if cols[1] == local and cols[3] == "0A":  # LISTEN
+                inodes.add(f"socket:[{cols[9]}]")
+    found = [f"listening on {local}: {sorted(inodes) or 'nothing'}"]
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
+                        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                        found.append(f"held by pid {pid} ({comm}) fd {fd}"
+                                     + (" (this process)" if int(pid) == os.getpid() else ""))
+    for obj in gc.get_objects():
+        with contextlib.suppress(Exception):  # an object half made or gone: not ours
+            if isinstance(obj, socketserver.BaseServer) and obj.fileno() == standin.fd:
+                whose = "the stand-in" if obj.server_address[1] == standin.port else "ANOTHER"
+                found.append(f"server on the stand-in's fd {standin.fd} ({whose}): {obj!r} "
+                             f"{obj.server_address}")
+            elif isinstance(obj, socket.socket) and obj.fileno() == standin.fd:
+                found.append(f"socket object on the stand-in's fd {standin.fd}: {obj!r}")
+    return found

@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from launcher_world import TOKEN, StandIn, World, kill_leftovers, make_world
+from launcher_world import TOKEN, StandIn, World, kill_leftovers, make_world, who_accepts
 
 pytestmark = pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
 
@@ -94,7 +94,8 @@ def probe(
     w = make_world(tmp_path_factory.mktemp(f"probe-{request.param}"), standin)
     subprocess.run(["git", "init", "-q", str(w.workdir)], check=True)
     shutil.rmtree(w.workdir / ".git" / "hooks")  # the launcher must make it to protect it
-    before, shook = len(standin.seen), len(standin.handshakes)
+    before, shook, accepted = (len(standin.seen), len(standin.handshakes),
+                               len(standin.accepts))
     started = time.time()
     result = _probe(w, request.param)
     result["_seen"] = [json.dumps(s) for s in standin.seen[before:]]
@@ -106,6 +107,13 @@ def probe(
     # of a probe in a full run, the next one answered by the stand-in).
     result["_threads"] = [f"{t.name}: {getattr(t, '_target', None)!r}"
                           for t in threading.enumerate()]
+    # What the stand-in accepted (no accept of the failed request: another acceptor
+    # took it; an accept that failed its handshake: the proxy sent it no ClientHello),
+    # and, on that failure, who else holds its listening socket.
+    result["_accepts"] = [f"{t - started:.3f}s after the start: {what}"
+                          for t, what in standin.accepts[accepted:]]
+    if not result.get("github", [""])[0].startswith("{"):
+        result["_threads"] += who_accepts(standin)
     assert w.leftovers() == []
     yield w, result
     kill_leftovers(w)
@@ -130,7 +138,7 @@ def test_github_is_reached_with_the_token_injected(probe: Probe) -> None:
     _, r = probe
     assert _one(r, "github").startswith("{"), "\n".join(
         [*r["github"], *r["_threads"], "stand-in handshakes:", *r["_handshakes"],
-         "session stderr:", *r["_stderr"]])
+         "stand-in accepts:", *r["_accepts"], "session stderr:", *r["_stderr"]])
     seen = json.loads(_one(r, "github"))
     want = "Basic " + base64.b64encode(f"x-access-token:{TOKEN}".encode()).decode()
     assert seen["authorization"] == [want]
