@@ -39,11 +39,16 @@ class Event:
 
 def available() -> bool:
     """Whether this process may make a permission group (CAP_SYS_ADMIN in its effective set)."""
+    return has_capability(_CAP_SYS_ADMIN)
+
+
+def has_capability(cap: int) -> bool:
+    """Whether capability number ``cap`` is in this process's effective set."""
     try:
         with open("/proc/self/status") as fh:
             for line in fh:
                 if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> _CAP_SYS_ADMIN & 1)
+                    return bool(int(line.split()[1], 16) >> cap & 1)
     except (OSError, ValueError):
         pass
     return False

@@ -49,17 +49,6 @@ _CAP_SYS_PTRACE = 19  # /proc/TID/syscall of another uid's thread (hostrun_locks
 MAX_PER_UID = 16  # of one user: no user takes every place
 
 
-def _has_cap(cap: int) -> bool:
-    try:
-        with open("/proc/self/status") as fh:
-            for line in fh:
-                if line.startswith("CapEff:"):
-                    return bool(int(line.split()[1], 16) >> cap & 1)
-    except (OSError, ValueError):
-        pass
-    return False
-
-
 def listen_path() -> str:
     """Where the service listens without --socket: where launchers look."""
     return socket_path(os.environ) or DEFAULT_SOCKET
@@ -185,7 +174,7 @@ def main(path: str, patience: float = PATIENCE) -> int:
     for one in dead:
         with contextlib.suppress(OSError):
             os.rmdir(one)
-    if not _has_cap(_CAP_SYS_PTRACE):
+    if not fanotify.has_capability(_CAP_SYS_PTRACE):
         _say("without CAP_SYS_PTRACE: a refused create's empty lock file (.git/index.lock) "
              "is not known as one and stays (docs/hostrun-gate.md)")
     service = Service(listener, records, patience)
