@@ -36,6 +36,7 @@ import shutil
 import socket
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from libbroker.launcher import fanotify, serve_peer
 from libbroker.launcher.gate_service_dirs import Refused, Verified, verify
@@ -43,6 +44,9 @@ from libbroker.launcher.hostrun_binds import Binds
 from libbroker.launcher.hostrun_locks import Locks
 from libbroker.launcher.serve_link import peer_ids
 from libpolicy import hostrun_gate_service as proto
+
+if TYPE_CHECKING:
+    from typing import Any
 
 SEND_TIMEOUT = 5.0  # a reply the client does not read
 MAX_OUTBOX = 1 << 20  # asks the launcher has not read: beyond, new ones are refused at once
@@ -271,19 +275,25 @@ class Conn:
         if not chunk:
             raise Ended("the connection was lost")
         self._inbox += chunk
-        while len(self._inbox) >= proto.HEADER:
-            n = proto.length(self._inbox[:proto.HEADER])
-            if len(self._inbox) < proto.HEADER + n:
-                break
-            frame = proto.request(proto.decode(self._inbox[proto.HEADER:proto.HEADER + n]),
-                                  ("answer", "stop"))
-            self._inbox = self._inbox[proto.HEADER + n:]
+        while (frame := self._next_frame(("answer", "stop"))) is not None:
             if frame["op"] == "stop":
                 return True
             held = self.pending.pop(frame["id"], None)
             if held is not None:  # else answered already (too late): nothing to do
                 self._answer(held[0], frame["allow"])
         return False
+
+    def _next_frame(self, ops: tuple[str, ...]) -> dict[str, Any] | None:
+        """The next whole frame in the inbox, checked to be one of ``ops`` (FrameError if
+        not); None until one has arrived whole."""
+        if len(self._inbox) < proto.HEADER:
+            return None
+        n = proto.length(self._inbox[:proto.HEADER])
+        if len(self._inbox) < proto.HEADER + n:
+            return None
+        frame = proto.request(proto.decode(self._inbox[proto.HEADER:proto.HEADER + n]), ops)
+        self._inbox = self._inbox[proto.HEADER + n:]
+        return frame
 
     def _expire(self) -> None:
         now = time.monotonic()
@@ -332,13 +342,7 @@ class Conn:
         """The launcher's ``done`` (late answers skipped): the names it removed."""
         deadline = time.monotonic() + self.patience
         while True:
-            while len(self._inbox) >= proto.HEADER:
-                n = proto.length(self._inbox[:proto.HEADER])
-                if len(self._inbox) < proto.HEADER + n:
-                    break
-                frame = proto.request(proto.decode(self._inbox[proto.HEADER:proto.HEADER + n]),
-                                      ("answer", "done"))
-                self._inbox = self._inbox[proto.HEADER + n:]
+            while (frame := self._next_frame(("answer", "done"))) is not None:
                 if frame["op"] == "done":
                     return [r for r in frame["removed"] if isinstance(r, str)]
             left = deadline - time.monotonic()
