@@ -222,16 +222,11 @@ class ServiceGate(Judge[Ask]):
     def _remove_locks(self) -> list[str]:
         """The empty locks the service's refusals left (it pins them until our ``done``),
         removed beneath the binds (:func:`.hostrun_locks.remove`); a line each."""
-        from libbroker.launcher.hostrun_locks import remove, removed_line
+        from libbroker.launcher.hostrun_locks import remove_each
 
         if not self.locks or self.sock is None:
             return []
-        lines, gone = [], []
-        for rel, dev, ino, comm in self.locks:
-            with contextlib.suppress(OSError):
-                if remove(self.under[""], rel, dev, ino) is None:
-                    lines.append(removed_line(rel, comm))
-                    gone.append(rel)
+        lines, gone = remove_each(self.under[""], self.locks)
         with self._send_lock, contextlib.suppress(OSError):
             self.sock.sendall(proto.encode({"op": "done", "removed": gone}))
         return lines

@@ -140,12 +140,8 @@ class Locks:
 
     def remove(self, root: int) -> list[str]:
         """Each noted file removed beneath ``root`` (the workdir, under the binds) when it
-        is still the one noted (:func:`remove`); a line per removal; the pins closed."""
-        lines = []
-        for one in self.noted:
-            with contextlib.suppress(OSError):
-                if remove(root, one.rel, one.dev, one.ino) is None:
-                    lines.append(removed_line(one.rel, one.comm))
+        is still the one noted (:func:`remove_each`); a line per removal; the pins closed."""
+        lines, _ = remove_each(root, [(n.rel, n.dev, n.ino, n.comm) for n in self.noted])
         self.close()
         return lines
 
@@ -154,6 +150,18 @@ class Locks:
             with contextlib.suppress(OSError):
                 os.close(one.pin)
         self.noted = []
+
+
+def remove_each(root: int, noted: list[tuple[str, int, int, str]]) -> tuple[list[str], list[str]]:
+    """Each (rel, dev, ino, comm) removed beneath ``root`` when it is still that very file
+    (:func:`remove`): a line per removal, and the names removed."""
+    lines, gone = [], []
+    for rel, dev, ino, comm in noted:
+        with contextlib.suppress(OSError):
+            if remove(root, rel, dev, ino) is None:
+                lines.append(removed_line(rel, comm))
+                gone.append(rel)
+    return lines, gone
 
 
 def removed_line(rel: str, comm: str) -> str:
