@@ -65,11 +65,11 @@ def parse(argv: list[str]) -> Options:
     opts = Options()
     i = 0
     while i < len(argv) and argv[i] != "--":
-        if argv[i] in ("--control", "--rlimit") and i + 1 < len(argv):
-            if argv[i] == "--control":
-                opts.control = int(argv[i + 1])
-            else:
-                opts.rlimits.append(_rlimit(argv[i + 1]))
+        if argv[i] == "--control" and i + 1 < len(argv):
+            opts.control = int(argv[i + 1])
+            i += 2
+        elif argv[i] == "--rlimit" and i + 1 < len(argv):
+            opts.rlimits.append(_rlimit(argv[i + 1]))
             i += 2
         elif argv[i] == "--own-group":
             opts.own_group = True
