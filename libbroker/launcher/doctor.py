@@ -113,6 +113,7 @@ def check_native() -> list[Check]:
     purpose = {  # what each is, and what is lost without it
         "gpg-shim": ("gpg-shim's signing fast path", "~20 ms more per signature"),
         "reaper": ("the Landlock broker's small reaper", "~2 MiB more per command"),
+        "forwarder": ("bwrap's small forwarder", "~15 ms more CPU per session"),
     }
     out = []
     for name in SOURCES:

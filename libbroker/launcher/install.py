@@ -37,6 +37,7 @@ def exe(name: str) -> str:
 
 def host_facts(cwd: str) -> Host:
     """The facts about this installation the session's sandbox depends on."""
+    from libbroker.native import built  # light: the launcher imports it for gpg.program too
     project = project_dir()
     prefixes: list[str] = []
     for p in (sys.prefix, sys.base_prefix):
@@ -50,6 +51,7 @@ def host_facts(cwd: str) -> Host:
         forwarder=os.path.join(project, "libbroker", "sandbox", "forwarder.py"),
         bin_dir=scripts_dir(),
         cwd=cwd,
+        native_forwarder=built("forwarder"),
     )
 
 

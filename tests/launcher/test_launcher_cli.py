@@ -56,7 +56,7 @@ def test_doctor_reports_one_line_per_check_and_passes_here(world: World) -> None
     assert "tok123" not in done.stdout + done.stderr
     from libbroker.native import built
 
-    for name in ("gpg-shim", "reaper"):  # the C helpers: built by just setup, else a fix
+    for name in ("gpg-shim", "reaper", "forwarder"):  # C helpers: built by just setup, else a fix
         line = next(line for line in lines if f"native {name}:" in line)
         assert line.startswith("ok   ") if built(name) else "-m libbroker.native`" in line
 

@@ -101,6 +101,17 @@ def test_the_forwarder_wraps_the_command() -> None:
     assert "--own-group" not in _argv(tty=True)
 
 
+def test_the_native_forwarder_wraps_the_command_when_built() -> None:
+    """libbroker/native/forwarder.c, when built, runs as itself: no interpreter to start."""
+    native = "/opt/agent-sandbox/libbroker/native/forwarder"
+    shape = _shape(CFG, HOST, False)
+    argv = agent_sandbox.bwrap_argv(shape, RT, HOST._replace(native_forwarder=native),
+                                    ["claude"], facts=ON_HOST, control_fd=4, seccomp_fd=5)
+    tail = argv[argv.index("--", argv.index("--seccomp")) + 1 :]
+    assert tail[:3] == [native, "--control", "4"]
+    assert HOST.python not in tail and tail[-2:] == ["--", "claude"]
+
+
 def test_the_forwarder_gets_the_rlimits_to_set_on_itself() -> None:
     """Under rlimits the command's parent sets them itself (a prlimit walk can miss a fork
     in flight); with cgroups, or no limits, the forwarder's argv names none."""

@@ -19,3 +19,14 @@ def cell_result(request: pytest.FixtureRequest) -> CellResult:
     if why := cannot_run(cell):
         pytest.skip(why)
     return run_cell(cell, the_user() if cell.who == "user" else None)
+
+
+@pytest.fixture(params=["c", "python"])
+def forwarder_argv(request: pytest.FixtureRequest) -> list[str]:
+    """bwrap's forwarder as the session runs it: libbroker/native/forwarder.c, built, or
+    forwarder.py under ``python -I -S`` (tests/sandbox/test_forwarder_programs.py)."""
+    if request.param == "c":
+        return [request.getfixturevalue("native_program")("forwarder")]
+    from libbroker.sandbox import forwarder
+
+    return [sys.executable, "-I", "-S", forwarder.__file__]

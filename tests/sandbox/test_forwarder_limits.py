@@ -6,6 +6,7 @@ child that copied its parent's limits just before, listed just after, keeps the
 old ones (a CI run once saw a session's fork bomb and memory hog run unlimited).
 The forwarder is the command's parent: it sets them itself, reads them back,
 and a limit that does not take ends the sandbox before the command runs.
+Both forwarders: forwarder.py and libbroker/native/forwarder.c (``forwarder_argv``).
 """
 
 from __future__ import annotations
@@ -30,10 +31,11 @@ def _limits_of(pid: int | str) -> dict[str, str]:
     return {row[:26].strip(): row[26:47].strip() for row in rows}
 
 
-def _start(args: list[str], cmd: list[str]) -> tuple[subprocess.Popen[str], int]:
+def _start(forwarder: list[str], args: list[str],
+           cmd: list[str]) -> tuple[subprocess.Popen[str], int]:
     r, w = os.pipe()
     proc = subprocess.Popen(
-        [sys.executable, "-I", "-S", FORWARDER, "--control", str(r), *args, "--", *cmd],
+        [*forwarder, "--control", str(r), *args, "--", *cmd],
         pass_fds=(r,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     os.close(r)
@@ -55,7 +57,9 @@ def test_the_rlimits_parse_in_order() -> None:
 
 
 @pytest.mark.parametrize("tasks", [8, 63, 64, 65, 4096])
-def test_the_command_inherits_what_the_forwarder_set_before_go(tasks: int) -> None:
+def test_the_command_inherits_what_the_forwarder_set_before_go(
+    tasks: int, forwarder_argv: list[str]
+) -> None:
     limits = cgroups.inner_rlimits(
         [(resource.RLIMIT_NPROC, 10_000 + tasks), (resource.RLIMIT_DATA, 256 * MiB),
          (resource.RLIMIT_FSIZE, 16 * MiB)],
@@ -63,7 +67,7 @@ def test_the_command_inherits_what_the_forwarder_set_before_go(tasks: int) -> No
     )  # fmt: skip
     assert limits[0] == (resource.RLIMIT_NPROC, tasks)  # in bwrap's namespace: the limit itself
     args = [a for which, value in limits for a in ("--rlimit", f"{which}={value}")]
-    proc, go = _start(args, ["cat", "/proc/self/limits"])
+    proc, go = _start(forwarder_argv, args, ["cat", "/proc/self/limits"])
     try:
         # Before go, with nothing of the command running, the forwarder holds them.
         for _ in range(500):  # its interpreter starting
@@ -86,9 +90,11 @@ def test_the_command_inherits_what_the_forwarder_set_before_go(tasks: int) -> No
 
 
 @pytest.mark.parametrize("flag", ["99=1", f"6={2**64}", f"2={2**63}"])
-def test_a_limit_that_does_not_take_never_runs_the_command(flag: str, tmp_path: Path) -> None:
+def test_a_limit_that_does_not_take_never_runs_the_command(
+    flag: str, tmp_path: Path, forwarder_argv: list[str]
+) -> None:
     marker = tmp_path / "ran"
-    proc, go = _start(["--rlimit", flag], ["touch", str(marker)])
+    proc, go = _start(forwarder_argv, ["--rlimit", flag], ["touch", str(marker)])
     try:
         _, err = proc.communicate(timeout=30)  # it ends before go
     finally:
