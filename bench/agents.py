@@ -29,7 +29,12 @@ arg0 links, 1 GiB of caches):
 Needs the pinned CLIs in .agents (``just setup-dev``) and bwrap; an agent not
 installed there is skipped (never one found elsewhere on PATH).
 Run: ``python3 bench/agents.py`` (``BENCH_N=5 BENCH_READS=20`` by default;
-``BENCH_ONLY=copies,starts`` runs those sections only).
+``BENCH_ONLY=copies,starts`` runs those sections only).  ``AGENTS_BASELINE=TREE``
+(a checkout with its own ``.venv``, e.g. an export of main) adds that tree's
+launcher to the starts, cold under bwrap and Landlock, interleaved run by run
+with this one's, and prints both rows' deltas and their difference per agent;
+``BENCH_STARTS=cold`` leaves out the ``+serve`` and ``+warm`` columns,
+``BENCH_AGENTS=codex`` the other agents.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "agents"))
 sys.path.insert(0, str(HERE.parent))
 
-from agents_world import Home, _logins, installed  # noqa: E402
+from agents_world import AGENTS_BIN, Home, _logins, installed  # noqa: E402
 from realistic_home import build, measure  # noqa: E402
 from standin_apis import HOSTS, start  # noqa: E402
 
@@ -155,27 +160,44 @@ def starts(w: Home) -> None:
     both again as tenants of a resident service with a cold launcher (``+serve``:
     no egress-proxy start; ``AGENT_SANDBOX_WARM=off``), and forked warm by the
     service's launcher zygote (``+warm``: no launcher interpreter either)."""
-    agents = [a for a in AGENTS if installed(a)]
-    modes = (*MODES, "bwrap+serve", "nono+serve", "bwrap+warm", "nono+warm")
+    wanted = os.environ.get("BENCH_AGENTS", ",".join(AGENTS)).split(",")
+    agents = [a for a in AGENTS if installed(a) and a in wanted]
+    base = os.environ.get("AGENTS_BASELINE", "")
+    modes: tuple[str, ...] = MODES
+    if base:  # the baseline's launcher beside ours, run by run
+        modes += ("bwrap@base", "nono@base")
+    if os.environ.get("BENCH_STARTS") != "cold":
+        modes += ("bwrap+serve", "nono+serve", "bwrap+warm", "nono+warm")
     times: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
     # CPU (user + system) of the run and all it waited for: what the load does not move.
     cpus: dict[tuple[str, str], list[float]] = {(a, m): [] for a in agents for m in modes}
-    service, sock, serve_config = _serve(w)
+    # With a baseline, each cold session's trace: when the command went, and the launcher's
+    # own CPU at its end (the trace's, to the 0.1 ms; os.times counts 10 ms ticks).
+    traced: dict[tuple[str, str], list[tuple[float, float]]] = {k: [] for k in times}
+    served_modes = "bwrap+serve" in modes
+    service, sock, serve_config = _serve(w) if served_modes else (None, None, w.config())
 
     def run(agent: str, mode: str) -> float:
         argv = [agent, "--version"]
         env = w.env(AGENT_SANDBOX_SERVE="off")
         served = "+" in mode
         if mode != "host":
-            backend = mode.split("+")[0]
+            backend = mode.split("+")[0].split("@")[0]
             config = serve_config if served else w.config()
-            argv = ["agent-sandbox", "run", f"--config={config}", f"--sandbox={backend}",
+            launcher = "agent-sandbox"
+            if mode.endswith("@base"):  # its launcher, and the CLIs where its sessions see them
+                launcher = f"{base}/.venv/bin/agent-sandbox"
+                env["PATH"] = env["PATH"].replace(
+                    str(AGENTS_BIN), f"{base}/{AGENTS_BIN.relative_to(HERE.parent)}")
+            argv = [launcher, "run", f"--config={config}", f"--sandbox={backend}",
                     "--", *argv]
             if served:
                 env["AGENT_SANDBOX_SERVE"] = str(sock)
             if mode.endswith("+serve"):
                 env["AGENT_SANDBOX_WARM"] = "off"
-        s0 = _service_cpu(service.pid) if served else 0.0
+            if base and not served:
+                env["AGENT_SANDBOX_TRACE"] = "1"
+        s0 = _service_cpu(service.pid) if service and served else 0.0
         c0 = os.times()
         t0 = time.perf_counter()
         done = subprocess.run(argv, env=env, cwd=w.workdir, capture_output=True, text=True,
@@ -186,25 +208,32 @@ def starts(w: Home) -> None:
             raise SystemExit(f"{argv} failed: {done.stderr[-1500:]}")
         if served:
             time.sleep(0.2)  # the zygotes reap their children (their CPU counts then)
-        share = _service_cpu(service.pid) - s0 if served else 0.0
+        share = _service_cpu(service.pid) - s0 if service and served else 0.0
         cpus[agent, mode].append(c1.children_user + c1.children_system
                                  - c0.children_user - c0.children_system + share)
+        marks = dict(_marks(done.stderr))
+        if "go" in marks and "clean" in marks:
+            traced[agent, mode].append((marks["go"][0], marks["clean"][1]))
         return took
 
     try:
         for agent in agents:
             for mode in modes:
                 run(agent, mode)  # warm
-        for _ in range(N):
+        for i in range(N):
+            # Every other round the baseline's launcher first: neither tree always follows
+            # the other's end (its teardown, the agent copy it left to take).
+            order = [m for m in modes if i % 2 and m.endswith("@base")] + [
+                m for m in modes if not (i % 2 and m.endswith("@base"))]
             for agent in agents:
-                for mode in modes:
+                for mode in order:
                     times[agent, mode].append(run(agent, mode))
     finally:
-        service.terminate()
-        service.wait()
-    print(f"0b. --version, median of {N} (s): host / bwrap / Landlock / bwrap+serve / "
-          "Landlock+serve / bwrap+warm / Landlock+warm; each session's delta to the host "
-          "(goal: +0.15)")
+        if service is not None:
+            service.terminate()
+            service.wait()
+    print(f"0b. --version, median of {N} (s): " + " / ".join(modes)
+          + "; each session's delta to the host (goal: +0.15)")
 
     def rows(values: dict[tuple[str, str], list[float]]) -> None:
         for agent in agents:
@@ -218,7 +247,23 @@ def starts(w: Home) -> None:
           "move it; under bwrap the command inside its PID namespace is not counted; +serve and "
           "+warm: the service's CPU during the run counted, a warm run's own included):")
     rows(cpus)
-    for agent in agents:  # the warm launcher against a cold one, both the service's tenants
+    for agent in agents if base else ():  # this tree against the baseline's, run by run
+        for b in ("bwrap", "nono"):
+            pairs = list(zip(times[agent, b], times[agent, f"{b}@base"], strict=True))
+            cpairs = list(zip(cpus[agent, b], cpus[agent, f"{b}@base"], strict=True))
+            diffs = sorted((a - b_) * 1000 for a, b_ in pairs)
+            q1, mid, q3 = statistics.quantiles(diffs, n=4)
+            print(f"   {agent:<7}{b}: this tree - baseline, median of the {len(pairs)} pairs: "
+                  f"{mid:+.1f} ms wall (quartiles {q1:+.1f} / {q3:+.1f}), "
+                  f"{statistics.median(a - b_ for a, b_ in cpairs) * 1000:+.1f} ms cpu")
+            tpairs = list(zip(traced[agent, b], traced[agent, f"{b}@base"], strict=False))
+            if len(tpairs) >= 2:
+                go = statistics.quantiles([a[0] - b_[0] for a, b_ in tpairs], n=4)
+                cpu = statistics.quantiles([a[1] - b_[1] for a, b_ in tpairs], n=4)
+                print(f"   {'':<7}{b}: traced, go {go[1]:+.1f} ms (quartiles {go[0]:+.1f} / "
+                      f"{go[2]:+.1f}), the launcher's cpu at its end {cpu[1]:+.1f} ms "
+                      f"(quartiles {cpu[0]:+.1f} / {cpu[2]:+.1f})")
+    for agent in agents if "bwrap+warm" in modes else ():  # warm against cold, both tenants
         for b in ("bwrap", "nono"):
             cold, warm = (statistics.median(times[agent, f"{b}+{k}"]) for k in ("serve", "warm"))
             ccold, cwarm = (statistics.median(cpus[agent, f"{b}+{k}"]) for k in ("serve", "warm"))
@@ -231,6 +276,17 @@ def starts(w: Home) -> None:
                               capture_output=True, text=True, timeout=60, check=False)
         line = [ln for ln in done.stderr.splitlines() if "where the time went" in ln]
         print(f"   {agent:<7}Landlock: {line[-1].split(') ', 1)[-1] if line else '?'}")
+
+
+def _marks(stderr: str) -> list[tuple[str, tuple[float, float]]]:
+    """AGENT_SANDBOX_TRACE's lines: (what, (ms since the launcher's start, its cpu ms))."""
+    out = []
+    for line in stderr.splitlines():
+        head, sep, what = line.partition(" ms) ")
+        if sep and head.startswith("agent-sandbox: trace"):
+            ms, _, cpu = head.removeprefix("agent-sandbox: trace").partition(" ms (cpu")
+            out.append((what.split(":")[0], (float(ms), float(cpu))))
+    return out
 
 
 def turn_argv(agent: str, w: Home, mode: str) -> tuple[list[str], dict[str, str]]:
