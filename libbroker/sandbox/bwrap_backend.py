@@ -152,16 +152,23 @@ class BwrapStart:
         self.listeners = listen_in_netns(inner, ports)
 
     def go(self, targets: tuple[int, ...], word: bytes, *, keep: bool = False) -> None:
-        """Each port inside bridged to its host port in ``targets``, then ``word`` lets the
-        command run; the go pipe stays open for :meth:`signal` when ``keep``."""
+        """``word`` lets the command run, then each port inside is bridged to its host port
+        in ``targets``; the go pipe stays open for :meth:`signal` when ``keep``.
+
+        The bridges after the word: each starts a thread, whose start waits for a core
+        and the GIL (1-6 ms on two busy cores), and the ports inside listen already, so a
+        connection the command makes first waits in the backlog until its bridge accepts.
+        """
         from libbroker.sandbox.bridge import Bridge
 
-        pairs = zip(self.listeners, targets, strict=True)
-        self.bridges = [Bridge(sock, port) for sock, port in pairs]
-        self.listeners = []
+        if len(self.listeners) != len(targets):
+            raise ValueError(f"{len(targets)} targets for {len(self.listeners)} ports")
         os.write(self._go_w, word)
         if not keep:
             _close(self, "_go_w")
+        for port in targets:  # each listener a bridge's, or closed by release() on a failure
+            self.bridges.append(Bridge(self.listeners[0], port))
+            self.listeners.pop(0)
 
     def signal(self, sig: int) -> bool:
         """A signal number for the command on the go pipe, which the session's forwarder
