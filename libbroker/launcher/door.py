@@ -29,9 +29,9 @@ import contextlib
 import ipaddress
 import os
 import sys
-import threading
 
 from libbroker import proc_tcp
+from libbroker.quick_thread import QuickThread
 from libbroker.sandbox.bridge import accept_each, pump
 
 _LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
@@ -60,7 +60,7 @@ class Door:
             raise
         self.port: int = self._sock.getsockname()[1]
         self._closing = False
-        self._thread = threading.Thread(target=self._accept_loop, name="broker-door", daemon=True)
+        self._thread = QuickThread(self._accept_loop, name="broker-door")  # (its start: no wait)
         self._thread.start()
 
     def _accept_loop(self) -> None:

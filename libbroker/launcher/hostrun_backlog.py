@@ -12,6 +12,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+from libbroker.quick_thread import QuickThread
+
 
 class Backlog:
     """One thread running submitted work in order, each key at most once per turn."""
@@ -22,7 +24,7 @@ class Backlog:
         self._stopping = False
         self._busy = False
         self._on_error = on_error
-        self._thread = threading.Thread(target=self._run, name="hostrun-backlog", daemon=True)
+        self._thread = QuickThread(self._run, name="hostrun-backlog")  # (its start: no wait)
         self._thread.start()
 
     def submit(self, key: str, work: Callable[[], None]) -> None:

@@ -47,17 +47,16 @@ class Guard:
     """
 
     def __init__(self, workdir: str, table: Table, runtime_dir: str, state: str) -> None:
-        import threading
+        from libbroker.quick_thread import QuickThread  # its start waits for no core
 
         self.state = state
         self.snap: Snapshot | None = None
         self.error: BaseException | None = None
         self._args = (workdir, table, runtime_dir)
-        self._thread = threading.Thread(target=self._scan, name="hostrun-scan", daemon=True)
+        self._thread = QuickThread(self._scan, name="hostrun-scan")
         self._thread.start()
         # What finished sessions set aside (hostrun_gitconfig), removed meanwhile.
-        self._tidy = threading.Thread(target=self._remove_set_aside, name="hostrun-tidy",
-                                      daemon=True)
+        self._tidy = QuickThread(self._remove_set_aside, name="hostrun-tidy")
         self._tidy.start()
 
     def _remove_set_aside(self) -> None:

@@ -29,10 +29,10 @@ import contextlib
 import os
 import select
 import stat
-import threading
 import time
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from libbroker.quick_thread import QuickThread
 from libbroker.shellquote import shown
 from libpolicy import hostrun_live as rules
 
@@ -63,7 +63,7 @@ class Judge(Generic[T]):
         self._changed_at = -RECENT
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        self._thread: threading.Thread | None = None
+        self._thread: QuickThread | None = None
 
     # --- what a subclass brings ---------------------------------------------------------
 
@@ -102,7 +102,7 @@ class Judge(Generic[T]):
     # --- the thread ---------------------------------------------------------------------
 
     def start_thread(self, name: str) -> None:
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = QuickThread(self._run, name=name)  # (its start: no wait)
         self._thread.start()
 
     def wake(self) -> None:

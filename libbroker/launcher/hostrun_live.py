@@ -26,7 +26,6 @@ import functools
 import os
 import select
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -41,6 +40,7 @@ from libbroker.launcher.hostrun_sweep import Sweeper
 from libbroker.launcher.hostrun_walk import _GIT_SKIP as GIT_SKIP
 from libbroker.launcher.hostrun_walk import _is_git_dir as is_git_dir
 from libbroker.launcher.hostrun_watches import GIT_MARKS, O_DIR, Watches, join
+from libbroker.quick_thread import QuickThread
 from libbroker.shellquote import shown
 from libpolicy.hostrun import NESTED_GIT
 
@@ -61,7 +61,7 @@ class Watcher(Watches):
         self._logged = 0  # sweeper.lines already in sweep.log
         self._seen_repos: dict[str, tuple[object, ...]] = {}  # new repo -> state judged
         self._stop_r, self._stop_w = os.pipe2(os.O_CLOEXEC)
-        self._thread: threading.Thread | None = None
+        self._thread: QuickThread | None = None
 
     # --- watches ------------------------------------------------------------------
 
@@ -76,7 +76,7 @@ class Watcher(Watches):
         # parses a config in Python: 0.5 ms (restored at stop).
         self._switch = sys.getswitchinterval()
         sys.setswitchinterval(min(self._switch, 0.0005))
-        self._thread = threading.Thread(target=self._run, name="hostrun-live", daemon=True)
+        self._thread = QuickThread(self._run, name="hostrun-live")  # (its start: no wait)
         self._thread.start()
 
     def wait_ready(self) -> None:

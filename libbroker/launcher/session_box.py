@@ -34,13 +34,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import threading
 from typing import TYPE_CHECKING
 
 from libbroker.errors import LaunchError, SandboxUnavailable, SpawnError
 from libbroker.launcher import agent_sandbox, agent_session, hostrun_guard, plan, prestart
 from libbroker.launcher.agent_sandbox import HTTP_PORT, SOCKS_PORT, Host
 from libbroker.launcher.session_guards import say
+from libbroker.quick_thread import QuickThread
 from libbroker.sandbox import backends
 from libbroker.sandbox.kinds import BWRAP, LANDLOCK
 from libbroker.sandbox.landlock_backend import ReaperLine
@@ -146,7 +146,7 @@ class BwrapBox(Box):
     def __init__(self, session: Session) -> None:
         super().__init__(session)
         self.start: BwrapStart | None = None  # its pipes, the proxy's ports inside, the bridges
-        self.settling: list[threading.Thread] = []  # its tree settled before go (_settle)
+        self.settling: list[QuickThread] = []  # its tree settled before go (_settle)
         self.unsettled: list[BaseException] = []  # what stopped that, raised at go
 
     def fixed_ports(self) -> tuple[int, int]:
@@ -259,8 +259,7 @@ class BwrapBox(Box):
         held (from the sandbox's first process: a fork, once bwrap's mounts are built).
         Under rlimits the move waits for go: a process given the host's RLIMIT_NPROC
         before bwrap made its user namespace would pass that one on."""
-        thread = threading.Thread(target=self._settling, args=(step,), daemon=True,
-                                  name="sandbox-settle")  # fmt: skip
+        thread = QuickThread(self._settling, (step,), name="sandbox-settle")  # (no wait)
         thread.start()
         self.settling.append(thread)
 
