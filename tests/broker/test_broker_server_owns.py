@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import os
 import socket
+import time
 
 import pytest
 
@@ -56,8 +57,9 @@ def test_cancelled_serving_ends_and_awaits_every_connection(tmp_path, stop) -> N
         while not pidfile.exists() or not pidfile.read_text().strip():
             await asyncio.sleep(0.01)
         # The pid inside a PID namespace is not the host's: find the sleep by
-        # its command line among this user's processes instead.
-        sleeper = _host_pid_of(sleep)
+        # its command line among this user's processes instead (the shell writes
+        # the pid file before its exec: under load the sleep comes a little later).
+        sleeper = await _host_pid_of(sleep)
 
         async def final() -> int | None:
             """The client reads as a client does, and hangs up after the final frame (a
@@ -92,11 +94,15 @@ def test_cancelled_serving_ends_and_awaits_every_connection(tmp_path, stop) -> N
     assert not _alive(sleeper), "the command outlived the server's end"
 
 
-def _host_pid_of(cmdline: str) -> int:
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
-            if f.read().replace(b"\0", b" ").strip() == cmdline.encode():
-                return int(entry)
-    raise AssertionError(f"no process runs {cmdline!r}")
+async def _host_pid_of(cmdline: str, within: float = 10.0) -> int:
+    deadline = time.monotonic() + within
+    while True:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError), open(f"/proc/{entry}/cmdline", "rb") as f:
+                if f.read().replace(b"\0", b" ").strip() == cmdline.encode():
+                    return int(entry)
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no process runs {cmdline!r} after {within:.0f} s")
+        await asyncio.sleep(0.01)
