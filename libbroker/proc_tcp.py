@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import ipaddress
 import sys
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
 

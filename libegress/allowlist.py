@@ -14,8 +14,7 @@ a trailing dot and IDN spelling (compared in punycode) never matter.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from libbroker.named_tuple import NamedTuple
 from libegress.hosts import BadHost, canonical_host, parse_port
 
 DEFAULT_PORTS = frozenset({80, 443})

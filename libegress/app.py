@@ -7,9 +7,10 @@ import ipaddress
 import os
 import resource
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from libbroker.errors import EgressError, UsageError
+from libbroker.named_tuple import NamedTuple
 from libegress.addresses import parse_cidr
 from libegress.allowlist import parse_patterns
 from libegress.ca import make_authority

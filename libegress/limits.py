@@ -12,7 +12,7 @@ dataclass's generated methods cost the proxy ~10 ms of CPU
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from libbroker.named_tuple import NamedTuple
 
 
 class Limits(NamedTuple):

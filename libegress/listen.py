@@ -11,9 +11,9 @@ from __future__ import annotations
 import socket
 import sys
 from collections.abc import Callable
-from typing import NamedTuple
 
 from libbroker.errors import EgressError
+from libbroker.named_tuple import NamedTuple
 from libbroker.server_lines import listening_line
 from libbroker.unix_listen import handed_over
 

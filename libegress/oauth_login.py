@@ -34,7 +34,9 @@ import json
 import re
 import time
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
+
+from libbroker.named_tuple import NamedTuple
 
 # Refresh this long before the expiry (Claude Code's own margin is 5 minutes).
 MARGIN_MS = 5 * 60 * 1000

@@ -10,7 +10,8 @@ answers map to a verdict in one place, :func:`verdict_of`.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 
 class Verdict(enum.StrEnum):

@@ -19,7 +19,8 @@ import hashlib
 import hmac
 import re
 import secrets
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 # SOCKS5 (RFC 1928 3, RFC 1929 2).
 USERPASS = 0x02

@@ -12,8 +12,8 @@ import enum
 import ipaddress
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
+from libbroker.named_tuple import NamedTuple
 from libegress.addresses import IPAddress, Network
 from libegress.allowlist import Pattern, allowed
 from libegress.hosts import BadHost, canonical_host, format_authority, parse_authority

@@ -14,8 +14,9 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
+from libbroker.named_tuple import NamedTuple
 from libegress.context import Peer, Services
 from libegress.dial import UpstreamFailed, dial
 from libegress.hosts import BadHost, canonical_host

@@ -43,9 +43,10 @@ from __future__ import annotations
 import json
 import re
 from enum import Enum
-from typing import Any, NamedTuple
+from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
+from libbroker.named_tuple import NamedTuple
 from libegress.oauth_login import KINDS, Kind
 from libegress.placeholders import MARK, TOKEN_FIELDS
 

@@ -18,7 +18,8 @@ file it cannot parse as one that runs commands, so refusing fails closed.
 from __future__ import annotations
 
 import re
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 _SPACE = frozenset(b" \t\n\r")  # git's isspace(): sane_ctype's GIT_SPACE
 _NL = 10

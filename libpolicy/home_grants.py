@@ -22,7 +22,7 @@ host (a grant of a link to home covers home) and passes both spellings.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from libbroker.named_tuple import NamedTuple
 
 
 class Shut(NamedTuple):

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
+
+from libbroker.named_tuple import NamedTuple
 
 MAX_FRAME = 64 * 1024  # any frame; a request's path is at most PATH_MAX
 MAX_DIRS = 200  # the workdir and 199 .git (SCM_RIGHTS carries at most 253 fds at once)

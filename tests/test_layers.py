@@ -33,6 +33,7 @@ PACKAGES = ("libbroker", "libpolicy", "libegress", "bin")
 BASE = {
     "libbroker.errors", "libbroker.paths", "libbroker.cli", "libbroker.shellquote",
     "libbroker.server_lines", "libbroker.proc_tcp", "libbroker.unix_listen", "libbroker.which",
+    "libbroker.named_tuple",
 }  # fmt: skip
 # The base's one module that touches a socket: the servers' unix listening
 # socket, shared by broker-server and egress-proxy (libegress may use only the base).

@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from typing import NamedTuple, Protocol
+from typing import Protocol
+
+from libbroker.named_tuple import NamedTuple
 
 FULL = "danger-full-access"
 # Codex's top-level options that take a value (the first other word is the

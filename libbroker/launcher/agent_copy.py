@@ -38,9 +38,9 @@ import stat
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import NamedTuple
 
 from libbroker.launcher import agent_reuse
+from libbroker.named_tuple import NamedTuple
 
 MAX_FILE = 4 << 20  # a file larger than this is not config: a log, a dump, a model
 MAX_NAMED = 64 << 20  # an entry the profile names as a file (Claude Code's state)

@@ -36,11 +36,12 @@ import json
 import os
 import stat
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from libbroker.launcher import agent_copy, agent_reuse, agent_settings, agents
 from libbroker.launcher.agents import APPEND, JSON, WHOLE, Profile
 from libbroker.launcher.trace import trace
+from libbroker.named_tuple import NamedTuple
 
 MANIFEST = "agent-home.json"
 _MAX_JSON = 64 << 20  # a settings or state file larger than this is not merged

@@ -29,10 +29,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import NamedTuple
 
 from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
 from libbroker.launcher.runtime import Runtime
+from libbroker.named_tuple import NamedTuple
 from libbroker.paths import under
 from libbroker.sandbox import bwrap
 from libbroker.sandbox.shape import DEVICES, SYSTEM_READ, TERMINAL_DEVICES, Shape

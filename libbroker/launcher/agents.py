@@ -30,12 +30,13 @@ import functools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from libbroker.errors import ConfigError, UsageError
 from libbroker.launcher import agent_argv
 from libbroker.launcher.agent_argv import Argv
 from libbroker.launcher.agent_settings import claude_settings, codex_config, gemini_settings
+from libbroker.named_tuple import NamedTuple
 
 WHOLE, APPEND, JSON = "whole", "append", "json"
 

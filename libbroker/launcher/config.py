@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from libbroker.errors import ConfigError
 from libbroker.launcher import egress_values, exported_keys, grants
 from libbroker.launcher.egress_values import Secret
 from libbroker.launcher.git_answers import Located, default_workdir, outside_git_dirs
 from libbroker.launcher.origins import Origins
+from libbroker.named_tuple import NamedTuple
 from libbroker.paths import under
 from libbroker.sandbox.kinds import AUTO, not_a_kind
 from libbroker.sandbox.limits import Limits, LimitsError

@@ -5,8 +5,7 @@ Shared by :mod:`.doctor` and the checks kept beside it (:mod:`.doctor_agents`).
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from libbroker.named_tuple import NamedTuple
 from libbroker.sandbox.backend import FAIL, OK, WARN  # the levels a backend's finding has too
 
 __all__ = ["FAIL", "OK", "TABLE", "WARN", "Check"]

@@ -17,9 +17,10 @@ shlex, the GraphQL parser) cost ms a config without those keys need not pay.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 from libbroker.errors import ConfigError, UsageError
+from libbroker.named_tuple import NamedTuple
 from libegress.allowlist import parse_pattern
 from libegress.hosts import BadHost, canonical_host
 

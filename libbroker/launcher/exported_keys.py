@@ -18,10 +18,11 @@ Pure: the profile, the environment and the config in; a config and lines out.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from libbroker.errors import ConfigError
 from libbroker.launcher.egress_values import Secret
+from libbroker.named_tuple import NamedTuple
 
 if TYPE_CHECKING:  # config imports this module (check_env)
     from libbroker.launcher.agents import Profile

@@ -8,8 +8,8 @@ workdir and the git directories it grants from :class:`Located`.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
+from libbroker.named_tuple import NamedTuple
 from libbroker.paths import under
 
 GIT_TIMEOUT = 5.0  # how long a question to git may take (a config including a FIFO)

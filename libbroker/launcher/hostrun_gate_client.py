@@ -26,10 +26,11 @@ import _socket  # not socket.py: this module loads on every session's start (its
 import contextlib
 import os
 import threading
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from libbroker.launcher.hostrun_binds import open_beneath
 from libbroker.launcher.hostrun_judge import PATIENCE, Judge, git_dirs_to_bind
+from libbroker.named_tuple import NamedTuple
 from libpolicy import hostrun_gate_service as proto
 
 if TYPE_CHECKING:

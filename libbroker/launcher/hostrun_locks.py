@@ -39,9 +39,9 @@ import contextlib
 import errno
 import os
 import stat
-from typing import NamedTuple
 
 from libbroker.launcher.hostrun_fs import parent_of
+from libbroker.named_tuple import NamedTuple
 
 SUFFIX = ".lock"
 MAX_NOTED = 64  # pins one session holds: beyond, a refused create is not noted

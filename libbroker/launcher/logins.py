@@ -35,9 +35,10 @@ import json
 import os
 import shlex
 import sys
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from libbroker.launcher.egress_values import Secret
+from libbroker.named_tuple import NamedTuple
 
 if TYPE_CHECKING:
     from libbroker.launcher.agents import Profile

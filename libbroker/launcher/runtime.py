@@ -15,7 +15,8 @@ read it, while the runtime directory itself is readable there.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 
 class Runtime(NamedTuple):

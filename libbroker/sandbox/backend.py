@@ -26,8 +26,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from libbroker.named_tuple import NamedTuple
 from libbroker.sandbox import kinds
 
 

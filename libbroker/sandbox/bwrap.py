@@ -15,8 +15,8 @@ import json
 import os
 from collections.abc import Iterable, Mapping
 from types import MappingProxyType
-from typing import NamedTuple
 
+from libbroker.named_tuple import NamedTuple
 from libbroker.paths import under, under_any
 from libbroker.sandbox.shape import Shape
 

@@ -19,8 +19,9 @@ import contextlib
 import os
 import resource
 import time
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
+from libbroker.named_tuple import NamedTuple
 from libbroker.sandbox.limits import (
     CPU_PERIOD_US,
     PREFIX,

@@ -26,9 +26,9 @@ Limits, stated once:
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
 
 from libbroker.errors import ConfigError, SandboxUnavailable
+from libbroker.named_tuple import NamedTuple
 from libbroker.paths import under
 from libbroker.sandbox.libc import check, fail, libc
 from libbroker.sandbox.shape import Shape

@@ -25,7 +25,8 @@ This module is the pure half; the mechanism is :mod:`.cgroups`.
 from __future__ import annotations
 
 import os
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 KiB, MiB, GiB, TiB = 1 << 10, 1 << 20, 1 << 30, 1 << 40
 DEFAULT_TASKS = 4096

@@ -37,7 +37,8 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 # linux/bpf_common.h opcodes, as combined by seccomp filters.
 LD_W_ABS = 0x20

@@ -15,7 +15,8 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import NamedTuple
+
+from libbroker.named_tuple import NamedTuple
 
 SYSTEM_READ = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt")
 """System directories every sandbox may read (those that exist are granted)."""
