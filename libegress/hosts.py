@@ -13,8 +13,11 @@ rule looks at it, so one spelling of a host is compared everywhere:
 
 from __future__ import annotations
 
-import ipaddress
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # loaded where an address is made: the launcher's config check makes none
+    import ipaddress
 
 
 class BadHost(ValueError):
@@ -34,6 +37,16 @@ def parse_ipv4_loose(text: str) -> ipaddress.IPv4Address | None:
     Raises BadHost for text that is numeric but out of range (``256.1.1.1``), since a
     resolver would refuse it too and a name it is not.
     """
+    number = _ipv4_number(text)
+    if number is None:
+        return None
+    import ipaddress
+
+    return ipaddress.IPv4Address(number)
+
+
+def _ipv4_number(text: str) -> int | None:
+    """:func:`parse_ipv4_loose`'s address as a number (BadHost out of range)."""
     parts = text.split(".")
     if not 1 <= len(parts) <= 4 or not all(_NUMERIC_LABEL.match(p) for p in parts):
         return None
@@ -53,8 +66,7 @@ def parse_ipv4_loose(text: str) -> ipaddress.IPv4Address | None:
     number = 0
     for v in front:
         number = (number << 8) | v
-    number = (number << (8 * (4 - len(front)))) | last
-    return ipaddress.IPv4Address(number)
+    return (number << (8 * (4 - len(front)))) | last
 
 
 def canonical_host(raw: str) -> str:
@@ -68,13 +80,19 @@ def canonical_host(raw: str) -> str:
         host = host[:-1]
     if not host or len(host) > _MAX_HOST:
         raise BadHost(f"invalid host {raw!r}")
-    v4 = parse_ipv4_loose(host)
-    if v4 is not None:
-        return str(v4)
-    try:
-        ascii_host = host.encode("idna").decode("ascii").lower()
-    except UnicodeError:
-        raise BadHost(f"invalid host {raw!r}") from None
+    v4 = _ipv4_number(host)
+    if v4 is not None:  # dotted-quad, as str(IPv4Address) writes it
+        return ".".join(str((v4 >> shift) & 0xFF) for shift in (24, 16, 8, 0))
+    if host.isascii():
+        # The idna codec's own answer for an ASCII name is the name (its label
+        # lengths, which it checks, are checked below), and loading the codec
+        # (~1 ms of CPU with stringprep) is then for nothing.
+        ascii_host = host.lower()
+    else:
+        try:
+            ascii_host = host.encode("idna").decode("ascii").lower()
+        except UnicodeError:
+            raise BadHost(f"invalid host {raw!r}") from None
     labels = ascii_host.split(".")
     if not all(_LABEL.match(label) for label in labels):
         raise BadHost(f"invalid host {raw!r}")
@@ -87,6 +105,8 @@ def canonical_host(raw: str) -> str:
 def _ipv6(text: str, raw: str) -> str:
     if "%" in text:
         raise BadHost(f"IPv6 zone ids are refused: {raw!r}")
+    import ipaddress
+
     try:
         return str(ipaddress.IPv6Address(text))
     except ValueError:
@@ -95,6 +115,8 @@ def _ipv6(text: str, raw: str) -> str:
 
 def ip_of(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     """The address a canonical host is, or None for a name."""
+    import ipaddress
+
     try:
         return ipaddress.ip_address(host)
     except ValueError:

@@ -201,6 +201,8 @@ LAUNCHER_CUT = (
     "shutil", "tempfile", "random",  # ~6 ms (libbroker.which; runtime_dir makes its own)
     "hashlib", "_hashlib", "_blake2", "base64",  # ~3 ms in the scan's thread (hostrun_fs.sha256)
     "signal",  # ~0.7 ms: its enum wrappers (reaper uses _signal, as supervise does)
+    "ipaddress",  # ~1.5 ms: the config's hosts are names (libegress.hosts); the door's check
+    "encodings.idna", "stringprep",  # ~1 ms: an ASCII host name is its own idna spelling
 )  # fmt: skip
 
 

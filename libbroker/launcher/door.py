@@ -26,15 +26,14 @@ from __future__ import annotations
 
 import _socket
 import contextlib
-import ipaddress
 import os
 import sys
 
-from libbroker import proc_tcp
 from libbroker.quick_thread import QuickThread
 from libbroker.sandbox.bridge import accept_each, pump
 
-_LOOPBACK = ipaddress.IPv4Address("127.0.0.1")
+# proc_tcp (and ipaddress with it, ~2 ms of CPU) is loaded by the first connection's
+# check, in the door's thread: the door is opened before go, and is used by few sessions.
 
 
 def tcp_owner(local: tuple[str, int], remote: tuple[str, int], table: str) -> int | None:
@@ -42,6 +41,8 @@ def tcp_owner(local: tuple[str, int], remote: tuple[str, int], table: str) -> in
 
     ``table`` is ``/proc/net/tcp``'s text (:mod:`libbroker.proc_tcp` reads it).
     """
+    from libbroker import proc_tcp
+
     row = proc_tcp.find_row(table, proc_tcp.endpoint(*local), proc_tcp.endpoint(*remote))
     return row.uid if row is not None else None
 
@@ -72,9 +73,12 @@ class Door:
 
     def _serve(self, conn: _socket.socket, peer: tuple[str, int]) -> None:
         """Check the peer, connect to the broker, relay; ``conn`` is ours to close."""
-        found = proc_tcp.peer_in_tables(
-            (ipaddress.IPv4Address(peer[0]), peer[1]), (_LOOPBACK, self.port)
-        )
+        import ipaddress
+
+        from libbroker import proc_tcp
+
+        ours = (ipaddress.IPv4Address("127.0.0.1"), self.port)
+        found = proc_tcp.peer_in_tables((ipaddress.IPv4Address(peer[0]), peer[1]), ours)
         owner = found.uid if found is not None else None
         if owner != os.getuid():
             sys.stderr.write(

@@ -98,3 +98,47 @@ def test_a_bare_0x_is_no_number_as_for_inet_aton(text: str) -> None:
     # glibc's inet_aton refuses these; so must the one parser the proxy and
     # kubeconfig-proxify share, or the two would read a spelling differently.
     assert parse_ipv4_loose(text) is None
+
+
+def _by_the_codec(raw: str) -> str:
+    """canonical_host's answer when every name went through the idna codec (as before
+    ASCII names skipped it) and every address through ipaddress."""
+    import re
+
+    host = raw.strip()
+    host = host[:-1] if host.endswith(".") else host
+    if not host or len(host) > 253:
+        raise BadHost(raw)
+    v4 = parse_ipv4_loose(host)
+    if v4 is not None:
+        return str(v4)
+    try:
+        ascii_host = host.encode("idna").decode("ascii").lower()
+    except UnicodeError:
+        raise BadHost(raw) from None
+    labels = ascii_host.split(".")
+    label = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
+    if not all(label.match(x) for x in labels) or re.match(r"^(?:0[xX][0-9a-fA-F]+|[0-9]+)$",
+                                                          labels[-1]):  # fmt: skip
+        raise BadHost(raw)
+    return ascii_host
+
+
+@given(st.one_of(
+    st.text(alphabet="abcXYZ019-_.", max_size=80),
+    st.text(alphabet=st.characters(max_codepoint=127, exclude_characters=":[]"), max_size=70),
+    st.builds(lambda n, m: ".".join(["a" * n] * m), st.integers(0, 70), st.integers(1, 5)),
+    st.from_regex(r"\A(0[xX][0-9a-f]{1,9}|[0-9]{1,11})(\.(0[xX][0-9a-f]{1,3}|[0-9]{1,4})){0,3}\.?\Z"),
+))  # fmt: skip
+def test_ascii_names_and_addresses_as_the_codec_and_ipaddress_spell_them(raw: str) -> None:
+    """An ASCII name skips the idna codec and a numeric host ipaddress (the launcher's
+    config check loads neither, ~2.5 ms of CPU): same answers, same refusals."""
+    try:
+        expected: str | None = _by_the_codec(raw)
+    except BadHost:
+        expected = None
+    try:
+        got: str | None = canonical_host(raw)
+    except BadHost:
+        got = None
+    assert got == expected
