@@ -127,8 +127,14 @@ def test_an_ordinary_users_session_is_gated_by_the_service(
             # The host loop's git may have been refused its own index.lock meanwhile: that
             # one was removed too (or git, refused a later open, removed its own).
             assert not (work / ".git/index.lock").exists()
-            assert "'.git/probe.lock', the empty lock file a refused create left: the " \
-                "launcher removed it" in _after(service, work)
+            # The service says it when the launcher's 'done' came, which the launcher does
+            # not wait for: its exit may come first.
+            said = "'.git/probe.lock', the empty lock file a refused create left: the " \
+                "launcher removed it"
+            deadline = time.monotonic() + 10
+            while said not in _after(service, work) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert said in _after(service, work), _after(service, work)
         else:
             (work / "go").touch()
             host.wait(timeout=60)
