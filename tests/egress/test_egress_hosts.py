@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from libegress import hosts
 from libegress.hosts import BadHost, canonical_host, parse_authority, parse_ipv4_loose
 
 
@@ -103,11 +104,9 @@ def test_a_bare_0x_is_no_number_as_for_inet_aton(text: str) -> None:
 def _by_the_codec(raw: str) -> str:
     """canonical_host's answer when every name went through the idna codec (as before
     ASCII names skipped it) and every address through ipaddress."""
-    import re
-
     host = raw.strip()
     host = host[:-1] if host.endswith(".") else host
-    if not host or len(host) > 253:
+    if not host or len(host) > hosts._MAX_HOST:
         raise BadHost(raw)
     v4 = parse_ipv4_loose(host)
     if v4 is not None:
@@ -116,10 +115,8 @@ def _by_the_codec(raw: str) -> str:
         ascii_host = host.encode("idna").decode("ascii").lower()
     except UnicodeError:
         raise BadHost(raw) from None
-    labels = ascii_host.split(".")
-    label = re.compile(r"^[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?$")
-    if not all(label.match(x) for x in labels) or re.match(r"^(?:0[xX][0-9a-fA-F]+|[0-9]+)$",
-                                                          labels[-1]):  # fmt: skip
+    labels = ascii_host.split(".")  # the label rules after the codec are unchanged
+    if not all(hosts._LABEL.match(x) for x in labels) or hosts._NUMERIC_LABEL.match(labels[-1]):
         raise BadHost(raw)
     return ascii_host
 

@@ -34,7 +34,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="fanotify needs root")
 
 
 class Gated:
-    """The workdir bound and marked; ``*.lock`` opens refused and noted while ``refusing``."""
+    """The workdir bound and marked; ``*.lock`` opens refused and noted (or held)."""
 
     def __init__(self, work: Path, record: Path, *, hold: bool = False) -> None:
         """``hold``: the ``*.lock`` opens are kept in :attr:`held`, unanswered (the test
@@ -66,12 +66,12 @@ class Gated:
                     continue
                 path = os.readlink(f"/proc/self/fd/{ev.fd}")
                 allow = not path.endswith(".lock")
-                if not allow and self.hold:
-                    self.held.append(ev)
-                    continue
                 if allow:
                     self.answered += 1
-                if not allow:
+                elif self.hold:
+                    self.held.append(ev)
+                    continue
+                else:
                     self.refused.append(path)
                     self.locks.note(ev.fd, ev.pid)  # before the answer, as the gates do
                 self.fan.answer(ev, allow)
