@@ -30,6 +30,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from libbroker.errors import LaunchError
 from libbroker.launcher.config import SECRET_PLACEHOLDER, Config
 from libbroker.launcher.runtime import Runtime
 from libbroker.named_tuple import NamedTuple
@@ -265,6 +266,27 @@ def _shape(cfg: Config, rt: Runtime, host: Host, env: Mapping[str, str], *, tty:
         tmp=tmpdir,
         new_session=not tty,
     )
+
+
+def fits_bwrap(argv: list[str], *, repos: int, held: int, own: int) -> None:
+    """LaunchError unless bwrap takes ``argv``: past :data:`.bwrap.MAX_ARGS` it dies with
+    a line that names no cause, after its start.  ``held``: paths of the workdir's
+    ``repos`` git directories pinned, held or bound (three arguments each); ``own``:
+    the command's."""
+    if len(argv) > bwrap.MAX_ARGS:
+        raise LaunchError(too_many_args(len(argv), repos=repos, guard=3 * held, own=own))
+
+
+def too_many_args(total: int, *, repos: int, guard: int, own: int) -> str:
+    """Why bwrap cannot take a session whose argv is ``total`` long: ``guard`` of them
+    pin and hold the ``repos`` git directories of the workdir, ``own`` are the command's."""
+    head = (f"bwrap cannot take this session: its command line would be {total} arguments "
+            f"long and bwrap takes at most {bwrap.MAX_ARGS}; ")
+    if guard >= own:
+        return head + (f"{guard} of them pin and hold read-only the hooks and configs of the "
+                       f"workdir's {repos} git directories: start it in one repository (or "
+                       "name one with --workdir), or use --sandbox=nono")
+    return head + f"{own} of them are the command's: pass them in a file, or use --sandbox=nono"
 
 
 def bwrap_argv(

@@ -2,7 +2,9 @@
 
 One directory per session, mode 0700, under ``$XDG_RUNTIME_DIR/agent-sandbox``
 when the user has a runtime directory (tmpfs, per-user, cleared at logout) or a
-private ``mkdtemp`` otherwise.  The sandbox sees it read-only at the same path:
+private ``mkdtemp`` otherwise; never inside the workdir when it can be helped
+(a session run from /tmp gets one in /var/tmp: the host-run guard would take
+its files for the agent's).  The sandbox sees it read-only at the same path:
 the broker socket, the relay sockets and the egress directory must be
 reachable from inside, nothing in it may be changed from inside.
 

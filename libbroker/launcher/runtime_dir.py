@@ -15,6 +15,8 @@ _LONGEST_NAME = 48
 # tempfile's, without its import (random and shutil: ~6 ms of CPU before go).
 _NAME_CHARS = "abcdefghijklmnopqrstuvwxyz0123456789_"
 _TMP_DIRS = ("/tmp", "/var/tmp", "/usr/tmp")  # tempfile.gettempdir's after the environment's
+# Where a session's runtime dir goes when the temporary directory lies in its workdir.
+_ASIDE_DIRS = ("/var/tmp", "/dev/shm", "/tmp")
 _tmp: str | None = None
 
 
@@ -48,9 +50,35 @@ def _make_dir(prefix: str, parent: str) -> str:
     raise FileExistsError(17, "no free name", os.path.join(parent, prefix + "*"))
 
 
-def create() -> Runtime:
-    """Make a fresh private runtime directory (0700) for one session."""
+def _within(path: str, top: str) -> bool:
+    return top != "" and (path == top or path.startswith(top.rstrip("/") + "/"))
+
+
+def _outside(parent: str, workdir: str) -> str:
+    """A parent for the runtime dir outside ``workdir``: ``parent`` if it is, else the
+    first of :data:`_ASIDE_DIRS` that is and that this process may write.
+
+    The runtime dir holds the session's own files (under Landlock a plain
+    command's home, with its links to the granted configs).  In the workdir
+    (run from /tmp, or from a directory that holds $TMPDIR) the host-run
+    guard's walk and sweep would take them for the agent's, and every session
+    would move them to the quarantine with a line.  None outside (a workdir of
+    /): the temporary directory, as before."""
+    if not _within(os.path.realpath(parent), workdir):
+        return parent
+    for candidate in _ASIDE_DIRS:
+        if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK) \
+                and not _within(os.path.realpath(candidate), workdir):
+            return candidate
+    return parent
+
+
+def create(workdir: str = "") -> Runtime:
+    """Make a fresh private runtime directory (0700) for one session, outside
+    ``workdir`` (its real path) when it can be."""
     base = os.environ.get("XDG_RUNTIME_DIR", "")
+    if base and _within(os.path.realpath(base), workdir):
+        base = ""
     parent: str | None = None
     # A unix socket path is at most 107 bytes: a deep runtime dir falls back to /tmp.
     if base and len(base) + _LONGEST_NAME > _SUN_PATH_MAX:
@@ -66,7 +94,8 @@ def create() -> Runtime:
         except OSError:
             parent = None
     try:
-        root = _make_dir(*(("session-", parent) if parent else ("agent-sandbox-", temp_dir())))
+        root = _make_dir(*(("session-", parent) if parent else
+                           ("agent-sandbox-", _outside(temp_dir(), workdir))))
         os.chmod(root, 0o700)
         # Fails if something is there already: nobody else's directory is used.
         os.mkdir(Runtime(root).host_only, 0o700)
@@ -88,10 +117,18 @@ def session_dirs() -> list[str]:
         parent = os.path.join(base, "agent-sandbox")
         with contextlib.suppress(OSError):
             out += [os.path.join(parent, n) for n in os.listdir(parent) if not n.endswith(".host")]
-    with contextlib.suppress(OSError, LaunchError):
-        tmp = temp_dir()
-        out += [os.path.join(tmp, n) for n in os.listdir(tmp)
-                if n.startswith("agent-sandbox-") and not n.endswith(".host")]
+    parents = list(_ASIDE_DIRS)  # and where a workdir that holds the temporary dir sent them
+    with contextlib.suppress(LaunchError):
+        parents.insert(0, temp_dir())
+    seen: set[str] = set()
+    for tmp in parents:
+        real = os.path.realpath(tmp)
+        if real in seen:
+            continue
+        seen.add(real)
+        with contextlib.suppress(OSError):
+            out += [os.path.join(tmp, n) for n in os.listdir(tmp)
+                    if n.startswith("agent-sandbox-") and not n.endswith(".host")]
     return out
 
 

@@ -150,8 +150,10 @@ class Session:
         self.crew.take(servers.proxy, servers.broker)
 
     def _make_runtime(self, ends: contextlib.ExitStack) -> Runtime:
-        """The runtime directory (0700) and the janitor that cleans up if we are SIGKILLed."""
-        self.rt = rt = runtime_dir.create()
+        """The runtime directory (0700) and the janitor that cleans up if we are SIGKILLed.
+
+        Outside the workdir (a session run from /tmp): the guard would sweep its files."""
+        self.rt = rt = runtime_dir.create(os.path.realpath(self.cfg.workdir))
         ends.callback(self._leave_runtime, rt)
         self.crew.janitor = supervise.Janitor(rt.root)
         return rt

@@ -176,6 +176,8 @@ class BwrapBox(Box):
             shape, rt, host, s.cmd, facts=facts, control_fd=start.go_fd,
             seccomp_fd=start.seccomp_fd, info_fd=start.info_w, rlimits=self._own_rlimits(),
         )  # fmt: skip
+        agent_sandbox.fits_bwrap(argv, repos=len(pin), held=len(pin) + len(hold) + len(binds),
+                                 own=len(s.cmd))
         try:
             s.crew.sandbox = s.crew.spawn(
                 "sandbox",

@@ -23,6 +23,9 @@ from libbroker.sandbox.shape import Shape
 # Where a directory rebuilt for an overlay keeps the host's original, bound
 # read-only: its entries in the rebuilt directory are symlinks into it.
 HIDDEN = "/.agent-sandbox-host"
+# bwrap dies ("Exceeded maximum number of arguments 9000") past this many
+# arguments, its own argv included (bubblewrap.c, parse_args_recurse).
+MAX_ARGS = 9000
 
 
 class Facts(NamedTuple):

@@ -263,6 +263,48 @@ def test_a_shared_workdir_is_named_before_the_command_runs(world: World) -> None
                     "--workdir"], done.stderr
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_workdir_holding_the_temporary_dirs_keeps_the_sessions_own_files_out(
+    world: World, backend: str
+) -> None:
+    """Run from a directory that holds $TMPDIR and $XDG_RUNTIME_DIR (as from /tmp):
+    the session's runtime dir (under Landlock a plain command's home, with its link
+    to ~/.gitconfig) is made outside the workdir.  Inside it, the guard's sweep took
+    those files for the agent's: every session moved one to the quarantine, with a
+    line."""
+    (world.home / ".gitconfig").write_text("[user]\n\tname = Someone\n")
+    tmp, run = world.workdir / "tmp", world.workdir / "run"
+    tmp.mkdir()
+    run.mkdir()
+    env = world.env(TMPDIR=str(tmp), XDG_RUNTIME_DIR=str(run))
+    done = world.run("sh", "-c", 'echo "$AGENT_SANDBOX_BROKER_SOCKET"; ls -a "$HOME"',
+                     sandbox=backend, env=env)
+    assert done.returncode == 0, done.stderr
+    rt = os.path.dirname(done.stdout.splitlines()[0])
+    assert rt.startswith(("/var/tmp/agent-sandbox-", "/dev/shm/agent-sandbox-")), rt
+    if backend == "nono":  # the plain command's home, with the link, was there
+        assert ".gitconfig" in done.stdout.splitlines()
+    assert "quarantine" not in done.stderr and "appeared" not in done.stderr, done.stderr
+    quarantine = world.home / ".local/state/agent-sandbox/quarantine"
+    assert (list(quarantine.iterdir()) if quarantine.exists() else []) == []
+    assert not os.path.lexists(rt)  # removed at the end, as in the temporary dir
+    assert list(tmp.iterdir()) == [] and list(run.iterdir()) == []
+    assert world.leftovers() == []
+
+
+def test_a_session_past_bwraps_argument_limit_is_refused_before_it_starts(world: World) -> None:
+    """bwrap dies past 9000 arguments with a line that names no cause; the session is
+    refused before it spawns bwrap, and says whose arguments they are."""
+    done = world.run("true", *(["x"] * 9000), sandbox="bwrap")
+    assert done.returncode == 1, done.stderr
+    assert "bwrap cannot take this session: its command line would be " in done.stderr
+    assert "and bwrap takes at most 9000; 9001 of them are the command's: pass them in a " \
+           "file, or use --sandbox=nono" in done.stderr
+    assert "Exceeded maximum number of arguments" not in done.stderr
+    assert world.leftovers() == []
+    assert world.run("true", *(["x"] * 9000), sandbox="nono").returncode == 0
+
+
 def _escape_script(world: World, then: str) -> list[str]:
     """A command that leaves two processes outside its process group (setsid, and
     setsid after a double fork), then runs ``then``."""

@@ -103,6 +103,52 @@ def test_without_a_runtime_dir_the_session_dir_is_made_in_tmpdir(
     monkeypatch.setattr(runtime_dir, "_tmp", None)
 
 
+@pytest.mark.parametrize("runtime_in_workdir", [False, True])
+def test_a_workdir_holding_the_temporary_dir_gets_its_runtime_dir_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, runtime_in_workdir: bool
+) -> None:
+    """$TMPDIR (and $XDG_RUNTIME_DIR) inside the workdir, or the workdir itself: the
+    runtime dir is made in /var/tmp (else /dev/shm), and the janitor's list finds it
+    there; a workdir beside them leaves them as they were."""
+    from libbroker.launcher import runtime_dir
+
+    work = tmp_path / "work"
+    tmp = work / "tmp" if runtime_in_workdir else tmp_path / "tmp"
+    tmp.mkdir(parents=True)
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp))
+    monkeypatch.setattr(runtime_dir, "_tmp", None)
+    try:
+        for workdir in (str(work), str(tmp)):
+            rt = runtime_dir.create(workdir)
+            try:
+                parent = os.path.dirname(rt.root)
+                if runtime_in_workdir or workdir == str(tmp):
+                    assert parent in ("/var/tmp", "/dev/shm"), rt.root
+                    assert os.path.basename(rt.root).startswith("agent-sandbox-")
+                    assert os.stat(rt.root).st_mode & 0o777 == 0o700
+                else:
+                    assert parent == str(tmp / "agent-sandbox"), rt.root
+                assert rt.root in runtime_dir.session_dirs()
+            finally:
+                runtime_dir.remove(rt)
+            assert not os.path.lexists(rt.root)
+    finally:
+        monkeypatch.setattr(runtime_dir, "_tmp", None)
+
+
+def test_bwraps_argument_limit_is_said_with_whose_arguments_they_are() -> None:
+    from libbroker.launcher.agent_sandbox import too_many_args
+
+    assert too_many_args(20628, repos=1735, guard=20544, own=2) == (
+        "bwrap cannot take this session: its command line would be 20628 arguments long "
+        "and bwrap takes at most 9000; 20544 of them pin and hold read-only the hooks and "
+        "configs of the workdir's 1735 git directories: start it in one repository (or name "
+        "one with --workdir), or use --sandbox=nono")
+    assert too_many_args(9081, repos=1, guard=9, own=9001).endswith(
+        "; 9001 of them are the command's: pass them in a file, or use --sandbox=nono")
+
+
 def test_the_runtime_dir_goes_whole_and_never_through_a_link(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
