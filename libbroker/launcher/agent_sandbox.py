@@ -268,20 +268,34 @@ def _shape(cfg: Config, rt: Runtime, host: Host, env: Mapping[str, str], *, tty:
     )
 
 
-def fits_bwrap(argv: list[str], *, repos: int, held: int, own: int) -> None:
-    """LaunchError unless bwrap takes ``argv``: past :data:`.bwrap.MAX_ARGS` it dies with
-    a line that names no cause, after its start.  ``held``: paths of the workdir's
-    ``repos`` git directories pinned, held or bound (three arguments each); ``own``:
-    the command's."""
-    if len(argv) > bwrap.MAX_ARGS:
-        raise LaunchError(too_many_args(len(argv), repos=repos, guard=3 * held, own=own))
+def fits_bwrap(pin: tuple[str, ...], hold: tuple[str, ...], cmd: list[str], *,
+               binds: tuple[tuple[str, str], ...] = (), argv: list[str] | None = None) -> None:
+    """LaunchError unless bwrap takes the session: past :data:`.bwrap.MAX_ARGS` it dies
+    with a line that names no cause, after its start.
+
+    ``pin``, ``hold``, ``binds``: the workdir's git directories' paths, three arguments
+    each; ``cmd``: the command.  Without ``argv`` (before the live configs are made: a
+    few ms a repository, and a bind each in the host's namespace), what its length will
+    be at least: a config the live configs swap leaves the holds and becomes a bind
+    (:meth:`.hostrun_gitmerge.LiveConfigs.held_elsewhere`, ``binds``), one for one."""
+    if argv is None:
+        guard = 3 * (len(pin) + len(hold))
+        total, least = guard + len(cmd), True
+    else:
+        total, least = len(argv), False
+        guard = 3 * (len(pin) + len(hold) + len(binds))
+    if total > bwrap.MAX_ARGS:
+        raise LaunchError(too_many_args(total, repos=len(pin), guard=guard, own=len(cmd),
+                                        least=least))
 
 
-def too_many_args(total: int, *, repos: int, guard: int, own: int) -> str:
-    """Why bwrap cannot take a session whose argv is ``total`` long: ``guard`` of them
-    pin and hold the ``repos`` git directories of the workdir, ``own`` are the command's."""
-    head = (f"bwrap cannot take this session: its command line would be {total} arguments "
-            f"long and bwrap takes at most {bwrap.MAX_ARGS}; ")
+def too_many_args(total: int, *, repos: int, guard: int, own: int, least: bool = False) -> str:
+    """Why bwrap cannot take a session whose argv is ``total`` long (``least``: at least):
+    ``guard`` of them pin and hold the ``repos`` git directories of the workdir, ``own``
+    are the command's."""
+    head = (f"bwrap cannot take this session: its command line would be "
+            f"{'at least ' if least else ''}{total} arguments long and bwrap takes at most "
+            f"{bwrap.MAX_ARGS}; ")
     if guard >= own:
         return head + (f"{guard} of them pin and hold read-only the hooks and configs of the "
                        f"workdir's {repos} git directories: start it in one repository (or "

@@ -176,8 +176,7 @@ class BwrapBox(Box):
             shape, rt, host, s.cmd, facts=facts, control_fd=start.go_fd,
             seccomp_fd=start.seccomp_fd, info_fd=start.info_w, rlimits=self._own_rlimits(),
         )  # fmt: skip
-        agent_sandbox.fits_bwrap(argv, repos=len(pin), held=len(pin) + len(hold) + len(binds),
-                                 own=len(s.cmd))
+        agent_sandbox.fits_bwrap(pin, hold, s.cmd, binds=binds, argv=argv)
         try:
             s.crew.sandbox = s.crew.spawn(
                 "sandbox",
@@ -218,6 +217,7 @@ class BwrapBox(Box):
         snap = guards.hostrun.wait()
         pin = tuple(hostrun_guard.bwrap_pin(snap))
         hold = tuple(hostrun_guard.bwrap_protect(snap))
+        agent_sandbox.fits_bwrap(pin, hold, s.cmd)  # before the live configs' setup
         binds: tuple[tuple[str, str], ...] = ()
         if s.cfg.protect_git:  # each config: a link to the host's copy, the session's bound
             live = guards.begin_live(s.cfg, snap, s.rt.root, swap=True)

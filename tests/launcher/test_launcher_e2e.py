@@ -305,6 +305,35 @@ def test_a_session_past_bwraps_argument_limit_is_refused_before_it_starts(world:
     assert world.run("true", *(["x"] * 9000), sandbox="nono").returncode == 0
 
 
+def test_a_workdir_of_too_many_repositories_for_bwrap_is_refused_before_their_setup(
+    world: World,
+) -> None:
+    """Hundreds of repositories (a ~/src of checkouts): their pins and holds alone pass
+    bwrap's limit, so the session is refused once the guard's walk has counted them,
+    before each one's live config and bind is made (and undone); nothing of them
+    changes."""
+    count = 1100
+    for i in range(count):
+        git = world.workdir / f"r{i}" / ".git"
+        for sub in ("objects", "refs/heads", "hooks", "info"):
+            (git / sub).mkdir(parents=True)
+        (git / "HEAD").write_text("ref: refs/heads/main\n")
+        (git / "config").write_text("[core]\n\trepositoryformatversion = 0\n")
+    done = world.run("true", sandbox="bwrap")
+    assert done.returncode == 1, done.stderr
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("agent-sandbox: bwrap cannot take this session: its command line "
+                           "would be at least "), line
+    assert f"hooks and configs of the workdir's {count} git directories: start it in one " \
+           "repository (or name one with --workdir), or use --sandbox=nono" in line, line
+    assert "Exceeded maximum number of arguments" not in done.stderr
+    assert world.leftovers() == []
+    for i in (0, count - 1):
+        config = world.workdir / f"r{i}" / ".git" / "config"
+        assert not config.is_symlink()
+        assert config.read_text() == "[core]\n\trepositoryformatversion = 0\n"
+
+
 def _escape_script(world: World, then: str) -> list[str]:
     """A command that leaves two processes outside its process group (setsid, and
     setsid after a double fork), then runs ``then``."""
