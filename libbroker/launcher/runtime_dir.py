@@ -8,6 +8,7 @@ import os
 
 from libbroker.errors import LaunchError
 from libbroker.launcher.runtime import Runtime
+from libbroker.paths import under
 
 _SUN_PATH_MAX = 107
 # "/agent-sandbox/session-XXXXXXXX/broker.sock" plus slack for the sockets' names.
@@ -50,8 +51,9 @@ def _make_dir(prefix: str, parent: str) -> str:
     raise FileExistsError(17, "no free name", os.path.join(parent, prefix + "*"))
 
 
-def _within(path: str, top: str) -> bool:
-    return top != "" and (path == top or path.startswith(top.rstrip("/") + "/"))
+def _in_workdir(path: str, workdir: str) -> bool:
+    """Whether ``path``, links resolved, lies in ``workdir`` (a real path; "": none)."""
+    return bool(workdir) and under(os.path.realpath(path), workdir)
 
 
 def _outside(parent: str, workdir: str) -> str:
@@ -64,11 +66,11 @@ def _outside(parent: str, workdir: str) -> str:
     guard's walk and sweep would take them for the agent's, and every session
     would move them to the quarantine with a line.  None outside (a workdir of
     /): the temporary directory, as before."""
-    if not _within(os.path.realpath(parent), workdir):
+    if not _in_workdir(parent, workdir):
         return parent
     for candidate in _ASIDE_DIRS:
         if os.path.isdir(candidate) and os.access(candidate, os.W_OK | os.X_OK) \
-                and not _within(os.path.realpath(candidate), workdir):
+                and not _in_workdir(candidate, workdir):
             return candidate
     return parent
 
@@ -77,7 +79,7 @@ def create(workdir: str = "") -> Runtime:
     """Make a fresh private runtime directory (0700) for one session, outside
     ``workdir`` (its real path) when it can be."""
     base = os.environ.get("XDG_RUNTIME_DIR", "")
-    if base and _within(os.path.realpath(base), workdir):
+    if base and _in_workdir(base, workdir):
         base = ""
     parent: str | None = None
     # A unix socket path is at most 107 bytes: a deep runtime dir falls back to /tmp.
